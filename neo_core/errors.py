@@ -1,0 +1,19 @@
+"""User-facing errors: each carries one sentence that says what is wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class NeoError(Exception):
+    """Base class for errors meant for users; the CLI prints them without a traceback."""
+
+
+class ConfigError(NeoError):
+    """A configuration key or value is wrong (names the key and the fix)."""
+
+
+class PluginError(NeoError):
+    """A plugin is unknown, duplicated, or failed to load."""
+
+
+class PlanningError(NeoError):
+    """No valid sharding plan exists for the given tables and topology."""

@@ -1,0 +1,187 @@
+"""The plugin manager: loads built-in and third-party plugins and fills the registries.
+
+Built-in plugins are ordinary plugins listed in the ``neo`` entry-point group of this
+distribution. ``NEO_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points and loads only the
+built-ins (imported directly); ``NEO_STRICT_PLUGINS=1`` turns a plugin that fails to load into
+an error instead of a warning.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pluggy
+
+from neo_core import hookspecs
+from neo_core.errors import PluginError
+from neo_core.registry import Registry
+
+# kind -> (hook name, config group)
+KINDS: dict[str, tuple[str, str]] = {
+    "topology": ("neo_register_topologies", "topology"),
+    "sharder": ("neo_register_sharders", "sharding"),
+    "kernel": ("neo_register_kernels", "kernel"),
+    "cache policy": ("neo_register_cache_policies", "cache"),
+    "compressor": ("neo_register_compressors", "compression"),
+    "model": ("neo_register_models", "model"),
+    "dataset": ("neo_register_datasets", "data"),
+}
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "neo_plugins.topology",
+    "neo_plugins.sharding",
+    "neo_plugins.kernels",
+    "neo_plugins.cache",
+    "neo_plugins.compression",
+    "neo_plugins.models",
+    "neo_plugins.data",
+)
+
+BUILTIN_DISTRIBUTION = "neo-dlrm"
+
+
+class PluginLoadWarning(UserWarning):
+    """A plugin failed to load and was skipped."""
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class Plugins:
+    """A loaded plugin manager with one registry per kind; the only way callers reach hooks."""
+
+    pm: pluggy.PluginManager
+    registries: dict[str, Registry[Any]]
+    failed: dict[str, str] = field(default_factory=dict)  # plugin name -> error
+
+    def registry(self, group: str) -> Registry[Any]:
+        """The registry selected by config group ``group`` (e.g. "topology", "sharding")."""
+        for reg in self.registries.values():
+            if reg.group == group:
+                return reg
+        raise PluginError(f"Unknown plugin group {group!r}; groups: {', '.join(self.groups())}.")
+
+    def groups(self) -> list[str]:
+        return [reg.group for reg in self.registries.values()]
+
+    def create(self, group: str, name: str, params: dict[str, Any] | None = None) -> Any:
+        return self.registry(group).create(name, params)
+
+
+def _new_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def _register_module(pm: pluggy.PluginManager, module: Any, name: str) -> None:
+    if pm.is_registered(module) or pm.has_plugin(name):
+        return
+    pm.register(module, name=name)
+
+
+def _report_failure(name: str, exc: BaseException, failed: dict[str, str], strict: bool) -> None:
+    message = f"Neo plugin {name!r} failed to load and was skipped: {type(exc).__name__}: {exc}"
+    if strict:
+        raise PluginError(
+            f"Neo plugin {name!r} failed to load ({type(exc).__name__}: {exc}); "
+            "unset NEO_STRICT_PLUGINS to skip it."
+        ) from exc
+    failed[name] = f"{type(exc).__name__}: {exc}"
+    warnings.warn(message, PluginLoadWarning, stacklevel=3)
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def load_plugins(
+    extra: Iterable[Any] = (),
+    *,
+    autoload: bool | None = None,
+    strict: bool | None = None,
+) -> Plugins:
+    """Build a plugin manager: built-ins, entry points (unless disabled) and ``extra`` plugins."""
+    autoload = not _env_flag("NEO_DISABLE_PLUGIN_AUTOLOAD") if autoload is None else autoload
+    strict = _env_flag("NEO_STRICT_PLUGINS") if strict is None else strict
+    pm = _new_manager()
+    failed: dict[str, str] = {}
+    providers: dict[str, str] = {}
+
+    if autoload:
+        for ep in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist is not None else "unknown"
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken third-party plugin must not stop Neo
+                _report_failure(ep.name, exc, failed, strict)
+                continue
+            _register_module(pm, module, ep.name)
+            providers[ep.name] = dist
+    for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
+        if pm.has_plugin(module_name) or any(
+            getattr(p, "__name__", None) == module_name for p in pm.get_plugins()
+        ):
+            continue
+        module = importlib.import_module(module_name)
+        _register_module(pm, module, module_name)
+        providers[module_name] = BUILTIN_DISTRIBUTION
+    for plugin in extra:
+        name = getattr(plugin, "__name__", None) or type(plugin).__name__
+        _register_module(pm, plugin, name)
+        providers[name] = getattr(plugin, "__neo_provider__", name)
+
+    unknown = [
+        f"{impl.plugin_name}.{hook_name}"
+        for hook_name, hook_caller in vars(pm.hook).items()
+        if isinstance(hook_caller, pluggy.HookCaller) and not hook_caller.has_spec()
+        for impl in hook_caller.get_hookimpls()
+    ]
+    if unknown:
+        raise PluginError(
+            f"Unknown hook implementation(s) {', '.join(unknown)}; "
+            f"valid hooks: {', '.join(h for h, _ in KINDS.values())}."
+        )
+    pm.check_pending()
+
+    registries: dict[str, Registry[Any]] = {}
+    for kind, (hook_name, group) in KINDS.items():
+        registry: Registry[Any] = Registry(kind, group)
+        hook = getattr(pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):
+            plugin_name = impl.plugin_name
+            registry._set_provider(providers.get(plugin_name, plugin_name))
+            try:
+                impl.function(registry=registry)
+            except PluginError:
+                raise
+            except Exception as exc:
+                _report_failure(plugin_name, exc, failed, strict)
+        registries[kind] = registry
+    return Plugins(pm=pm, registries=registries, failed=failed)
+
+
+_lock = threading.Lock()
+_plugins: Plugins | None = None
+
+
+def get_plugins() -> Plugins:
+    """The process-wide plugin manager, loaded on first use."""
+    global _plugins
+    with _lock:
+        if _plugins is None:
+            _plugins = load_plugins()
+        return _plugins
+
+
+def reset_plugins(plugins: Plugins | None = None) -> None:
+    """Replace (or drop, with None) the process-wide plugin manager; used by tests."""
+    global _plugins
+    with _lock:
+        _plugins = plugins

@@ -1,0 +1,134 @@
+"""Typed registries: each kind of plugin has one, keyed by the names users type."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Mapping, TypeVar
+
+from neo_core.errors import ConfigError, PluginError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """A registered plugin: its name, factory and where it came from."""
+
+    name: str
+    factory: Callable[..., T]
+    kind: str
+    provider: str  # distribution (or module) that registered it
+    description: str = ""
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def parameters(self) -> dict[str, Any]:
+        """The factory's keyword parameters with their defaults (``inspect.Parameter.empty`` if none)."""
+        target = self.factory
+        sig = inspect.signature(target)
+        return {
+            p.name: p.default
+            for p in sig.parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+
+    def accepts_any_keyword(self) -> bool:
+        return any(
+            p.kind is p.VAR_KEYWORD for p in inspect.signature(self.factory).parameters.values()
+        )
+
+
+class Registry(Generic[T]):
+    """Plugins of one kind (``group`` is the config group that selects them)."""
+
+    def __init__(self, kind: str, group: str) -> None:
+        self.kind = kind
+        self.group = group
+        self._entries: dict[str, Entry[T]] = {}
+        self._provider = "unknown"
+
+    def register(
+        self,
+        name: str,
+        factory: Callable[..., T],
+        *,
+        description: str = "",
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Add a plugin.
+
+        ``factory`` is called with the parameters of the selected config option. ``options``
+        optionally names extra ready-made config options for the ``group`` (option name ->
+        parameters), selectable as ``<group>=<option>``.
+        """
+        if not name or not isinstance(name, str):
+            raise PluginError(f"A {self.kind} plugin from {self._provider} has no name.")
+        if name in self._entries:
+            other = self._entries[name].provider
+            raise PluginError(
+                f"{self.kind} plugin {name!r} is registered twice ({other} and {self._provider}); "
+                "rename one of them."
+            )
+        if not callable(factory):
+            raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: factory is not callable.")
+        if not description:
+            doc = inspect.getdoc(factory) or ""
+            description = doc.splitlines()[0] if doc else ""
+        self._entries[name] = Entry(
+            name, factory, self.kind, self._provider, description, dict(options or {})
+        )
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in self.names()]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, name: str) -> Entry[T]:
+        if name not in self._entries:
+            raise PluginError(self._unknown(name))
+        return self._entries[name]
+
+    def _unknown(self, name: str) -> str:
+        choices = self.names()
+        close = difflib.get_close_matches(str(name), choices, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return (
+            f"Unknown {self.kind} plugin {name!r} for {self.group}.name.{hint} "
+            f"Available: {', '.join(choices) or 'none'}."
+        )
+
+    def create(self, name: str, params: Mapping[str, Any] | None = None) -> T:
+        """Instantiate plugin ``name`` with ``params``, rejecting keys its factory does not take."""
+        entry = self.get(name)
+        params = dict(params or {})
+        if not entry.accepts_any_keyword():
+            accepted = entry.parameters()
+            for key in params:
+                if key not in accepted:
+                    close = difflib.get_close_matches(key, list(accepted), n=1)
+                    hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
+                    known = ", ".join(sorted(accepted)) or "none"
+                    raise ConfigError(
+                        f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} "
+                        f"Its keys: {known}."
+                    )
+            missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
+            if missing:
+                raise ConfigError(
+                    f"{self.kind} plugin {name!r} needs {', '.join(f'{self.group}.{m}' for m in missing)}."
+                )
+        try:
+            return entry.factory(**params)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{self.group}={name}: {exc}") from exc
+
+    def _set_provider(self, provider: str) -> None:
+        self._provider = provider

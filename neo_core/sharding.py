@@ -1,0 +1,272 @@
+"""Sharding planners: which sharding type each embedding table gets and where its shards go.
+
+A sharding plugin's factory returns a :class:`Planner`. The planner turns table specs and a
+:class:`PlanningContext` into a :class:`PlanResult`: a TorchRec ``ShardingPlan`` that
+``DistributedModelParallel`` executes, plus a per-table and per-rank report.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from neo_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from neo_core.cache import CachePolicy
+    from neo_core.compression import Compressor
+    from neo_core.kernels import EmbeddingKernel
+    from neo_core.topology import Topology
+
+
+class ShardingType(str, enum.Enum):
+    """The seven ways TorchRec can split a table; values are TorchRec's own names."""
+
+    DATA_PARALLEL = "data_parallel"
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    GRID_SHARD = "grid_shard"
+
+    @property
+    def short(self) -> str:
+        return _SHORT[self]
+
+    @classmethod
+    def parse(cls, value: str) -> ShardingType:
+        """Accept TorchRec names ("row_wise") and short names ("RW")."""
+        text = str(value).strip()
+        for member in cls:
+            if text.lower() == member.value or text.upper() == member.short:
+                return member
+        choices = ", ".join(f"{m.short} ({m.value})" for m in cls)
+        raise ConfigError(f"Unknown sharding type {value!r}; choose one of {choices}.")
+
+
+_SHORT = {
+    ShardingType.DATA_PARALLEL: "DP",
+    ShardingType.TABLE_WISE: "TW",
+    ShardingType.COLUMN_WISE: "CW",
+    ShardingType.ROW_WISE: "RW",
+    ShardingType.TABLE_ROW_WISE: "TWRW",
+    ShardingType.TABLE_COLUMN_WISE: "TWCW",
+    ShardingType.GRID_SHARD: "GRID",
+}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table as the planner sees it (no weights are allocated)."""
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float = 1.0  # mean ids per sample for this table's feature(s)
+    feature_names: tuple[str, ...] = ()
+    # Fraction of lookups that hit the hottest 1% of rows (None: unknown / uniform).
+    hot_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("Every table needs a non-empty name.")
+        if not isinstance(self.num_embeddings, int) or self.num_embeddings < 1:
+            raise ConfigError(
+                f"Table {self.name!r} has {self.num_embeddings!r} rows; a table needs at least 1 row."
+            )
+        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
+            raise ConfigError(
+                f"Table {self.name!r} has embedding_dim {self.embedding_dim!r}; it must be a "
+                "positive integer."
+            )
+        if not self.pooling_factor > 0 or math.isinf(self.pooling_factor):
+            raise ConfigError(
+                f"Table {self.name!r} has pooling_factor {self.pooling_factor!r}; it must be "
+                "a positive number."
+            )
+        if self.hot_fraction is not None and not 0.0 < self.hot_fraction <= 1.0:
+            raise ConfigError(
+                f"Table {self.name!r} has hot_fraction {self.hot_fraction!r}; it must lie in (0, 1]."
+            )
+        if not self.feature_names:
+            object.__setattr__(self, "feature_names", (f"f_{self.name}",))
+
+    @property
+    def num_parameters(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+
+@dataclass(frozen=True)
+class PlanningContext:
+    """Everything besides the tables that a plan depends on."""
+
+    topology: Topology
+    batch_size_per_rank: int
+    kernel: EmbeddingKernel
+    compressor: Compressor
+    cache: CachePolicy
+
+
+@dataclass
+class TableAssignment:
+    """Where one table went and why."""
+
+    name: str
+    sharding_type: str  # ShardingType value
+    compute_kernel: str  # TorchRec EmbeddingComputeKernel value
+    ranks: list[int]
+    shard_shapes: list[tuple[int, int]] = field(default_factory=list)  # (rows, cols) per shard
+    why: str = ""
+
+
+@dataclass
+class RankReport:
+    """Predicted load of one rank: memory by kind (bytes) and time by kind (seconds)."""
+
+    rank: int
+    memory: dict[str, float] = field(default_factory=dict)
+    memory_capacity: float = 0.0
+    time: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def memory_total(self) -> float:
+        return float(sum(self.memory.values()))
+
+    @property
+    def time_total(self) -> float:
+        return float(sum(self.time.values()))
+
+
+@dataclass
+class PlanResult:
+    """A plan: the TorchRec ``ShardingPlan`` to execute and the report that explains it."""
+
+    planner: str
+    tables: list[TableAssignment]
+    ranks: list[RankReport]
+    batch_size_per_rank: int
+    topology: dict[str, Any]
+    torchrec_plan: Any = None  # torchrec.distributed.types.ShardingPlan when built for a model
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_step_time(self) -> float:
+        return max((r.time_total for r in self.ranks), default=0.0)
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest rank over mean rank time (1.0 is perfectly balanced)."""
+        times = [r.time_total for r in self.ranks]
+        mean = sum(times) / len(times) if times else 0.0
+        return max(times) / mean if mean > 0 else 1.0
+
+    @property
+    def predicted_samples_per_second(self) -> float:
+        step = self.predicted_step_time
+        world = len(self.ranks)
+        return self.batch_size_per_rank * world / step if step > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "planner": self.planner,
+            "topology": self.topology,
+            "batch_size_per_rank": self.batch_size_per_rank,
+            "predicted_step_time_s": self.predicted_step_time,
+            "predicted_samples_per_second": self.predicted_samples_per_second,
+            "imbalance": self.imbalance,
+            "tables": [asdict(t) for t in self.tables],
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "memory_bytes": r.memory,
+                    "memory_total_bytes": r.memory_total,
+                    "memory_capacity_bytes": r.memory_capacity,
+                    "time_s": r.time,
+                    "time_total_s": r.time_total,
+                }
+                for r in self.ranks
+            ],
+            "notes": self.notes,
+        }
+
+    def save_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def format_text(self, max_tables: int = 40) -> str:
+        """The plan as a readable table: per table, then per rank."""
+        lines = [f"Sharding plan ({self.planner}), {len(self.ranks)} ranks"]
+        lines.append(f"  {'table':<24} {'type':<6} {'kernel':<10} {'ranks':<16} why")
+        for t in self.tables[:max_tables]:
+            ranks = _compact_ranks(t.ranks)
+            short = ShardingType(t.sharding_type).short
+            lines.append(f"  {t.name:<24} {short:<6} {t.compute_kernel:<10} {ranks:<16} {t.why}")
+        if len(self.tables) > max_tables:
+            lines.append(f"  ... {len(self.tables) - max_tables} more tables in plan.json")
+        lines.append(
+            f"  {'rank':<6} {'memory':>10} {'capacity':>10} {'compute':>10} {'comm':>10} {'total':>10}"
+        )
+        for r in self.ranks:
+            compute = sum(v for k, v in r.time.items() if not k.startswith("comm"))
+            comm = r.time_total - compute
+            lines.append(
+                f"  {r.rank:<6} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10} "
+                f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms"
+            )
+        lines.append(
+            f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "
+            f"{self.predicted_samples_per_second:,.0f} samples/s, imbalance {self.imbalance:.2f}"
+        )
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+def _compact_ranks(ranks: Sequence[int]) -> str:
+    if not ranks:
+        return "-"
+    uniq = sorted(set(ranks))
+    if len(uniq) > 2 and uniq == list(range(uniq[0], uniq[-1] + 1)):
+        return f"{uniq[0]}-{uniq[-1]}"
+    return ",".join(map(str, ranks))
+
+
+class Planner(abc.ABC):
+    """A sharding plugin: plans tables onto ranks and supplies the TorchRec sharders."""
+
+    name: str = "planner"
+
+    @abc.abstractmethod
+    def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
+        """Plan ``tables`` for ``context.topology`` without allocating table memory."""
+
+    def plan_module(
+        self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
+    ) -> PlanResult:
+        """Plan for a model (on the meta device): fills ``PlanResult.torchrec_plan``."""
+        result = self.plan(tables, context)
+        result.torchrec_plan = self.to_torchrec_plan(module, result, context)
+        return result
+
+    def to_torchrec_plan(self, module: nn.Module, result: PlanResult, context: PlanningContext) -> Any:
+        """Turn the table assignments into a TorchRec ``ShardingPlan`` for ``module``."""
+        from neo_core.torchrec_plan import build_sharding_plan
+
+        return build_sharding_plan(module, result, context, self.sharders(context))
+
+    @abc.abstractmethod
+    def sharders(self, context: PlanningContext) -> list[Any]:
+        """TorchRec ``ModuleSharder``s that execute this planner's plans."""

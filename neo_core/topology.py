@@ -1,0 +1,133 @@
+"""Topology backends: the shape and speeds of the cluster a model is planned for.
+
+A topology plugin's factory returns a :class:`Topology`. Bandwidths are bytes per second and
+per device; memory capacities are bytes per device (host memory is the share of one rank).
+Every figure may carry its source in ``sources``; figures that are assumptions rather than
+measurements or published numbers are listed in ``assumed`` so reports can mark them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from neo_core.errors import ConfigError
+
+GiB = 1024**3
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A homogeneous cluster: ``num_nodes`` nodes of ``devices_per_node`` ranks each."""
+
+    name: str
+    num_nodes: int
+    devices_per_node: int
+    compute_device: str  # "cuda" or "cpu"
+    device_memory: int  # bytes per rank (HBM on GPUs, the rank's share of RAM on CPU)
+    host_memory: int  # bytes per rank of host DDR usable for embeddings behind a cache
+    device_memory_bw: float  # bytes/s, lookups from device memory
+    host_memory_bw: float  # bytes/s, lookups from host memory
+    host_to_device_bw: float  # bytes/s, PCIe / UVM traffic per device
+    intra_node_bw: float  # bytes/s per device inside a node (NVLink/NVSwitch, or shared memory)
+    inter_node_bw: float  # bytes/s per device across nodes (the scale-out NIC of each device)
+    sources: dict[str, str] = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()
+    emulated_from: str | None = None  # set when a large topology is emulated on fewer ranks
+
+    def __post_init__(self) -> None:
+        for key in ("num_nodes", "devices_per_node"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"topology.{key} must be at least 1, got {getattr(self, key)}.")
+        for key in (
+            "device_memory",
+            "host_memory",
+            "device_memory_bw",
+            "host_memory_bw",
+            "host_to_device_bw",
+            "intra_node_bw",
+            "inter_node_bw",
+        ):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"topology.{key} must be positive, got {getattr(self, key)}.")
+        if self.compute_device not in ("cpu", "cuda"):
+            raise ConfigError(
+                f"topology.compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}."
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def replace(self, **changes: Any) -> Topology:
+        return dataclasses.replace(self, **changes)
+
+    def emulated_on(self, world_size: int, compute_device: str) -> Topology:
+        """This topology's per-device memory and bandwidth model on ``world_size`` ranks.
+
+        Used when the cluster described is larger than the machine at hand: nodes are kept
+        as separate as the rank count allows (at least two nodes when there are two ranks), so
+        inter-node effects remain part of the plan.
+        """
+        if world_size == self.world_size and compute_device == self.compute_device:
+            return self
+        nodes = min(self.num_nodes, world_size)
+        while world_size % nodes:
+            nodes -= 1
+        return self.replace(
+            num_nodes=nodes,
+            devices_per_node=world_size // nodes,
+            compute_device=compute_device,
+            emulated_from=f"{self.name} ({self.num_nodes}x{self.devices_per_node})",
+        )
+
+    def to_torchrec(self) -> Any:
+        """The equivalent TorchRec planner ``Topology`` (bandwidths in bytes/ms)."""
+        from torchrec.distributed.planner.types import Topology as TorchRecTopology
+
+        return TorchRecTopology(
+            world_size=self.world_size,
+            local_world_size=self.devices_per_node,
+            compute_device=self.compute_device,
+            hbm_cap=self.device_memory,
+            ddr_cap=self.host_memory,
+            hbm_mem_bw=self.device_memory_bw / 1000,
+            ddr_mem_bw=self.host_memory_bw / 1000,
+            hbm_to_ddr_mem_bw=self.host_to_device_bw / 1000,
+            intra_host_bw=self.intra_node_bw / 1000,
+            inter_host_bw=self.inter_node_bw / 1000,
+        )
+
+    def describe(self) -> str:
+        """A short human-readable summary, marking assumed figures with '*'."""
+
+        def mark(key: str) -> str:
+            return "*" if key in self.assumed else ""
+
+        lines = [
+            f"topology {self.name}: {self.num_nodes} node(s) x {self.devices_per_node} "
+            f"{self.compute_device} rank(s) = {self.world_size} ranks"
+            + (f", emulating {self.emulated_from}" if self.emulated_from else ""),
+            f"  memory/rank: device {self.device_memory / GiB:.1f} GiB{mark('device_memory')}, "
+            f"host {self.host_memory / GiB:.1f} GiB{mark('host_memory')}",
+            f"  bandwidth/rank: device mem {self.device_memory_bw / GB:.0f} GB/s"
+            f"{mark('device_memory_bw')}, host mem {self.host_memory_bw / GB:.0f} GB/s"
+            f"{mark('host_memory_bw')}, intra-node {self.intra_node_bw / GB:.1f} GB/s"
+            f"{mark('intra_node_bw')}, inter-node {self.inter_node_bw / GB:.1f} GB/s"
+            f"{mark('inter_node_bw')}",
+        ]
+        if self.assumed:
+            lines.append("  (* assumed, not verified against a primary source)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["world_size"] = self.world_size
+        d["assumed"] = list(self.assumed)
+        return d
+

@@ -1,0 +1,1 @@
+"""Neo's built-in plugins; each subpackage is a plugin registered through the ``neo`` entry points."""
