@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from torchrec.datasets.utils import Batch
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
 
 from torch import nn
 
@@ -26,3 +26,4 @@ class ModelBuilder(abc.ABC):
 
     def check(self, tables: Sequence[TableSpec], num_dense: int) -> None:
         """Raise :class:`neo_core.errors.ConfigError` if the tables do not suit this model."""
+        return None

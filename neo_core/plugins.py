@@ -14,8 +14,9 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import pluggy
 

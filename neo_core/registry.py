@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from neo_core.errors import ConfigError, PluginError
 

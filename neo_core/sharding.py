@@ -11,9 +11,10 @@ import abc
 import enum
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from neo_core.errors import ConfigError
 
@@ -135,6 +136,9 @@ class RankReport:
     memory: dict[str, float] = field(default_factory=dict)
     memory_capacity: float = 0.0
     time: dict[str, float] = field(default_factory=dict)
+    # Host memory (bytes) of tables kept in host DDR behind a device cache; empty when unused.
+    host_memory: dict[str, float] = field(default_factory=dict)
+    host_memory_capacity: float = 0.0
 
     @property
     def memory_total(self) -> float:
@@ -191,6 +195,8 @@ class PlanResult:
                     "memory_capacity_bytes": r.memory_capacity,
                     "time_s": r.time,
                     "time_total_s": r.time_total,
+                    "host_memory_bytes": r.host_memory,
+                    "host_memory_capacity_bytes": r.host_memory_capacity,
                 }
                 for r in self.ranks
             ],

@@ -1,0 +1,123 @@
+"""Public Python API: plan embedding tables onto a cluster without building a model.
+
+>>> from neo_core.api import plan_tables
+>>> from neo_core.sharding import TableSpec
+>>> result = plan_tables([TableSpec("t0", 10_000_000, 128, 20.0)], "zionex", 512)
+>>> print(result.format_text())
+
+Plugins may be given as objects or by registry name (``"zionex"``, ``"fp16"``); names are
+resolved through the plugin manager, so third-party plugins work the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from neo_core.cache import CachePolicy
+from neo_core.compression import Compressor
+from neo_core.errors import ConfigError
+from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec
+from neo_core.topology import Topology
+
+__all__ = ["make_context", "plan_tables", "resolve"]
+
+_TYPES: dict[str, type] = {
+    "topology": Topology,
+    "kernel": EmbeddingKernel,
+    "cache": CachePolicy,
+    "compression": Compressor,
+    "sharding": Planner,
+}
+
+
+def _default(group: str) -> Any:
+    """Built-in defaults that need no plugin: fused row-wise Adagrad, no compression, no cache."""
+    if group == "kernel":
+        return EmbeddingKernel("fused", "fused", SparseOptimizer.ROWWISE_ADAGRAD)
+    if group == "compression":
+        return Compressor("none")
+    if group == "cache":
+        return CachePolicy("none")
+    raise ConfigError(f"{group} has no default; name a {group} plugin.")
+
+
+def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> Any:
+    """A plugin object for ``group``: ``value`` itself, the registry entry it names, or the default.
+
+    ``value`` may be an instance, a registry name, a mapping with ``name`` and parameters, or
+    None (the group's default).
+    """
+    kind = _TYPES[group]
+    if isinstance(value, kind):
+        return value
+    if value is None and group not in ("topology", "sharding"):
+        return _default(group)
+    if isinstance(value, Mapping):
+        node = dict(value)
+        name = node.pop("name", None)
+        params = {**node, **(params or {})}
+        value = name
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{group} must be a {kind.__name__} or a plugin name, got {value!r}.")
+    from neo_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    if value in plugins.registry(group):
+        return plugins.create(group, value, dict(params or {}))
+    if group == "sharding" and value == "neo":  # the built-in, even if plugins failed to load
+        from neo_plugins.sharding.planner import NeoPlanner
+
+        return NeoPlanner(**dict(params or {}))
+    if group in ("kernel", "compression", "cache") and value in ("fused", "none") and not params:
+        return _default(group)
+    return plugins.create(group, value, dict(params or {}))  # raises with the choices
+
+
+def make_context(
+    topology: Topology | str | Mapping[str, Any],
+    batch_size_per_rank: int,
+    kernel: EmbeddingKernel | str | Mapping[str, Any] | None = None,
+    compressor: Compressor | str | Mapping[str, Any] | None = None,
+    cache: CachePolicy | str | Mapping[str, Any] | None = None,
+) -> PlanningContext:
+    """The :class:`PlanningContext` for a topology, batch size and optional plugins."""
+    if not isinstance(batch_size_per_rank, int) or batch_size_per_rank < 1:
+        raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
+    return PlanningContext(
+        topology=resolve("topology", topology),
+        batch_size_per_rank=batch_size_per_rank,
+        kernel=resolve("kernel", kernel),
+        compressor=resolve("compression", compressor),
+        cache=resolve("cache", cache),
+    )
+
+
+def plan_tables(
+    tables: Sequence[TableSpec],
+    topology: Topology | str | Mapping[str, Any],
+    batch_size_per_rank: int,
+    kernel: EmbeddingKernel | str | Mapping[str, Any] | None = None,
+    compressor: Compressor | str | Mapping[str, Any] | None = None,
+    cache: CachePolicy | str | Mapping[str, Any] | None = None,
+    planner: Planner | str = "neo",
+    **params: Any,
+) -> PlanResult:
+    """Plan ``tables`` on ``topology`` for ``batch_size_per_rank`` samples per rank.
+
+    No table memory is allocated. ``params`` go to the planner's factory (e.g.
+    ``reserve_fraction=0.2``). Raises :class:`~neo_core.errors.NeoError` subclasses with a
+    one-sentence message for bad input or a model that cannot fit.
+    """
+    tables = list(tables)
+    if not tables:
+        raise ConfigError("The table list is empty; give at least one embedding table to plan.")
+    bad = [t for t in tables if not isinstance(t, TableSpec)]
+    if bad:
+        raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
+    chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
+    if isinstance(planner, Planner) and params:
+        raise ConfigError("Planner parameters apply only when the planner is given by name.")
+    return chosen.plan(tables, context)

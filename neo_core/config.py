@@ -1,0 +1,191 @@
+"""Configuration schemas and validation: a typo fails at start and names the key.
+
+The Hydra tree has one group per plugin kind. Each group's node holds ``name`` (a registry
+entry) plus that plugin's parameters, which are checked against the plugin factory's
+signature. ``trainer`` is checked against :class:`TrainerConfig`, the root against
+:class:`RunConfig`'s fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from neo_core.errors import ConfigError
+from neo_core.plugins import KINDS, Plugins, get_plugins
+
+PLUGIN_GROUPS: tuple[str, ...] = tuple(group for _, group in KINDS.values())
+DEFAULT_TOPOLOGY = "local"
+
+
+@dataclass
+class TrainerConfig:
+    """How long and how to train; every field is a ``trainer.<key>`` override."""
+
+    max_steps: int = 300
+    batch_size: int = 256  # per rank
+    dense_optimizer: str = "adagrad"  # adagrad | adam | sgd
+    dense_learning_rate: float = 0.05
+    val_batches: int = 20
+    val_every_n_steps: int | None = None  # None: validate once, at the end
+    log_every_n_steps: int = 10
+    checkpoint: bool = True  # save a distributed checkpoint at the end
+    checkpoint_every_n_steps: int | None = None
+    resume: bool = False  # continue from the output folder's checkpoint
+    progress_bar: bool = True
+    world_size: int | None = None  # ranks to launch here; None: the local topology's
+    backend: str | None = None  # gloo | nccl; None: nccl on CUDA, gloo on CPU
+    threads_per_rank: int | None = None  # torch intra-op threads; None: cores / ranks
+
+
+@dataclass
+class RunConfig:
+    """A validated run: plugin selections (name + parameters) and trainer settings."""
+
+    topology: dict[str, Any]
+    sharding: dict[str, Any]
+    kernel: dict[str, Any]
+    cache: dict[str, Any]
+    compression: dict[str, Any]
+    model: dict[str, Any]
+    data: dict[str, Any]
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0
+    output_dir: str = "outputs/run"
+    experiment: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _close(key: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(key, choices, n=1)
+    return f" Did you mean {match[0]!r}?" if match else ""
+
+
+def _check_plugin_node(group: str, node: Any, plugins: Plugins) -> dict[str, Any]:
+    if isinstance(node, str):
+        node = {"name": node}
+    if not isinstance(node, Mapping):
+        raise ConfigError(f"Config group {group!r} must be a mapping with a 'name' key, got {node!r}.")
+    node = dict(node)
+    name = node.pop("name", None)
+    registry = plugins.registry(group)
+    if not name:
+        raise ConfigError(
+            f"{group}.name is missing; pick one of: {', '.join(registry.names())} "
+            f"(e.g. {group}={registry.names()[0] if registry.names() else '<name>'})."
+        )
+    entry = registry.get(str(name))  # raises PluginError with choices
+    if not entry.accepts_any_keyword():
+        accepted = entry.parameters()
+        for key in node:
+            if key not in accepted:
+                raise ConfigError(
+                    f"Unknown key {group}.{key} for {registry.kind} plugin {name!r}."
+                    f"{_close(key, list(accepted))} Its keys: {', '.join(sorted(accepted)) or 'none'}."
+                )
+    return {"name": str(name), **node}
+
+
+def _check_trainer(node: Any) -> TrainerConfig:
+    node = dict(node or {})
+    fields = {f.name: f for f in dataclasses.fields(TrainerConfig)}
+    for key in node:
+        if key not in fields:
+            raise ConfigError(
+                f"Unknown key trainer.{key}.{_close(key, list(fields))} "
+                f"Trainer keys: {', '.join(fields)}."
+            )
+    cfg = TrainerConfig(**node)
+    for key in ("max_steps", "batch_size", "val_batches", "log_every_n_steps"):
+        value = getattr(cfg, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "val_batches" else 1):
+            raise ConfigError(f"trainer.{key} must be a positive integer, got {value!r}.")
+    if cfg.dense_optimizer not in ("adagrad", "adam", "sgd"):
+        raise ConfigError(
+            f"trainer.dense_optimizer={cfg.dense_optimizer!r} is unknown; choose adagrad, adam or sgd."
+        )
+    if cfg.backend not in (None, "gloo", "nccl"):
+        raise ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl.")
+    if cfg.world_size is not None and cfg.world_size < 1:
+        raise ConfigError(f"trainer.world_size must be at least 1, got {cfg.world_size}.")
+    return cfg
+
+
+def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfig:
+    """Check a composed config (plain dict or DictConfig) and return a :class:`RunConfig`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    cfg = dict(cfg)
+    plugins = plugins or get_plugins()
+    allowed = [f.name for f in dataclasses.fields(RunConfig)]
+    for key in cfg:
+        if key not in allowed and key != "hydra":
+            raise ConfigError(f"Unknown config key {key!r}.{_close(key, allowed)} Top-level keys: {', '.join(allowed)}.")
+    cfg.setdefault("topology", {"name": DEFAULT_TOPOLOGY})
+    nodes = {}
+    for group in PLUGIN_GROUPS:
+        if group not in cfg or cfg[group] is None:
+            raise ConfigError(f"Config group {group!r} is missing; add {group}=<name> (see `neo plugins`).")
+        nodes[group] = _check_plugin_node(group, cfg[group], plugins)
+    return RunConfig(
+        **nodes,
+        trainer=_check_trainer(cfg.get("trainer")),
+        seed=int(cfg.get("seed", 0)),
+        output_dir=str(cfg.get("output_dir", "outputs/run")),
+        experiment=cfg.get("experiment"),
+    )
+
+
+def instantiate(group: str, node: Mapping[str, Any], plugins: Plugins | None = None) -> Any:
+    """Create the plugin a validated group node selects."""
+    params = dict(node)
+    name = params.pop("name")
+    return (plugins or get_plugins()).create(group, name, params)
+
+
+def _yaml_safe(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_yaml_safe(v) for v in value]
+    if isinstance(value, list):
+        return [_yaml_safe(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError
+
+
+def plugin_default_node(entry: Any) -> dict[str, Any]:
+    """``{name: ..., **defaults}`` for a registry entry: its auto-generated config option."""
+    node: dict[str, Any] = {"name": entry.name}
+    for key, default in entry.parameters().items():
+        if default is inspect.Parameter.empty:
+            continue
+        try:
+            node[key] = _yaml_safe(default)
+        except TypeError:
+            continue
+    return node
+
+
+def register_plugin_options(plugins: Plugins | None = None) -> None:
+    """Make every registered plugin a config option: ``<group>=<name>`` works without YAML.
+
+    Options shipped as YAML under ``conf/`` take precedence over these generated ones;
+    plugins may add named options with ``registry.register(..., options={...})``.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    plugins = plugins or get_plugins()
+    for registry in plugins.registries.values():
+        for entry in registry.entries():
+            cs.store(group=registry.group, name=entry.name, node=plugin_default_node(entry))
+            for option, params in entry.options.items():
+                cs.store(group=registry.group, name=option, node={"name": entry.name, **dict(params)})

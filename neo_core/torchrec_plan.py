@@ -1,0 +1,236 @@
+"""Turn a Neo :class:`PlanResult` into the TorchRec ``ShardingPlan`` that DMP executes.
+
+The meaning of ``TableAssignment.ranks`` per sharding type (``W`` = world size, ``L`` =
+devices per node):
+
+- ``data_parallel``: every rank (the list is informational).
+- ``table_wise``: ``[r]``, the one rank that holds the table.
+- ``row_wise``: all ``W`` ranks in order; TorchRec splits rows evenly (``ceil(rows / W)``).
+- ``table_row_wise``: the ``L`` ranks of one node, in order.
+- ``column_wise`` / ``table_column_wise``: the rank of each column shard, in column order
+  (a rank may repeat). Column widths come from ``shard_shapes`` when given, else an even
+  split. Table-column-wise keeps all shards on one node.
+- ``grid_shard``: the rank of each shard, column block by column block; each block is split
+  row-wise over the ``L`` ranks of one node (TorchRec's shard order). Block widths come from
+  ``shard_shapes`` when given, else an even split.
+
+Row splits always follow TorchRec's own rule, so ``shard_shapes`` only steer column splits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from neo_core.errors import PlanningError
+from neo_core.sharding import ShardingType
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from neo_core.sharding import PlanningContext, PlanResult, TableAssignment
+
+_DENSE = "dense"
+
+
+def build_sharding_plan(
+    module: nn.Module, result: PlanResult, context: PlanningContext, sharders: list[Any]
+) -> Any:
+    """Build the TorchRec ``ShardingPlan`` for every ``EmbeddingBagCollection`` in ``module``.
+
+    ``module`` may live on the meta device. Raises :class:`PlanningError` for a table the plan
+    does not cover or an assignment TorchRec cannot execute.
+    """
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    topology = context.topology
+    assignments = {t.name: t for t in result.tables}
+    sharder = next(
+        (s for s in sharders if issubclass(getattr(s, "module_type", object), EmbeddingBagCollection)),
+        None,
+    ) or EmbeddingBagCollectionSharder()
+
+    plan: dict[str, Any] = {}
+    for path, child in module.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        generators = {}
+        for name in sharder.shardable_parameters(child):
+            assignment = assignments.get(name)
+            if assignment is None:
+                where = f"module {path!r}" if path else "the model"
+                raise PlanningError(
+                    f"Table {name!r} in {where} has no assignment in the {result.planner!r} plan; "
+                    "plan again with every table of the model."
+                )
+            generators[name] = _generator(assignment, topology.world_size, topology.devices_per_node)
+        plan[path] = construct_module_sharding_plan(
+            child,
+            generators,
+            sharder=sharder,
+            local_size=topology.devices_per_node,
+            world_size=topology.world_size,
+            device_type=topology.compute_device,
+        )
+    return ShardingPlan(plan)
+
+
+def _generator(assignment: TableAssignment, world_size: int, local_size: int) -> Any:
+    """A TorchRec ``ParameterShardingGenerator`` for one table assignment."""
+    from torchrec.distributed.sharding_plan import (
+        data_parallel,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
+
+    name, ranks, kernel = assignment.name, list(assignment.ranks), assignment.compute_kernel
+    try:
+        stype = ShardingType(assignment.sharding_type)
+    except ValueError:
+        raise PlanningError(
+            f"Table {name!r} has unknown sharding type {assignment.sharding_type!r}; use a "
+            "neo_core.sharding.ShardingType value."
+        ) from None
+    _check_kernel(name, stype, kernel)
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise PlanningError(
+            f"Table {name!r} is placed on rank(s) {bad}, outside world size {world_size}; "
+            "plan for this topology again."
+        )
+    nodes = sorted({r // local_size for r in ranks})
+
+    if stype is ShardingType.DATA_PARALLEL:
+        return _with_kernel(data_parallel(), kernel)
+    if stype is ShardingType.TABLE_WISE:
+        if len(ranks) != 1:
+            raise PlanningError(f"Table {name!r} is table-wise but lists ranks {ranks}; give exactly one.")
+        return table_wise(rank=ranks[0], compute_kernel=kernel)
+    if stype is ShardingType.ROW_WISE:
+        if ranks and ranks != list(range(world_size)):
+            raise PlanningError(
+                f"Table {name!r} is row-wise on ranks {ranks}; TorchRec row-wise sharding spans "
+                f"all {world_size} ranks, so list them all (or use table_row_wise for one node)."
+            )
+        return row_wise(compute_kernel=kernel)
+    if stype is ShardingType.TABLE_ROW_WISE:
+        if len(nodes) != 1 or ranks != _node_ranks(nodes[0], local_size):
+            raise PlanningError(
+                f"Table {name!r} is table-row-wise on ranks {ranks}; list the {local_size} ranks "
+                "of one node in order."
+            )
+        return _with_kernel(table_row_wise(host_index=nodes[0]), kernel)
+    if stype in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+        if not ranks:
+            raise PlanningError(f"Table {name!r} is {stype.value} but lists no ranks; give one per column shard.")
+        if stype is ShardingType.TABLE_COLUMN_WISE and len(nodes) != 1:
+            raise PlanningError(
+                f"Table {name!r} is table-column-wise across nodes {nodes}; keep its column shards "
+                "on one node (or use column_wise)."
+            )
+        return _column_generator(assignment, stype, [[r] for r in ranks])
+    # GRID_SHARD: column blocks, each row-wise over one node.
+    blocks = [ranks[i : i + local_size] for i in range(0, len(ranks), local_size)]
+    if not ranks or any(b != _node_ranks(b[0] // local_size, local_size) for b in blocks):
+        raise PlanningError(
+            f"Table {name!r} is grid-sharded on ranks {ranks}; list, per column block, the "
+            f"{local_size} ranks of one node in order."
+        )
+    return _column_generator(assignment, stype, blocks)
+
+
+def _check_kernel(name: str, stype: ShardingType, kernel: str) -> None:
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    valid = {k.value for k in EmbeddingComputeKernel}
+    if kernel not in valid:
+        raise PlanningError(
+            f"Table {name!r} has unknown compute kernel {kernel!r}; choose one of {sorted(valid)}."
+        )
+    if kernel == _DENSE and stype is not ShardingType.DATA_PARALLEL:
+        raise PlanningError(
+            f"Table {name!r} is {stype.value} with the dense kernel, which only runs data-parallel "
+            "tables; use the fused kernel."
+        )
+
+
+def _node_ranks(node: int, local_size: int) -> list[int]:
+    return list(range(node * local_size, (node + 1) * local_size))
+
+
+def _with_kernel(generator: Any, kernel: str) -> Any:
+    """Wrap a TorchRec generator that picks its own kernel so that it uses ``kernel``."""
+
+    def generate(param: Any, local_size: int, world_size: int, device_type: str, sharder: Any) -> Any:
+        sharding = generator(param, local_size, world_size, device_type, sharder)
+        sharding.compute_kernel = kernel
+        return sharding
+
+    return generate
+
+
+def _column_widths(assignment: TableAssignment, dim: int, blocks: Sequence[Sequence[int]]) -> list[int]:
+    """Width of each column block: from ``shard_shapes`` when given, else an even split."""
+    n = len(blocks)
+    if assignment.shard_shapes:
+        shapes = [tuple(s) for s in assignment.shard_shapes]
+        per_block = len(shapes) // n if len(shapes) % n == 0 else 0
+        widths = [shapes[i * per_block][1] for i in range(n)] if per_block else []
+        if sum(widths) != dim:
+            raise PlanningError(
+                f"Table {assignment.name!r} has shard_shapes {shapes} that do not split its {dim} "
+                f"columns over {n} column shard(s); fix the shapes or leave them empty."
+            )
+        return widths
+    if dim % n:
+        raise PlanningError(
+            f"Table {assignment.name!r} has {dim} columns, which do not split evenly into {n} "
+            "column shards; give shard_shapes or change the shard count."
+        )
+    return [dim // n] * n
+
+
+def _column_generator(
+    assignment: TableAssignment, stype: ShardingType, blocks: list[list[int]]
+) -> Any:
+    """Generator for column splits: each block of columns is row-split over its ranks."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
+    from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets, placement
+    from torchrec.distributed.types import ParameterSharding
+
+    def generate(param: Any, local_size: int, world_size: int, device_type: str, sharder: Any) -> Any:
+        rows, dim = param.shape
+        widths = _column_widths(assignment, dim, blocks)
+        shards: list[Any] = []
+        ranks: list[int] = []
+        col = 0
+        for width, block in zip(widths, blocks):
+            if len(block) == 1:
+                row_splits = [([rows, width], [0, col])]
+            else:
+                sizes, offsets = calculate_shard_sizes_and_offsets(
+                    param[:, :width], world_size, len(block), ShardingType.TABLE_ROW_WISE.value
+                )
+                row_splits = [([s[0], width], [o[0], col]) for s, o in zip(sizes, offsets)]
+            for (size, offset), rank in zip(row_splits, block):
+                shards.append(
+                    ShardMetadata(
+                        shard_sizes=size,
+                        shard_offsets=offset,
+                        placement=placement(device_type, rank, local_size),
+                    )
+                )
+                ranks.append(rank)
+            col += width
+        return ParameterSharding(
+            sharding_type=stype.value,
+            compute_kernel=assignment.compute_kernel,
+            ranks=ranks,
+            sharding_spec=EnumerableShardingSpec(shards),
+        )
+
+    return generate

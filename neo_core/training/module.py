@@ -1,0 +1,170 @@
+"""The LightningModule: one training step of a sharded recommendation model.
+
+The model arrives unsharded, with its tables on the meta device; :class:`NeoStrategy` calls
+:meth:`NeoModule.shard`, which plans and wraps it in TorchRec's ``DistributedModelParallel``.
+Embedding tables on the fused kernel are updated inside backward by FBGEMM; everything else
+(MLPs, replicated tables on the dense kernel) by the dense optimizer. Both live in one
+TorchRec ``CombinedOptimizer``, fused first, so the closure Lightning passes runs once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchmetrics.functional.classification import binary_auroc
+from torchrec.datasets.utils import Batch
+
+from neo_core.config import TrainerConfig
+from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+from neo_core.sharding import PlanResult
+
+
+def _torch_optimizer(name: str, lr: float, eps: float = 1e-8) -> Callable[[Any], torch.optim.Optimizer]:
+    def make(params: Any) -> torch.optim.Optimizer:
+        if name == "sgd":
+            return torch.optim.SGD(params, lr=lr)
+        if name == "adam":
+            return torch.optim.Adam(params, lr=lr, eps=eps)
+        return torch.optim.Adagrad(params, lr=lr, eps=eps)
+
+    return make
+
+
+class NeoModule(pl.LightningModule):
+    """Trains ``model(dense, sparse) -> logits`` with binary cross-entropy."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        planner_fn: Callable[[nn.Module], PlanResult],
+        sharders_fn: Callable[[], list[Any]],
+        kernel: EmbeddingKernel,
+        trainer_cfg: TrainerConfig,
+        global_batch_size: int,
+        step_offset: int = 0,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.planner_fn = planner_fn
+        self.sharders_fn = sharders_fn
+        self.kernel = kernel
+        self.trainer_cfg = trainer_cfg
+        self.global_batch_size = global_batch_size
+        self.step_offset = step_offset
+        self.plan: PlanResult | None = None
+        self.loss_fn = nn.BCEWithLogitsLoss()
+        self._val_preds: list[torch.Tensor] = []
+        self._val_labels: list[torch.Tensor] = []
+        self._val_losses: list[float] = []
+        self.history: list[dict[str, float]] = []  # per logged step, this rank
+        self.val_history: list[dict[str, float]] = []
+        self._step_started: float | None = None
+        self._step_times: list[float] = []
+
+    @property
+    def is_sharded(self) -> bool:
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        return isinstance(self.model, DistributedModelParallel)
+
+    def shard(self, device: torch.device) -> None:
+        """Plan and wrap the model in ``DistributedModelParallel`` (materialises local shards)."""
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+        from torchrec.distributed.types import ShardingEnv
+
+        self.plan = self.planner_fn(self.model)
+        pg = dist.group.WORLD if dist.is_initialized() else None
+        env = ShardingEnv.from_process_group(pg) if pg is not None else ShardingEnv.from_local(1, 0)
+        self.model = DistributedModelParallel(
+            self.model,
+            env=env,
+            device=device,
+            plan=self.plan.torchrec_plan,
+            sharders=self.sharders_fn(),
+        )
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+        from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+        model = self.model
+        named = dict(in_backward_optimizer_filter(model.named_parameters()))
+        embedding = {k: v for k, v in named.items() if "embedding_bags" in k}
+        dense = {k: v for k, v in named.items() if k not in embedding}
+        cfg = self.trainer_cfg
+        parts: list[tuple[str, Any]] = [("fused", model.fused_optimizer)]
+        if dense:
+            parts.append(
+                ("dense", KeyedOptimizerWrapper(dense, _torch_optimizer(cfg.dense_optimizer, cfg.dense_learning_rate)))
+            )
+        if embedding:  # replicated tables (dense compute kernel): the kernel's optimizer, unfused
+            opt = "sgd" if self.kernel.optimizer is SparseOptimizer.SGD else (
+                "adam" if self.kernel.optimizer is SparseOptimizer.ADAM else "adagrad"
+            )
+            parts.append(
+                ("embedding", KeyedOptimizerWrapper(embedding, _torch_optimizer(opt, self.kernel.learning_rate)))
+            )
+        return CombinedOptimizer(parts)
+
+    # -- training -----------------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        logits = self(batch)
+        loss = self.loss_fn(logits, batch.labels)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._step_started is not None:
+            self._step_times.append(time.perf_counter() - self._step_started)
+        step = self.global_step + self.step_offset
+        loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        self.history.append({"step": step, "loss": loss})
+        every = self.trainer_cfg.log_every_n_steps
+        if self._step_times and step % every == 0:
+            recent = self._step_times[-every:]
+            rate = self.global_batch_size * len(recent) / sum(recent)
+            self.log("train/samples_per_sec", rate, prog_bar=True, on_step=True, on_epoch=False)
+
+    def samples_per_second(self, warmup: int = 5) -> float:
+        """Global samples/s over this run's steps after ``warmup`` (training time only)."""
+        times = self._step_times[warmup:] if len(self._step_times) > 2 * warmup else self._step_times
+        return self.global_batch_size * len(times) / sum(times) if times else 0.0
+
+    # -- validation ---------------------------------------------------------------------
+    def on_validation_epoch_start(self) -> None:
+        self._val_preds, self._val_labels, self._val_losses = [], [], []
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        logits = self(batch)
+        self._val_losses.append(float(self.loss_fn(logits, batch.labels)))
+        self._val_preds.append(torch.sigmoid(logits).detach().cpu())
+        self._val_labels.append(batch.labels.detach().cpu())
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_preds:
+            return
+        preds = torch.cat(self._val_preds)
+        labels = torch.cat(self._val_labels)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered_p = [torch.empty_like(preds) for _ in range(dist.get_world_size())]
+            gathered_l = [torch.empty_like(labels) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered_p, preds)
+            dist.all_gather(gathered_l, labels)
+            preds, labels = torch.cat(gathered_p), torch.cat(gathered_l)
+        auc = float(binary_auroc(preds, labels.long()))
+        loss = float(torch.nn.functional.binary_cross_entropy(preds.clamp(1e-7, 1 - 1e-7), labels))
+        self.log("val/auc", auc, prog_bar=True, rank_zero_only=True)
+        self.log("val/loss", loss, rank_zero_only=True)
+        self.val_history.append({"step": self.global_step + self.step_offset, "auc": auc, "loss": loss})

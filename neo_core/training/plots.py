@@ -1,0 +1,35 @@
+"""Training curves as a PNG: loss per step and held-out AUC."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def plot_training(metrics: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = metrics.get("history", [])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    if hist:
+        ax.plot([h["step"] for h in hist], [h["loss"] for h in hist], lw=0.8, label="train loss (rank 0)")
+    val = metrics.get("val_history", [])
+    if val:
+        ax.scatter([v["step"] for v in val], [v["loss"] for v in val], color="C1", label="val loss", zorder=3)
+        ax2 = ax.twinx()
+        ax2.plot([v["step"] for v in val], [v["auc"] for v in val], "o-", color="C2", label="val AUC")
+        ax2.set_ylabel("val AUC")
+        ax2.legend(loc="upper right")
+    ax.set_xlabel("step")
+    ax.set_ylabel("BCE loss")
+    ax.legend(loc="upper left")
+    ax.set_title(
+        f"{metrics.get('model')} / {metrics.get('sharding')} / {metrics.get('kernel')}: "
+        f"{metrics.get('samples_per_sec', 0):,.0f} samples/s"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,339 @@
+"""Running a training job: build the plugins, plan, start the ranks, collect the results.
+
+``train(cfg)`` is the public entry point (the Hydra recipe calls it). It validates the
+config, instantiates every plugin, plans once in this process so that configuration and
+capacity errors surface as one sentence before any rank starts, writes ``plan.json``, then
+runs the ranks:
+
+- under torchrun (``RANK``/``WORLD_SIZE`` set by the launcher): this process is one rank;
+- otherwise: it starts ``world_size`` local ranks itself with ``torch.multiprocessing``
+  (a fresh free port per job), which keeps Hydra multirun sweeps working.
+
+Every rank builds a Lightning ``Trainer`` with :class:`NeoStrategy` and a cluster environment
+that says processes are created externally.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neo_core.cache import CachePolicy
+from neo_core.compression import Compressor
+from neo_core.config import RunConfig, instantiate, validate
+from neo_core.data import DataSource
+from neo_core.errors import ConfigError
+from neo_core.kernels import EmbeddingKernel
+from neo_core.models import ModelBuilder
+from neo_core.plugins import get_plugins
+from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec
+from neo_core.topology import Topology
+
+log = logging.getLogger("neo")
+
+
+@dataclass
+class RunParts:
+    """The instantiated plugins of one run."""
+
+    topology: Topology
+    planner: Planner
+    kernel: EmbeddingKernel
+    cache: CachePolicy
+    compressor: Compressor
+    model_builder: ModelBuilder
+    data: DataSource
+    tables: list[TableSpec]
+    context: PlanningContext
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where the ranks come from and what they run on."""
+
+    world_size: int
+    device_type: str  # "cpu" | "cuda"
+    backend: str  # "gloo" | "nccl"
+    external: bool  # True when torchrun (or another launcher) started this process as a rank
+
+
+def resolve_launch(run: RunConfig) -> Launch:
+    """World size, device and backend for this run on this machine."""
+    external = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "NEO_SPAWNED" not in os.environ
+    cuda = torch.cuda.is_available()
+    if run.topology.get("name") == "local" and run.topology.get("compute_device"):
+        cuda = run.topology["compute_device"] == "cuda"
+    device_type = "cuda" if cuda else "cpu"
+    if external:
+        world = int(os.environ["WORLD_SIZE"])
+        if run.trainer.world_size not in (None, world):
+            raise ConfigError(
+                f"trainer.world_size={run.trainer.world_size} but the launcher started {world} ranks; "
+                "drop trainer.world_size or make them equal."
+            )
+    elif run.trainer.world_size is not None:
+        world = run.trainer.world_size
+    elif run.topology.get("name") == "local" and run.topology.get("world_size"):
+        world = int(run.topology["world_size"])
+    else:
+        world = torch.cuda.device_count() if cuda else 2
+    if device_type == "cuda" and not external and world > torch.cuda.device_count():
+        raise ConfigError(
+            f"{world} ranks requested but only {torch.cuda.device_count()} CUDA device(s) are visible; "
+            "set trainer.world_size to at most that."
+        )
+    backend = run.trainer.backend or ("nccl" if device_type == "cuda" else "gloo")
+    return Launch(world, device_type, backend, external)
+
+
+def build_parts(run: RunConfig, launch: Launch) -> RunParts:
+    """Instantiate every plugin of ``run`` and derive the planning context."""
+    plugins = get_plugins()
+    notes: list[str] = []
+    topo_node = dict(run.topology)
+    if topo_node["name"] == "local":
+        topo_node.setdefault("world_size", launch.world_size)
+        if topo_node["world_size"] is None:
+            topo_node["world_size"] = launch.world_size
+        topo_node.setdefault("compute_device", launch.device_type)
+        if topo_node["compute_device"] is None:
+            topo_node["compute_device"] = launch.device_type
+    topology: Topology = instantiate("topology", topo_node, plugins)
+    if topology.world_size != launch.world_size or topology.compute_device != launch.device_type:
+        described = f"{topology.name} ({topology.num_nodes} nodes x {topology.devices_per_node} {topology.compute_device})"
+        topology = topology.emulated_on(launch.world_size, launch.device_type)
+        notes.append(
+            f"Emulating {described} on {launch.world_size} local {launch.device_type} rank(s): planning "
+            f"with its per-device memory and bandwidth model as {topology.num_nodes} node(s) x "
+            f"{topology.devices_per_node} rank(s)."
+        )
+    planner: Planner = instantiate("sharding", run.sharding, plugins)
+    kernel: EmbeddingKernel = instantiate("kernel", run.kernel, plugins)
+    cache: CachePolicy = instantiate("cache", run.cache, plugins)
+    compressor: Compressor = instantiate("compression", run.compression, plugins)
+    model_builder: ModelBuilder = instantiate("model", run.model, plugins)
+    data: DataSource = instantiate("data", run.data, plugins)
+    dim = int(run.model.get("embedding_dim", model_builder_default_dim(model_builder)))
+    tables = list(data.tables(dim))
+    model_builder.check(tables, data.num_dense)
+    context = PlanningContext(
+        topology=topology,
+        batch_size_per_rank=run.trainer.batch_size,
+        kernel=kernel,
+        compressor=compressor,
+        cache=cache,
+    )
+    return RunParts(topology, planner, kernel, cache, compressor, model_builder, data, tables, context, notes)
+
+
+def model_builder_default_dim(builder: ModelBuilder) -> int:
+    dim = getattr(builder, "embedding_dim", None)
+    if dim is None:
+        raise ConfigError(f"model {builder.name!r} does not say its embedding_dim; set model.embedding_dim.")
+    return int(dim)
+
+
+def plan_run(parts: RunParts) -> PlanResult:
+    """Plan the run's model on the meta device (no table memory is allocated)."""
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    result = parts.planner.plan_module(model, parts.tables, parts.context)
+    result.notes = [*parts.notes, *result.notes]
+    return result
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
+    """Train as configured; returns the metrics also written to ``metrics.json``."""
+    run = cfg if isinstance(cfg, RunConfig) else validate(cfg)
+    launch = resolve_launch(run)
+    out = Path(run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
+    parts = build_parts(run, launch)
+    plan = plan_run(parts)
+    if rank0:
+        print(parts.topology.describe())
+        print(plan.format_text())
+        plan.save_json(out / "plan.json")
+        (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
+    payload = run.to_dict()
+    if launch.external:
+        rank_main(int(os.environ["RANK"]), launch, payload)
+    elif launch.world_size == 1:
+        rank_main(0, launch, payload, port=_free_port())
+    else:
+        import torch.multiprocessing as mp
+
+        port = _free_port()
+        mp.start_processes(
+            _spawned_rank,
+            args=(launch, payload, port),
+            nprocs=launch.world_size,
+            join=True,
+            start_method="spawn",
+        )
+    metrics_path = out / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    if rank0 and metrics:
+        print(
+            f"done: {metrics['steps']} steps, val AUC {metrics['val_auc']:.4f}, val loss "
+            f"{metrics['val_loss']:.4f}, {metrics['samples_per_sec']:,.0f} samples/s "
+            f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
+        )
+    return metrics
+
+
+def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int) -> None:
+    rank_main(local_rank, launch, payload, port=port)
+
+
+def _quiet() -> None:
+    for name in ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | None = None) -> None:
+    """Body of one rank: shard, train, validate, checkpoint, report."""
+    import lightning.pytorch as pl
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.pytorch.loggers import CSVLogger
+
+    from neo_core.config import TrainerConfig
+    from neo_core.training.checkpoint import DistributedCheckpoint, read_checkpoint_step
+    from neo_core.training.datasets import RankStream
+    from neo_core.training.module import NeoModule
+    from neo_core.training.strategy import NeoStrategy
+
+    _quiet()
+    if not launch.external:
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(launch.world_size),
+            LOCAL_WORLD_SIZE=str(launch.world_size),
+            NODE_RANK="0",
+            NEO_SPAWNED="1",
+        )
+    payload = dict(payload)
+    payload["trainer"] = TrainerConfig(**payload["trainer"])
+    run = RunConfig(**payload)
+    cfg = run.trainer
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size))
+    threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
+    torch.set_num_threads(threads)
+    pl.seed_everything(run.seed, verbose=False)
+    parts = build_parts(run, launch)
+    out = Path(run.output_dir)
+    ckpt_dir = out / "checkpoint"
+    start_step = read_checkpoint_step(ckpt_dir) if cfg.resume else 0
+    if cfg.resume and start_step == 0 and rank == 0:
+        print(f"warning: trainer.resume=true but {ckpt_dir} holds no checkpoint; starting from step 0.")
+    remaining = cfg.max_steps - start_step
+    if remaining <= 0:
+        raise ConfigError(
+            f"The checkpoint in {ckpt_dir} is at step {start_step}, not before trainer.max_steps="
+            f"{cfg.max_steps}; raise trainer.max_steps to train further."
+        )
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    module = NeoModule(
+        model,
+        planner_fn=lambda m: parts.planner.plan_module(m, parts.tables, parts.context),
+        sharders_fn=lambda: parts.planner.sharders(parts.context),
+        kernel=parts.kernel,
+        trainer_cfg=cfg,
+        global_batch_size=cfg.batch_size * launch.world_size,
+        step_offset=start_step,
+    )
+    world, grank = launch.world_size, rank
+    train_stream = RankStream(parts.data, "train", grank, world, cfg.batch_size, start_step, remaining)
+    val_stream = RankStream(parts.data, "val", grank, world, cfg.batch_size, 0, max(cfg.val_batches, 1))
+    loader = torch.utils.data.DataLoader
+    devices = local_world
+    num_nodes = max(1, world // local_world)
+    checkpoint = DistributedCheckpoint(
+        ckpt_dir, every_n_steps=cfg.checkpoint_every_n_steps, save_at_end=cfg.checkpoint,
+        resume=cfg.resume and start_step > 0, step_offset=start_step,
+    )
+    trainer = pl.Trainer(
+        accelerator="gpu" if launch.device_type == "cuda" else "cpu",
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy=NeoStrategy(cluster_environment=LightningEnvironment(), process_group_backend=launch.backend),
+        max_steps=remaining,
+        max_epochs=1,
+        logger=CSVLogger(str(out), name="logs", version=""),
+        callbacks=[checkpoint],
+        enable_checkpointing=False,
+        enable_progress_bar=cfg.progress_bar and rank == 0,
+        enable_model_summary=False,
+        log_every_n_steps=cfg.log_every_n_steps,
+        val_check_interval=min(cfg.val_every_n_steps or remaining, remaining),
+        check_val_every_n_epoch=None,
+        limit_val_batches=cfg.val_batches,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+    started = time.perf_counter()
+    trainer.fit(
+        module,
+        train_dataloaders=loader(train_stream, batch_size=None),
+        val_dataloaders=loader(val_stream, batch_size=None) if cfg.val_batches else None,
+    )
+    wall = time.perf_counter() - started
+    if rank == 0:
+        _write_results(out, module, run, launch, wall)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall: float) -> None:
+    last = module.history[-10:]
+    val = module.val_history[-1] if module.val_history else {"auc": math.nan, "loss": math.nan}
+    metrics = {
+        "steps": module.global_step + module.step_offset,
+        "world_size": launch.world_size,
+        "device": launch.device_type,
+        "global_batch_size": module.global_batch_size,
+        "train_loss": sum(h["loss"] for h in last) / max(len(last), 1),
+        "val_auc": val["auc"],
+        "val_loss": val["loss"],
+        "samples_per_sec": module.samples_per_second(),
+        "wall_time_s": wall,
+        "sharding": run.sharding["name"],
+        "kernel": run.kernel["name"],
+        "compression": run.compression["name"],
+        "model": run.model["name"],
+        "topology": run.topology["name"],
+        "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
+        "history": module.history,
+        "val_history": module.val_history,
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    try:
+        from neo_core.training.plots import plot_training
+
+        plot_training(metrics, out / "training.png")
+    except Exception as exc:  # a plot must never fail a finished run
+        print(f"warning: could not draw training.png: {exc}", file=sys.stderr)

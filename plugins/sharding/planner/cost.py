@@ -1,0 +1,256 @@
+"""Neo's cost model: per-shard time (by kind) and memory of every sharding option.
+
+All formulas are in ``docs/cost_model.md``. Every function is vectorised over tables: the
+inputs are numpy arrays with one entry per table, the outputs one row per table. Costs of a
+shard do not depend on which rank holds it (the topology is homogeneous), so the search only
+needs these per-shard figures and each rank's running totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from neo_core.sharding import PlanningContext, ShardingType, TableSpec
+
+# Time kinds, in report order. Keys starting with "comm" count as communication.
+TIME_KINDS: tuple[str, ...] = (
+    "compute_fwd",
+    "compute_bwd",
+    "optimizer",
+    "comm_input",
+    "comm_fwd",
+    "comm_bwd",
+    "comm_allreduce",
+)
+K = len(TIME_KINDS)
+CF, CB, OPT, CIN, CMF, CMB, CAR = range(K)
+
+DEVICE = "device"
+CACHED = "cached"  # host memory behind a device cache (GPU topologies only)
+
+# Default per-collective latency (seconds) when the topology does not say: an assumption.
+DEFAULT_LATENCY = {"cuda": 30e-6, "cpu": 300e-6}
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Knobs of the cost model that are not properties of a plugin."""
+
+    reserve_fraction: float = 0.15  # of device memory, kept for dense model, activations, workspace
+    index_bytes: int = 8  # bytes per id in the input all-to-all (int64 ids)
+    output_bytes: int = 4  # bytes per pooled-embedding element written by the lookup kernel
+    access_bytes: int | None = None  # memory access granularity; None: 32 on cuda, 64 on cpu
+    collective_latency_s: float | None = None  # None: DEFAULT_LATENCY by device
+
+
+@dataclass(frozen=True)
+class TableArrays:
+    """Table specs as arrays (float64 for arithmetic, exact ints kept separately)."""
+
+    names: list[str]
+    rows: np.ndarray  # int64
+    dims: np.ndarray  # int64
+    pooling: np.ndarray  # float64
+    hot: np.ndarray  # float64, nan when unknown
+
+    @classmethod
+    def from_specs(cls, tables: Sequence[TableSpec]) -> TableArrays:
+        return cls(
+            names=[t.name for t in tables],
+            rows=np.array([t.num_embeddings for t in tables], dtype=np.int64),
+            dims=np.array([t.embedding_dim for t in tables], dtype=np.int64),
+            pooling=np.array([t.pooling_factor for t in tables], dtype=np.float64),
+            hot=np.array(
+                [np.nan if t.hot_fraction is None else t.hot_fraction for t in tables], dtype=np.float64
+            ),
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass
+class ShardCosts:
+    """Per-shard cost of one option for every table (rows of the arrays are tables)."""
+
+    time: np.ndarray  # (T, K) seconds per shard, by kind
+    mem_device: np.ndarray  # (T,) bytes of device memory per shard
+    mem_host: np.ndarray  # (T,) bytes of host memory per shard
+    weights: np.ndarray  # (T,) bytes of weights per shard (wherever they live)
+    optimizer: np.ndarray  # (T,) bytes of optimizer state per shard
+    gradients: np.ndarray  # (T,) bytes of dense gradient buffer per shard (DP only)
+    cache: np.ndarray  # (T,) bytes of device cache per shard (cached placement only)
+
+
+def cache_hit_rate(load_factor: float, hot: np.ndarray) -> np.ndarray:
+    """Predicted device-cache hit rate from the cached fraction of rows and access skew.
+
+    ``hot`` is the fraction of lookups that hit the hottest 1% of rows (nan: uniform access).
+    Rows beyond the hottest 1% are assumed equally likely.
+    """
+    lf = float(min(max(load_factor, 0.0), 1.0))
+    uniform = np.full(hot.shape, lf)
+    h = np.where(np.isnan(hot), 0.0, hot)
+    skewed = np.where(lf >= 0.01, h + (1.0 - h) * (lf - 0.01) / 0.99, h * lf / 0.01)
+    return np.clip(np.where(np.isnan(hot), uniform, skewed), 0.0, 1.0)
+
+
+class CostModel:
+    """Cost of each sharding option on ``context``: the only place formulas live."""
+
+    def __init__(self, context: PlanningContext, params: CostParams | None = None) -> None:
+        self.context = context
+        self.params = params or CostParams()
+        topo = context.topology
+        self.W = topo.world_size
+        self.L = topo.devices_per_node
+        self.N = topo.num_nodes
+        self.B = float(context.batch_size_per_rank)
+        self.G = self.B * self.W
+        kernel = context.kernel
+        self.e = float(kernel.weight_bytes)
+        self.fb = float(context.compressor.forward_bytes)
+        self.bb = float(context.compressor.backward_bytes)
+        self.ib = float(self.params.index_bytes)
+        self.ob = float(self.params.output_bytes)
+        gran = self.params.access_bytes or (32 if topo.compute_device == "cuda" else 64)
+        self.gran = float(gran)
+        lat = self.params.collective_latency_s
+        self.latency = DEFAULT_LATENCY[topo.compute_device] if lat is None else float(lat)
+        # seconds per byte a rank sends in an all-to-all spread evenly over all ranks
+        self.a2a = ((self.L - 1) / self.W) / topo.intra_node_bw + ((self.W - self.L) / self.W) / (
+            topo.inter_node_bw
+        )
+        self.dev_bw = topo.device_memory_bw
+        self.host_bw = topo.host_memory_bw
+        self.h2d_bw = topo.host_to_device_bw
+        self.capacity_device = float(topo.device_memory)
+        self.reserve = self.params.reserve_fraction * self.capacity_device
+        self.capacity_host = float(topo.host_memory)
+        load = context.cache.load_factor
+        self.cache_load_factor = load if topo.compute_device == "cuda" else None
+
+    # ---- building blocks -------------------------------------------------------------
+    def row_bytes(self, cols: np.ndarray) -> np.ndarray:
+        """Bytes moved to read one row of ``cols`` columns (rounded up to the access size)."""
+        return np.ceil(cols * self.e / self.gran) * self.gran
+
+    def opt_row_bytes(self, cols: np.ndarray) -> np.ndarray:
+        """Optimizer-state bytes per row of a shard with ``cols`` columns."""
+        kernel = self.context.kernel
+        per_row = kernel.optimizer_state_bytes(1, 1)  # rowwise: 4 bytes per row
+        per_elem = kernel.optimizer_state_bytes(1, 2) - per_row  # elementwise part
+        return per_row - per_elem + per_elem * cols
+
+    def seconds_per_byte(self, placement: str, hot: np.ndarray) -> np.ndarray:
+        """Seconds per byte of lookup traffic where the rows live."""
+        if placement == CACHED and self.cache_load_factor is not None:
+            hit = cache_hit_rate(self.cache_load_factor, hot)
+            return hit / self.dev_bw + (1.0 - hit) * (1.0 / self.h2d_bw + 1.0 / self.dev_bw)
+        return np.full(hot.shape, 1.0 / self.dev_bw)
+
+    def _lookup(
+        self,
+        t: TableArrays,
+        n_ids: np.ndarray,
+        n_out: np.ndarray,
+        cols: np.ndarray,
+        placement: str,
+        fused: bool = True,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward lookup time of one shard."""
+        spb = self.seconds_per_byte(placement, t.hot)
+        rb = self.row_bytes(cols)
+        fwd = (n_ids * (self.ib + rb) + n_out * cols * self.ob) * spb
+        if fused:  # read output grads; read+write each touched row and its optimizer state
+            bwd = (n_out * cols * self.ob + n_ids * 2.0 * (rb + self.opt_row_bytes(cols))) * spb
+        else:  # dense kernel: scatter gradients into a dense buffer
+            bwd = (n_out * cols * self.ob + n_ids * rb) * spb
+        return fwd, bwd
+
+    def _memory(
+        self, rows: np.ndarray, cols: np.ndarray, placement: str
+    ) -> tuple[np.ndarray, ...]:
+        rows_f = rows.astype(np.float64)
+        weights = rows_f * cols * self.e
+        opt = rows_f * self.opt_row_bytes(cols)
+        zero = np.zeros_like(weights)
+        if placement == CACHED and self.cache_load_factor is not None:
+            cache = np.ceil(rows_f * self.cache_load_factor) * cols * self.e
+            return cache, weights + opt, weights, opt, zero, cache
+        return weights + opt, zero, weights, opt, zero, zero
+
+    # ---- options ---------------------------------------------------------------------
+    def costs(
+        self,
+        t: TableArrays,
+        sharding_type: ShardingType,
+        num_col_shards: int | np.ndarray = 1,
+        placement: str = DEVICE,
+    ) -> ShardCosts:
+        """Per-shard costs for every table under one option.
+
+        ``num_col_shards`` is the number of column shards for CW, TWCW and GRID.
+        """
+        n = len(t)
+        d = t.dims.astype(np.float64)
+        P = t.pooling
+        G, B, W, L = self.G, self.B, float(self.W), float(self.L)
+        time = np.zeros((n, K))
+        k = np.broadcast_to(np.asarray(num_col_shards, dtype=np.float64), (n,))
+        st = ShardingType(sharding_type)
+        topo = self.context.topology
+        if st is ShardingType.DATA_PARALLEL:
+            rows = t.rows
+            fwd, bwd = self._lookup(t, B * P, np.full(n, B), d, DEVICE, fused=False)
+            time[:, CF], time[:, CB] = fwd, bwd
+            table_bytes = rows.astype(np.float64) * d * 4.0  # dense fp32 gradient
+            weights = rows.astype(np.float64) * d * self.e
+            opt = rows.astype(np.float64) * self.opt_row_bytes(d)
+            # read grad, read+write weights and optimizer state, once per step, on every rank
+            time[:, OPT] = (table_bytes + 2 * weights + 2 * opt) / self.dev_bw
+            time[:, CAR] = table_bytes * (
+                2 * (L - 1) / L / topo.intra_node_bw
+                + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
+            )
+            zero = np.zeros(n)
+            return ShardCosts(time, weights + opt + table_bytes, zero, weights, opt, table_bytes, zero)
+        if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+            cols = d if st is ShardingType.TABLE_WISE else d / k
+            rows = t.rows
+            fwd, bwd = self._lookup(t, G * P, np.full(n, G), cols, placement)
+            time[:, CF], time[:, CB] = fwd, bwd
+            time[:, CIN] = G * P * self.ib * self.a2a
+            time[:, CMF] = G * cols * self.fb * self.a2a
+            time[:, CMB] = G * cols * self.bb * self.a2a
+        elif st is ShardingType.ROW_WISE:
+            cols = d
+            rows = np.ceil(t.rows / W).astype(np.int64)
+            fwd, bwd = self._lookup(t, G * P / W, np.full(n, G), cols, placement)
+            time[:, CF], time[:, CB] = fwd, bwd
+            time[:, CIN] = G * P / W * self.ib * self.a2a
+            time[:, CMF] = G * cols * self.fb * self.a2a  # reduce-scatter of pooled partial sums
+            time[:, CMB] = G * cols * self.bb * self.a2a  # all-gather of their gradients
+        elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
+            cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
+            rows = np.ceil(t.rows / L).astype(np.int64)
+            fwd, bwd = self._lookup(t, G * P / L, np.full(n, G), cols, placement)
+            time[:, CF], time[:, CB] = fwd, bwd
+            time[:, CIN] = G * P / L * self.ib * self.a2a
+            intra = (L - 1) / L / topo.intra_node_bw
+            # reduce-scatter inside the node, then all-to-all of each rank's 1/L of samples
+            time[:, CMF] = G * cols * self.fb * (intra + self.a2a / L)
+            time[:, CMB] = G * cols * self.bb * (intra + self.a2a / L)
+        else:  # pragma: no cover - all members handled above
+            raise ValueError(st)
+        mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
+        return ShardCosts(time, mem_dev, mem_host, weights, opt, grads, cache)
+
+    def latency_time(self, types_used: set[str]) -> float:
+        """Fixed collective latency per step: three all-to-alls per sharding type, one all-reduce."""
+        n = sum(3 for s in types_used if s != ShardingType.DATA_PARALLEL.value)
+        n += 1 if ShardingType.DATA_PARALLEL.value in types_used else 0
+        return n * self.latency if self.W > 1 else 0.0

@@ -1,0 +1,270 @@
+"""The Neo planner: cost model + search, and the explainable report of the plan it finds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from neo_plugins.sharding.planner.cost import (
+    CACHED,
+    TIME_KINDS,
+    CostModel,
+    CostParams,
+    TableArrays,
+)
+from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options
+
+from neo_core.errors import ConfigError, PlanningError
+from neo_core.sharding import (
+    Planner,
+    PlanningContext,
+    PlanResult,
+    RankReport,
+    ShardingType,
+    TableAssignment,
+    TableSpec,
+)
+
+MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
+
+
+def rw_sizes(rows: int, n: int) -> list[int]:
+    """Row counts of ``n`` row-wise shards, as TorchRec splits them (equal blocks, last short)."""
+    block = -(-rows // n)
+    return [max(0, min(block, rows - i * block)) for i in range(n)]
+
+
+def validate_tables(tables: Sequence[TableSpec], context: PlanningContext) -> None:
+    """Reject input no plan can be made for, with one clear sentence."""
+    if len(tables) == 0:
+        raise ConfigError("The table list is empty; give at least one embedding table to plan.")
+    names = [t.name for t in tables]
+    dupes = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    if dupes:
+        raise ConfigError(f"Table names must be unique; repeated: {', '.join(dupes)}.")
+    if context.batch_size_per_rank < 1:
+        raise ConfigError(
+            f"batch_size_per_rank is {context.batch_size_per_rank}; it must be a positive integer."
+        )
+
+
+class NeoPlanner(Planner):
+    """Topology-aware 4D sharding planner (TW, RW, CW, DP, TWRW, TWCW, GRID)."""
+
+    name = "neo"
+
+    def __init__(
+        self,
+        sharding_types: Sequence[str] | None = None,
+        reserve_fraction: float = 0.15,
+        col_shard_counts: Sequence[int] = (2, 4, 8),
+        min_col_width: int = 16,
+        refine: bool = True,
+        time_budget_s: float = 5.0,
+        collective_latency_s: float | None = None,
+        index_bytes: int = 8,
+    ) -> None:
+        if not 0.0 <= reserve_fraction < 1.0:
+            raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
+        self.allowed = (
+            {ShardingType.parse(s) for s in sharding_types} if sharding_types else set(ShardingType)
+        )
+        self.params = CostParams(
+            reserve_fraction=reserve_fraction,
+            index_bytes=index_bytes,
+            collective_latency_s=collective_latency_s,
+        )
+        self.col_shard_counts = tuple(int(k) for k in col_shard_counts)
+        self.min_col_width = int(min_col_width)
+        self.refine = refine
+        self.time_budget_s = float(time_budget_s)
+        self.last_search: Search | None = None
+
+    # ---- planning ------------------------------------------------------------------
+    def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
+        start = time.perf_counter()
+        validate_tables(tables, context)
+        model = CostModel(context, self.params)
+        arrays = TableArrays.from_specs(tables)
+        allowed = self.allowed
+        if context.kernel.data_parallel_only:
+            allowed = {ShardingType.DATA_PARALLEL}
+        options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
+        search = Search(model, arrays, options)
+        check_capacity(search, arrays)
+        search.greedy()
+        greedy_max = float(search.loads.max())
+        if self.refine:
+            search.refine(self.time_budget_s)
+        self.last_search = search
+        result = build_result(self.name, search, tables, context)
+        elapsed = time.perf_counter() - start
+        result.notes.append(
+            f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
+            f"greedy {greedy_max * 1e3:.3f} ms -> refined {float(search.loads.max()) * 1e3:.3f} ms "
+            f"({search.moves} moves); lower bound {search.lower_bound() * 1e3:.3f} ms"
+        )
+        return result
+
+    def sharders(self, context: PlanningContext) -> list[Any]:
+        from neo_plugins.sharding.sharders import make_sharders
+
+        return make_sharders(context)
+
+
+def check_capacity(search: Search, t: TableArrays) -> None:
+    """Fail early, naming tables, when tables cannot fit however they are sharded."""
+    W = search.W
+    cap_dev, cap_host = search.cap_dev, search.cap_host
+    # smallest whole-table footprint per table over its valid options
+    dev = np.stack([np.where(o.valid, o.cost.mem_device * o.num_shards, np.inf) for o in search.opts])
+    host = np.stack([np.where(o.valid, o.cost.mem_host * o.num_shards, np.inf) for o in search.opts])
+    order = np.lexsort((host, dev), axis=0)[0]  # option with least device memory per table
+    cols = np.arange(len(t))
+    need_dev, need_host = dev[order, cols], host[order, cols]
+    never = ~search.usable.any(axis=0)
+    if never.any():
+        i = int(np.flatnonzero(never)[0])
+        opts = [o for o in search.opts if o.valid[i]]
+        per_shard = min(float(o.cost.mem_device[i]) for o in opts) if opts else float("inf")
+        short = per_shard - cap_dev
+        others = int(never.sum()) - 1
+        raise PlanningError(
+            f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])}) is larger than the "
+            f"whole cluster allows: its smallest shard needs {per_shard / GiB:.2f} GiB per rank, "
+            f"{short:,.0f} bytes ({short / GiB:.2f} GiB) over the {cap_dev / GiB:.2f} GiB usable "
+            f"on each of {W} ranks"
+            + (f" ({others} more tables also do not fit)" if others > 0 else "")
+            + "; add ranks or memory, use a cache, or shrink the table."
+        )
+    total_dev, total_host = float(need_dev.sum()), float(need_host.sum())
+    if total_dev > cap_dev * W or total_host > cap_host * W:
+        short = total_dev - cap_dev * W
+        biggest = np.argsort(-need_dev, kind="stable")[:5]
+        names = ", ".join(f"{t.names[i]} ({need_dev[i] / GiB:.1f} GiB)" for i in biggest)
+        raise PlanningError(
+            f"The tables need {total_dev / GiB:,.1f} GiB but {W} ranks offer "
+            f"{cap_dev * W / GiB:,.1f} GiB usable: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
+            f"largest: {names}."
+        )
+
+
+def _why(opt: Option, search: Search, i: int) -> str:
+    """One line that says why this option won, from the figures the search used."""
+    t, model = search.t, search.model
+    rows, dim = int(t.rows[i]), int(t.dims[i])
+    whole = rows * dim * model.e
+    st = opt.sharding_type
+    tot = float(search.total[search.choice[i], i])
+    alt = np.where(search.usable[:, i], search.total[:, i], np.inf)
+    alt[search.choice[i]] = np.inf
+    j = int(np.argmin(alt))
+    cmp = ""
+    if np.isfinite(alt[j]):
+        cmp = f"; next {search.opts[j].label} {alt[j] * 1e3:.3f} ms total"
+    size = f"{whole / GiB:.2f} GiB" if whole >= GiB / 10 else f"{whole / 2**20:.1f} MiB"
+    reason = {
+        ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
+        ShardingType.TABLE_WISE: "whole table on the least loaded rank",
+        ShardingType.COLUMN_WISE: "column shards spread the lookups over ranks",
+        ShardingType.TABLE_COLUMN_WISE: "columns spread inside one node",
+        ShardingType.ROW_WISE: "rows spread over all ranks",
+        ShardingType.TABLE_ROW_WISE: "rows spread inside one node, its NICs share the traffic",
+        ShardingType.GRID_SHARD: "column shards, each row-split over one node",
+    }[st]
+    if opt.placement == CACHED:
+        reason += ", host memory behind device cache"
+    return f"{size}, {reason}; {tot * 1e3:.3f} ms total{cmp}"
+
+
+def build_result(
+    planner: str, search: Search, tables: Sequence[TableSpec], context: PlanningContext
+) -> PlanResult:
+    """Table assignments and per-rank report from the search state."""
+    model = search.model
+    W, L = search.W, search.L
+    kinds = len(TIME_KINDS)
+    time_by_kind = np.zeros((W, kinds))
+    mem = {k: np.zeros(W) for k in ("weights", "optimizer", "gradients", "cache")}
+    host = {k: np.zeros(W) for k in ("weights", "optimizer")}
+    assignments: list[TableAssignment] = []
+    types_used: set[str] = set()
+    for i, spec in enumerate(tables):
+        opt = search.opts[int(search.choice[i])]
+        ranks = search.ranks[i]
+        c = opt.cost
+        np.add.at(time_by_kind, ranks, c.time[i])
+        if opt.placement == CACHED:
+            np.add.at(mem["cache"], ranks, c.cache[i])
+            np.add.at(host["weights"], ranks, c.weights[i])
+            np.add.at(host["optimizer"], ranks, c.optimizer[i])
+        else:
+            np.add.at(mem["weights"], ranks, c.weights[i])
+            np.add.at(mem["optimizer"], ranks, c.optimizer[i])
+            np.add.at(mem["gradients"], ranks, c.gradients[i])
+        st = opt.sharding_type
+        types_used.add(st.value)
+        rows, dim = spec.num_embeddings, spec.embedding_dim
+        width = dim // opt.k
+        if st in (ShardingType.TABLE_WISE, ShardingType.DATA_PARALLEL):
+            shapes = [(rows, dim)]
+        elif st in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+            shapes = [(rows, width)] * opt.k
+        elif st is ShardingType.ROW_WISE:
+            shapes = [(r, dim) for r in rw_sizes(rows, W)]
+        elif st is ShardingType.TABLE_ROW_WISE:
+            shapes = [(r, dim) for r in rw_sizes(rows, L)]
+        else:  # GRID: column shard major, each row-split over one node
+            shapes = [(r, width) for _ in range(opt.k) for r in rw_sizes(rows, L)]
+        if opt.placement == CACHED:
+            kernel = "fused_uvm_caching"
+        elif st is ShardingType.DATA_PARALLEL:
+            kernel = "dense"
+        else:
+            kernel = context.kernel.compute_kernel
+        assignments.append(
+            TableAssignment(
+                name=spec.name,
+                sharding_type=st.value,
+                compute_kernel=kernel,
+                ranks=[int(r) for r in ranks],
+                shard_shapes=shapes,
+                why=_why(opt, search, i),
+            )
+        )
+    latency = model.latency_time(types_used)
+    reports = []
+    for r in range(W):
+        timed = {k: float(time_by_kind[r, j]) for j, k in enumerate(TIME_KINDS)}
+        if latency:
+            timed["comm_latency"] = latency
+        memory = {k: float(v[r]) for k, v in mem.items() if v.any()}
+        memory["reserve"] = model.reserve
+        rep = RankReport(rank=r, memory=memory, memory_capacity=model.capacity_device, time=timed)
+        if host["weights"].any():
+            rep.host_memory = {k: float(v[r]) for k, v in host.items()}
+            rep.host_memory_capacity = model.capacity_host
+        reports.append(rep)
+    topo = context.topology.to_dict()
+    result = PlanResult(
+        planner=planner,
+        tables=assignments,
+        ranks=reports,
+        batch_size_per_rank=context.batch_size_per_rank,
+        topology=topo,
+    )
+    result.notes.append(
+        f"kernel {context.kernel.name} ({context.kernel.optimizer.value}), compression "
+        f"{context.compressor.name} ({context.compressor.forward_precision}/"
+        f"{context.compressor.backward_precision}), cache {context.cache.name}"
+        + (f" (load factor {context.cache.load_factor})" if context.cache.load_factor else "")
+        + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
+    )
+    counts: dict[str, int] = {}
+    for a in assignments:
+        short = ShardingType(a.sharding_type).short
+        counts[short] = counts.get(short, 0) + 1
+    result.notes.append("types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return result

@@ -1,0 +1,324 @@
+"""Search: sharding type, column-shard count, placement and ranks for every table.
+
+1. Candidate generation: every valid option of every table is costed at once (numpy).
+2. Greedy, largest table first: each table takes the option and ranks that minimise
+   ``max(slowest rank, (total load + lower bound of the tables still to place) / world)``,
+   under every rank's memory capacity.
+3. Refinement: tables on the slowest rank are re-placed (any option) or swapped with a
+   table-wise table elsewhere while that strictly lowers the slowest rank.
+Everything is deterministic: ties go to the lowest option index and the lowest rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, ShardCosts, TableArrays
+
+from neo_core.errors import PlanningError
+from neo_core.sharding import ShardingType
+
+GiB = 1024**3
+
+# How an option's shards are laid onto ranks.
+SINGLE, ANY_K, NODE_K, NODE_ALL, NODES_K, ALL = "single", "any_k", "node_k", "node_all", "nodes_k", "all"
+
+
+@dataclass
+class Option:
+    """One way to shard a table (costed for all tables; ``valid`` says for which)."""
+
+    sharding_type: ShardingType
+    k: int  # column shards (1 unless CW/TWCW/GRID)
+    placement: str  # DEVICE or CACHED
+    unit: str  # SINGLE ... ALL
+    num_shards: int
+    cost: ShardCosts
+    valid: np.ndarray  # (T,) bool
+    shard_time: np.ndarray = field(init=False)  # (T,) seconds per shard
+
+    def __post_init__(self) -> None:
+        self.shard_time = self.cost.time.sum(axis=1)
+
+    @property
+    def label(self) -> str:
+        s = self.sharding_type.short
+        if self.sharding_type in (
+            ShardingType.COLUMN_WISE,
+            ShardingType.TABLE_COLUMN_WISE,
+            ShardingType.GRID_SHARD,
+        ):
+            s += f"x{self.k}"
+        return s + (" cached" if self.placement == CACHED else "")
+
+
+def build_options(
+    model: CostModel,
+    t: TableArrays,
+    allowed: set[ShardingType],
+    col_shard_counts: tuple[int, ...] = (2, 4, 8),
+    min_col_width: int = 16,
+) -> list[Option]:
+    """All options for all tables, with validity masks (memory is checked later)."""
+    W, L, N = model.W, model.L, model.N
+    n = len(t)
+    ones = np.ones(n, dtype=bool)
+    placements = [DEVICE] + ([CACHED] if model.cache_load_factor is not None else [])
+    opts: list[Option] = []
+
+    def col_ok(k: int) -> np.ndarray:
+        width = t.dims // k
+        return (t.dims % k == 0) & (width % 4 == 0) & (width >= min_col_width)
+
+    def add(st: ShardingType, k: int, place: str, unit: str, nsh: int, valid: np.ndarray) -> None:
+        if st in allowed and valid.any():
+            opts.append(Option(st, k, place, unit, nsh, model.costs(t, st, k, place), valid))
+
+    add(ShardingType.DATA_PARALLEL, 1, DEVICE, ALL, W, ones)
+    for place in placements:
+        add(ShardingType.TABLE_WISE, 1, place, SINGLE, 1, ones)
+        for k in col_shard_counts:
+            if k <= W:
+                add(ShardingType.COLUMN_WISE, k, place, ANY_K, k, col_ok(k))
+            if N > 1 and k <= L:
+                add(ShardingType.TABLE_COLUMN_WISE, k, place, NODE_K, k, col_ok(k))
+            if N > 1 and L > 1 and k <= N:
+                add(ShardingType.GRID_SHARD, k, place, NODES_K, k * L, col_ok(k))
+        if W > 1:
+            add(ShardingType.ROW_WISE, 1, place, ALL, W, t.rows >= W)
+        if N > 1 and L > 1:
+            add(ShardingType.TABLE_ROW_WISE, 1, place, NODE_ALL, L, t.rows >= L)
+    if not opts:
+        raise PlanningError("No sharding type is allowed; allow at least one of DP, TW, CW, RW.")
+    return opts
+
+
+class Search:
+    """Greedy placement plus refinement over the options of every table."""
+
+    def __init__(self, model: CostModel, t: TableArrays, options: list[Option]) -> None:
+        self.model, self.t, self.opts = model, t, options
+        self.W, self.L, self.N = model.W, model.L, model.N
+        self.cap_dev = model.capacity_device - model.reserve
+        self.cap_host = model.capacity_host
+        n = len(t)
+        self.loads = np.zeros(self.W)
+        self.mem_dev = np.zeros(self.W)
+        self.mem_host = np.zeros(self.W)
+        self.choice = np.full(n, -1, dtype=np.int64)
+        self.ranks: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
+        self.on_rank: list[set[int]] = [set() for _ in range(self.W)]
+        ot = np.stack([o.shard_time for o in options])  # (O, T)
+        valid = np.stack([o.valid for o in options])
+        self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
+        shard_dev = np.stack([o.cost.mem_device for o in options])
+        shard_host = np.stack([o.cost.mem_host for o in options])
+        fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
+        self.usable = valid & fits  # (O, T)
+        self.moves = 0
+        self.tolerance = 0.005  # relative near-tie band of the greedy score
+
+    # ---- placing one option --------------------------------------------------------
+    def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
+        """Best ranks for option ``o`` of table ``i``: (peak load after, ranks) or None."""
+        opt = self.opts[o]
+        T = opt.shard_time[i]
+        feas = (self.mem_dev + opt.cost.mem_device[i] <= self.cap_dev) & (
+            self.mem_host + opt.cost.mem_host[i] <= self.cap_host
+        )
+        masked = np.where(feas, self.loads, np.inf)
+        unit = opt.unit
+        if unit == SINGLE:
+            r = int(np.argmin(masked))
+            return (None if not np.isfinite(masked[r]) else (masked[r] + T, np.array([r])))
+        if unit == ALL:
+            return (float(self.loads.max() + T), np.arange(self.W)) if feas.all() else None
+        if unit == ANY_K:
+            idx = np.argsort(masked, kind="stable")[: opt.k]
+            peak = masked[idx[-1]]
+            return (peak + T, np.sort(idx)) if np.isfinite(peak) else None
+        grid = masked.reshape(self.N, self.L)
+        if unit == NODE_K:
+            order = np.argsort(grid, axis=1, kind="stable")[:, : opt.k]
+            peaks = np.take_along_axis(grid, order, axis=1)[:, -1]
+            node = int(np.argmin(peaks))
+            if not np.isfinite(peaks[node]):
+                return None
+            return peaks[node] + T, np.sort(order[node]) + node * self.L
+        peaks = grid.max(axis=1)
+        if unit == NODE_ALL:
+            node = int(np.argmin(peaks))
+            if not np.isfinite(peaks[node]):
+                return None
+            return peaks[node] + T, np.arange(node * self.L, (node + 1) * self.L)
+        # NODES_K: k distinct whole nodes, one per column shard
+        nodes = np.argsort(peaks, kind="stable")[: opt.k]
+        if not np.isfinite(peaks[nodes[-1]]):
+            return None
+        ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
+        return peaks[nodes[-1]] + T, ranks
+
+    def _apply(self, i: int, o: int, ranks: np.ndarray, sign: float) -> None:
+        opt = self.opts[o]
+        np.add.at(self.loads, ranks, sign * opt.shard_time[i])
+        np.add.at(self.mem_dev, ranks, sign * opt.cost.mem_device[i])
+        np.add.at(self.mem_host, ranks, sign * opt.cost.mem_host[i])
+        if sign > 0:
+            self.choice[i], self.ranks[i] = o, ranks
+            for r in set(ranks.tolist()):
+                self.on_rank[r].add(i)
+        else:
+            for r in set(ranks.tolist()):
+                self.on_rank[r].discard(i)
+
+    def best_option(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
+        """The option and ranks for table ``i`` with the best projected slowest rank."""
+        cur_max = float(self.loads.max())
+        cur_sum = float(self.loads.sum())
+        found: list[tuple[float, float, int, np.ndarray]] = []
+        for o in np.flatnonzero(self.usable[:, i]):
+            placed = self.place(int(o), i)
+            if placed is None:
+                continue
+            peak, ranks = placed
+            tot = float(self.total[o, i])
+            found.append((max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W), tot, int(o), ranks))
+        if not found:
+            return None
+        # near-ties (within tolerance) go to the option with the least summed cost
+        floor = min(f[0] for f in found) * (1.0 + self.tolerance)
+        best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
+        return best[2], best[3]
+
+    # ---- the two phases ------------------------------------------------------------
+    def greedy(self) -> None:
+        min_total = self.min_total()
+        order = np.lexsort((np.arange(len(self.t)), -min_total))
+        rest = float(min_total.sum())
+        for i in order:
+            rest -= float(min_total[i])
+            found = self.best_option(int(i), max(rest, 0.0))
+            if found is None:
+                raise PlanningError(self.no_fit_message(int(i)))
+            self._apply(int(i), found[0], found[1], +1.0)
+
+    def refine(self, time_budget_s: float = 5.0, max_moves: int = 100000) -> None:
+        """Lower the slowest rank by re-placing or swapping its tables until stuck."""
+        deadline = time.perf_counter() + time_budget_s
+        eps = 1e-12
+        while self.moves < max_moves and time.perf_counter() < deadline:
+            r = int(np.argmax(self.loads))
+            cur = float(self.loads[r])
+            if cur <= 0:
+                return
+            tabs = sorted(
+                self.on_rank[r], key=lambda i: (-self.opts[self.choice[i]].shard_time[i], i)
+            )
+            improved = False
+            for i in tabs:
+                if self._try_reinsert(i, cur - eps * max(cur, 1e-9)) or self._try_swap(i, r, cur):
+                    improved = True
+                    self.moves += 1
+                    break
+            if not improved:
+                return
+
+    def _try_reinsert(self, i: int, limit: float) -> bool:
+        old_o, old_ranks = int(self.choice[i]), self.ranks[i]
+        self._apply(i, old_o, old_ranks, -1.0)
+        best: tuple[float, float, int, np.ndarray] | None = None
+        for o in np.flatnonzero(self.usable[:, i]):
+            placed = self.place(int(o), i)
+            if placed is None or placed[0] >= limit:
+                continue
+            key = (placed[0], float(self.total[o, i]))
+            if best is None or key < best[:2]:
+                best = (key[0], key[1], int(o), placed[1])
+        if best is None:
+            self._apply(i, old_o, old_ranks, +1.0)
+            return False
+        self._apply(i, best[2], best[3], +1.0)
+        return True
+
+    def _try_swap(self, i: int, r: int, cur: float) -> bool:
+        """Swap table-wise table ``i`` on rank ``r`` with a cheaper table-wise table elsewhere."""
+        opt_i = self.opts[self.choice[i]]
+        if opt_i.unit != SINGLE:
+            return False
+        Ti = opt_i.shard_time[i]
+        di, hi = opt_i.cost.mem_device[i], opt_i.cost.mem_host[i]
+        best: tuple[float, int] | None = None
+        for r2 in np.argsort(self.loads, kind="stable"):
+            r2 = int(r2)
+            if r2 == r or self.loads[r2] + 1e-15 >= cur:
+                continue
+            for j in self.on_rank[r2]:
+                opt_j = self.opts[self.choice[j]]
+                if opt_j.unit != SINGLE:
+                    continue
+                Tj = opt_j.shard_time[j]
+                if Tj >= Ti:
+                    continue
+                new = max(cur - Ti + Tj, self.loads[r2] - Tj + Ti)
+                if new >= cur * (1 - 1e-12):
+                    continue
+                dj, hj = opt_j.cost.mem_device[j], opt_j.cost.mem_host[j]
+                if (
+                    self.mem_dev[r] - di + dj > self.cap_dev
+                    or self.mem_dev[r2] - dj + di > self.cap_dev
+                    or self.mem_host[r] - hi + hj > self.cap_host
+                    or self.mem_host[r2] - hj + hi > self.cap_host
+                ):
+                    continue
+                if best is None or new < best[0]:
+                    best = (new, j)
+            if best is not None:
+                break
+        if best is None:
+            return False
+        j = best[1]
+        oi, oj = int(self.choice[i]), int(self.choice[j])
+        ri, rj = self.ranks[i], self.ranks[j]
+        self._apply(i, oi, ri, -1.0)
+        self._apply(j, oj, rj, -1.0)
+        self._apply(i, oi, rj, +1.0)
+        self._apply(j, oj, ri, +1.0)
+        return True
+
+    # ---- bounds and messages -------------------------------------------------------
+    def min_total(self) -> np.ndarray:
+        """Per table, the smallest summed cost over its usable options."""
+        tot = np.where(self.usable, self.total, np.inf).min(axis=0)
+        return np.where(np.isfinite(tot), tot, 0.0)
+
+    def lower_bound(self) -> float:
+        """A bound no plan over these options can beat (see docs/cost_model.md)."""
+        mean = float(self.min_total().sum()) / self.W
+        per_table = np.where(
+            self.usable, np.stack([o.shard_time for o in self.opts]), np.inf
+        ).min(axis=0)
+        per_table = np.where(np.isfinite(per_table), per_table, 0.0)
+        return max(mean, float(per_table.max(initial=0.0)))
+
+    def no_fit_message(self, i: int) -> str:
+        name = self.t.names[i]
+        best: tuple[float, str] | None = None
+        for opt in self.opts:
+            if not opt.valid[i]:
+                continue
+            need = opt.cost.mem_device[i]
+            free = float((self.cap_dev - self.mem_dev).max())
+            short = need - free
+            if opt.cost.mem_host[i] > 0:
+                short = max(short, opt.cost.mem_host[i] - float((self.cap_host - self.mem_host).max()))
+            if best is None or short < best[0]:
+                best = (short, opt.label)
+        short, label = best if best else (0.0, "?")
+        rows, dim = int(self.t.rows[i]), int(self.t.dims[i])
+        return (
+            f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank: even as {label} each shard "
+            f"needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more than the freest rank has left; "
+            "add ranks or memory, use a cache, or shrink the table."
+        )

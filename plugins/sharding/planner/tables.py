@@ -1,0 +1,94 @@
+"""Table sets for planning without a dataset: MLPerf DLRM-DCNv2, production-like, 12T ZionEX.
+
+All generators are deterministic (a fixed numpy seed) and allocate no table memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from neo_core.errors import ConfigError
+from neo_core.sharding import TableSpec
+
+# MLPerf DLRM-DCNv2, Criteo 1TB with the 40M cap (mlcommons/training recommendation_v2).
+CRITEO_1TB_CAPPED = (
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+    2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+)
+MLPERF_MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
+
+
+def mlperf_dcnv2(embedding_dim: int = 128) -> list[TableSpec]:
+    """The 26 tables of MLPerf DLRM-DCNv2 (Criteo 1TB, 40M cap, its multi-hot sizes)."""
+    return [
+        TableSpec(f"cat_{i}", rows, embedding_dim, float(hot))
+        for i, (rows, hot) in enumerate(zip(CRITEO_1TB_CAPPED, MLPERF_MULTI_HOT))
+    ]
+
+
+def production_like(
+    num_tables: int = 500,
+    seed: int = 0,
+    min_rows: int = 100,
+    max_rows: int = 10_000_000,
+    dims: tuple[int, ...] = (16, 32, 64, 128, 256),
+    dim_weights: tuple[float, ...] = (0.15, 0.3, 0.3, 0.2, 0.05),
+    mean_pooling: float = 15.8,
+    total_parameters: float | None = None,
+) -> list[TableSpec]:
+    """Heavy-tailed tables shaped like Meta's public DLRM embedding statistics.
+
+    Row counts are log-uniform between ``min_rows`` and ``max_rows``; pooling factors are
+    log-normal with mean ``mean_pooling`` (REFERENCE: 15.8) and a heavy tail; access skew
+    (the share of lookups on the hottest 1% of rows) is uniform in [0.1, 0.9]. With
+    ``total_parameters``, row counts are scaled so the model has about that many parameters.
+    """
+    if num_tables < 1:
+        raise ConfigError(f"num_tables must be at least 1, got {num_tables}.")
+    if len(dims) != len(dim_weights):
+        raise ConfigError("dims and dim_weights must have the same length.")
+    rng = np.random.default_rng(seed)
+    rows = np.exp(rng.uniform(np.log(min_rows), np.log(max_rows), num_tables))
+    sigma = 1.0
+    pooling = rng.lognormal(np.log(mean_pooling) - sigma**2 / 2, sigma, num_tables)
+    pooling = np.clip(pooling, 1.0, 500.0)
+    w = np.asarray(dim_weights, dtype=np.float64)
+    dim = rng.choice(np.asarray(dims), size=num_tables, p=w / w.sum())
+    hot = rng.uniform(0.1, 0.9, num_tables)
+    if total_parameters:
+        rows = rows * total_parameters / float((rows * dim).sum())
+    return [
+        TableSpec(
+            f"t{i:04d}",
+            max(1, int(rows[i])),
+            int(dim[i]),
+            round(float(pooling[i]), 2),
+            hot_fraction=round(float(hot[i]), 3),
+        )
+        for i in range(num_tables)
+    ]
+
+
+def zionex_12t(num_tables: int = 800, seed: int = 1) -> list[TableSpec]:
+    """About 12 trillion embedding parameters (the Neo paper's largest model), production-like."""
+    return production_like(
+        num_tables=num_tables,
+        seed=seed,
+        min_rows=10_000,
+        max_rows=10_000_000_000,
+        dims=(64, 128, 256, 512),
+        dim_weights=(0.2, 0.4, 0.3, 0.1),
+        total_parameters=12e12,
+    )
+
+
+GENERATORS = {"mlperf_dcnv2": mlperf_dcnv2, "production_like": production_like, "zionex_12t": zionex_12t}
+
+
+def make_tables(generator: str, **params: object) -> list[TableSpec]:
+    """Tables from the generator named ``generator`` (see ``GENERATORS``)."""
+    if generator not in GENERATORS:
+        raise ConfigError(
+            f"Unknown table generator {generator!r}; choose one of {', '.join(sorted(GENERATORS))}."
+        )
+    return GENERATORS[generator](**params)  # type: ignore[operator]

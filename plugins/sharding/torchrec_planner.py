@@ -1,0 +1,146 @@
+"""The baseline: TorchRec's own ``EmbeddingShardingPlanner``, reported in Neo's terms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from neo_core.errors import PlanningError
+from neo_core.sharding import (
+    Planner,
+    PlanningContext,
+    PlanResult,
+    RankReport,
+    ShardingType,
+    TableAssignment,
+    TableSpec,
+)
+
+_MS = 1e-3  # TorchRec's perf estimates are in milliseconds
+
+
+class TorchRecPlanner(Planner):
+    """TorchRec's default planner (proposers, partitioner, estimators unchanged) as the baseline.
+
+    It uses TorchRec's default sharder, which on CPU offers only DP, TW, CW and TWCW.
+    """
+
+    name = "torchrec"
+
+    def sharders(self, context: PlanningContext) -> list[Any]:
+        """TorchRec's default EBC sharder with the kernel's fused params and the compressor's codecs."""
+        return [
+            EmbeddingBagCollectionSharder(
+                fused_params=context.kernel.fused_params(),
+                qcomm_codecs_registry=context.compressor.qcomm_codecs_registry(),
+            )
+        ]
+
+    def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
+        """Plan ``tables`` on a meta-device ``EmbeddingBagCollection`` built from their specs."""
+        return self._solve(_meta_model(tables), tables, context)[0]
+
+    def plan_module(
+        self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
+    ) -> PlanResult:
+        """Plan directly on ``module``; ``torchrec_plan`` is TorchRec's own ``ShardingPlan``."""
+        result, torchrec_plan = self._solve(module, tables, context)
+        result.torchrec_plan = torchrec_plan
+        return result
+
+    def _solve(
+        self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
+    ) -> tuple[PlanResult, Any]:
+        topology = context.topology
+        constraints = {t.name: _constraints(t, context) for t in tables}
+        planner = EmbeddingShardingPlanner(
+            topology=topology.to_torchrec(),
+            batch_size=context.batch_size_per_rank,
+            constraints=constraints,
+        )
+        try:
+            torchrec_plan = planner.plan(module, self.sharders(context))
+        except PlannerError as exc:
+            raise PlanningError(
+                f"TorchRec's planner found no plan that fits the tables into {topology.world_size} "
+                f"ranks of {topology.name!r}; add ranks or memory, or shrink the tables ({exc.error_type.name})."
+            ) from None
+        options = planner._best_plan or []
+        reports = {
+            r: RankReport(
+                rank=r,
+                memory={"hbm": 0.0, "ddr": 0.0},
+                memory_capacity=float(topology.device_memory),
+                time=dict.fromkeys(("compute_fwd", "compute_bwd", "comm_fwd", "comm_bwd", "prefetch"), 0.0),
+            )
+            for r in range(topology.world_size)
+        }
+        assignments = []
+        for option in sorted(options, key=lambda o: o.name):
+            for shard in option.shards:
+                report = reports[int(shard.rank)]
+                if shard.storage is not None:
+                    report.memory["hbm"] += float(shard.storage.hbm)
+                    report.memory["ddr"] += float(shard.storage.ddr)
+                if shard.perf is not None:
+                    perf = shard.perf
+                    report.time["compute_fwd"] += perf.fwd_compute * _MS
+                    report.time["compute_bwd"] += perf.bwd_compute * _MS
+                    report.time["comm_fwd"] += perf.fwd_comms * _MS
+                    report.time["comm_bwd"] += perf.bwd_comms * _MS
+                    report.time["prefetch"] += perf.prefetch_compute * _MS
+            assignments.append(
+                TableAssignment(
+                    name=option.name,
+                    sharding_type=ShardingType(option.sharding_type).value,
+                    compute_kernel=option.compute_kernel,
+                    ranks=[int(s.rank) for s in option.shards],
+                    shard_shapes=[(int(s.size[0]), int(s.size[1])) for s in option.shards],
+                    why="TorchRec planner: lowest predicted step time among its proposals",
+                )
+            )
+        result = PlanResult(
+            planner=self.name,
+            tables=assignments,
+            ranks=[reports[r] for r in sorted(reports)],
+            batch_size_per_rank=context.batch_size_per_rank,
+            topology=topology.to_dict(),
+        )
+        return result, torchrec_plan
+
+
+def _constraints(table: TableSpec, context: PlanningContext) -> ParameterConstraints:
+    """Pooling factors per feature; a data-parallel-only kernel restricts the table to DP."""
+    kwargs: dict[str, Any] = {"pooling_factors": [table.pooling_factor] * len(table.feature_names)}
+    if context.kernel.data_parallel_only:
+        kwargs["sharding_types"] = [ShardingType.DATA_PARALLEL.value]
+        kwargs["compute_kernels"] = [context.kernel.compute_kernel]
+    return ParameterConstraints(**kwargs)
+
+
+class _TablesOnly(nn.Module):
+    def __init__(self, tables: Sequence[TableSpec]) -> None:
+        super().__init__()
+        configs = [
+            EmbeddingBagConfig(
+                name=t.name,
+                num_embeddings=t.num_embeddings,
+                embedding_dim=t.embedding_dim,
+                feature_names=list(t.feature_names),
+            )
+            for t in tables
+        ]
+        self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+
+def _meta_model(tables: Sequence[TableSpec]) -> nn.Module:
+    """A module holding one meta-device EBC with ``tables``: enough for the planner."""
+    return _TablesOnly(tables)

@@ -1,0 +1,108 @@
+"""The machine at hand: its CUDA devices, or a number of CPU ranks sharing its memory.
+
+Bandwidths come from a calibration file when one exists (``neo calibrate`` writes it;
+``NEO_CALIBRATION`` or ``~/.cache/neo/calibration.json``), otherwise from conservative
+defaults that are marked as assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from neo_core.errors import ConfigError
+from neo_core.topology import GB, Topology
+
+CALIBRATED_KEYS = (
+    "device_memory_bw",
+    "host_memory_bw",
+    "host_to_device_bw",
+    "intra_node_bw",
+    "inter_node_bw",
+)
+
+
+def calibration_path() -> Path:
+    env = os.environ.get("NEO_CALIBRATION")
+    return Path(env) if env else Path.home() / ".cache" / "neo" / "calibration.json"
+
+
+def load_calibration(path: Path | None = None) -> dict[str, Any]:
+    """Measured bandwidths (bytes/s) keyed by Topology field name; empty if never calibrated."""
+    path = path or calibration_path()
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
+    return {k: float(v) for k, v in data.items() if k in CALIBRATED_KEYS and v}
+
+
+def _total_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 * 1024**3
+
+
+def local_topology(
+    world_size: int | None = None,
+    compute_device: str | None = None,
+    memory_fraction: float = 0.5,
+    calibration: str | None = None,
+) -> Topology:
+    """This machine: every CUDA device, else ``world_size`` CPU ranks (default 2)."""
+    device = compute_device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"topology.compute_device must be 'cpu' or 'cuda', got {device!r}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("topology.compute_device=cuda but no CUDA device is visible; use cpu.")
+    if not 0 < memory_fraction <= 1:
+        raise ConfigError(f"topology.memory_fraction must be in (0, 1], got {memory_fraction}.")
+    ram = _total_ram()
+    measured = load_calibration(Path(calibration) if calibration else None)
+    if device == "cuda":
+        count = torch.cuda.device_count()
+        ranks = world_size or count
+        if ranks > count:
+            raise ConfigError(f"topology.world_size={ranks} but only {count} CUDA device(s) are visible.")
+        props = torch.cuda.get_device_properties(0)
+        device_memory = int(props.total_memory * memory_fraction)
+        defaults = {
+            "device_memory_bw": 1000 * GB,
+            "host_memory_bw": 20 * GB,
+            "host_to_device_bw": 25 * GB,
+            "intra_node_bw": 100 * GB,
+            "inter_node_bw": 10 * GB,
+        }
+    else:
+        ranks = world_size or 2
+        device_memory = int(ram * memory_fraction / ranks)
+        defaults = {
+            "device_memory_bw": 5 * GB,
+            "host_memory_bw": 5 * GB,
+            "host_to_device_bw": 5 * GB,
+            "intra_node_bw": 1 * GB,
+            "inter_node_bw": 1 * GB,
+        }
+    if ranks < 1:
+        raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
+    figures = {**defaults, **measured}
+    assumed = tuple(k for k in CALIBRATED_KEYS if k not in measured)
+    source = f"measured ({calibration or calibration_path()})"
+    return Topology(
+        name="local",
+        num_nodes=1,
+        devices_per_node=ranks,
+        compute_device=device,
+        device_memory=device_memory,
+        host_memory=int(ram * memory_fraction / ranks),
+        sources={k: source for k in measured},
+        assumed=assumed,
+        **figures,
+    )

@@ -1,0 +1,61 @@
+"""ZionEX: 16 nodes x 8 GPUs with one scale-out RoCE NIC per GPU (Mudigere et al., ISCA'22).
+
+Published: the node and GPU counts, one RDMA NIC per GPU on a dedicated scale-out network and
+4 NICs for the CPUs (paper abstract, arXiv 2104.05158; InfoQ, May 2021). The GPU model, HBM
+size and bandwidth, NVLink and NIC speeds and host memory were not verified against the paper
+body: they are commonly reported values and are marked as assumed.
+"""
+
+from __future__ import annotations
+
+from neo_core.topology import GB, GiB, Topology
+
+PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
+INFOQ = "InfoQ, May 2021: ZionEX node = 4-socket CPUs, 8 GPUs, one RoCE NIC per GPU"
+
+
+def zionex_topology(
+    num_nodes: int = 16,
+    devices_per_node: int = 8,
+    device_memory_gib: float = 40.0,
+    host_memory_gib_per_node: float = 1536.0,
+    device_memory_bw_gbps: float = 1555.0,
+    host_memory_bw_gbps_per_node: float = 400.0,
+    host_to_device_bw_gbps: float = 32.0,
+    intra_node_bw_gbps: float = 300.0,
+    inter_node_bw_gbps: float = 25.0,
+) -> Topology:
+    """ZionEX cluster (16 nodes x 8 A100, one 200 Gb/s RoCE NIC per GPU); bandwidths in GB/s."""
+    return Topology(
+        name="zionex",
+        num_nodes=num_nodes,
+        devices_per_node=devices_per_node,
+        compute_device="cuda",
+        device_memory=int(device_memory_gib * GiB),
+        host_memory=int(host_memory_gib_per_node * GiB / devices_per_node),
+        device_memory_bw=device_memory_bw_gbps * GB,
+        host_memory_bw=host_memory_bw_gbps_per_node * GB / devices_per_node,
+        host_to_device_bw=host_to_device_bw_gbps * GB,
+        intra_node_bw=intra_node_bw_gbps * GB,
+        inter_node_bw=inter_node_bw_gbps * GB,
+        sources={
+            "num_nodes": PAPER + " (128 GPUs in 16 ZionEX nodes)",
+            "devices_per_node": INFOQ,
+            "inter_node_bw": "one scale-out NIC per GPU: " + INFOQ + "; 200 Gb/s per NIC assumed",
+            "device_memory": "A100 40 GB assumed (commonly reported; not verified in the paper body)",
+            "device_memory_bw": "A100 40 GB HBM2 1555 GB/s datasheet figure, assumed",
+            "intra_node_bw": "NVLink 3, 300 GB/s per direction per GPU, assumed",
+            "host_memory": "1.5 TiB DDR per node assumed",
+            "host_memory_bw": "4 sockets x ~100 GB/s per node assumed",
+            "host_to_device_bw": "PCIe Gen4 x16, 32 GB/s assumed (TorchRec's default)",
+        },
+        assumed=(
+            "device_memory",
+            "device_memory_bw",
+            "intra_node_bw",
+            "inter_node_bw",
+            "host_memory",
+            "host_memory_bw",
+            "host_to_device_bw",
+        ),
+    )

@@ -1,0 +1,35 @@
+"""Train a recommendation model with Neo.
+
+    python recipes/train.py                                  # this machine, defaults
+    python recipes/train.py +topology=zionex                 # plan for ZionEX, emulated here
+    python recipes/train.py -m kernel=fused,dense            # a sweep (Hydra multirun)
+    python recipes/train.py trainer.max_steps=50 compression=fp16
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from neo_core.cli import user_errors
+from neo_core.config import register_plugin_options
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@hydra.main(version_base="1.3", config_path=CONF, config_name="train")
+def main(cfg: DictConfig) -> float:
+    from neo_core.training.run import train
+
+    with user_errors():
+        metrics = train(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    return float(metrics.get("val_auc", float("nan")))
+
+
+if __name__ == "__main__":
+    with user_errors():
+        register_plugin_options()
+    sys.exit(main())
