@@ -13,6 +13,7 @@ import difflib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from neo_core.errors import ConfigError
@@ -174,18 +175,25 @@ def plugin_default_node(entry: Any) -> dict[str, Any]:
     return node
 
 
-def register_plugin_options(plugins: Plugins | None = None) -> None:
+def register_plugin_options(conf_dir: str | Path | None = None, plugins: Plugins | None = None) -> None:
     """Make every registered plugin a config option: ``<group>=<name>`` works without YAML.
 
-    Options shipped as YAML under ``conf/`` take precedence over these generated ones;
+    A plugin whose option already exists as ``<conf_dir>/<group>/<name>.yaml`` keeps its YAML;
     plugins may add named options with ``registry.register(..., options={...})``.
     """
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     plugins = plugins or get_plugins()
+    conf = Path(conf_dir) if conf_dir is not None else None
+
+    def store(group: str, name: str, node: dict[str, Any]) -> None:
+        if conf is not None and (conf / group / f"{name}.yaml").exists():
+            return
+        cs.store(group=group, name=name, node=node)
+
     for registry in plugins.registries.values():
         for entry in registry.entries():
-            cs.store(group=registry.group, name=entry.name, node=plugin_default_node(entry))
+            store(registry.group, entry.name, plugin_default_node(entry))
             for option, params in entry.options.items():
-                cs.store(group=registry.group, name=option, node={"name": entry.name, **dict(params)})
+                store(registry.group, option, {"name": entry.name, **dict(params)})

@@ -31,5 +31,5 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     with user_errors():
-        register_plugin_options()
+        register_plugin_options(CONF)
     sys.exit(main())

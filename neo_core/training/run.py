@@ -170,6 +170,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     parts = build_parts(run, launch)
     plan = plan_run(parts)
     if rank0:
+        for note in parts.notes:
+            print(f"note: {note}")
         print(parts.topology.describe())
         print(plan.format_text())
         plan.save_json(out / "plan.json")
@@ -208,13 +210,14 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
 def _quiet() -> None:
     for name in ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.WARNING)  # FBGEMM logs every table batch at INFO on root
     warnings.filterwarnings("ignore")
 
 
 def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | None = None) -> None:
     """Body of one rank: shard, train, validate, checkpoint, report."""
     import lightning.pytorch as pl
-    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
     from lightning.pytorch.loggers import CSVLogger
 
     from neo_core.config import TrainerConfig
@@ -275,11 +278,13 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
         ckpt_dir, every_n_steps=cfg.checkpoint_every_n_steps, save_at_end=cfg.checkpoint,
         resume=cfg.resume and start_step > 0, step_offset=start_step,
     )
+    external_env = launch.external and TorchElasticEnvironment.detect()
+    environment = TorchElasticEnvironment() if external_env else LightningEnvironment()
     trainer = pl.Trainer(
         accelerator="gpu" if launch.device_type == "cuda" else "cpu",
         devices=devices,
         num_nodes=num_nodes,
-        strategy=NeoStrategy(cluster_environment=LightningEnvironment(), process_group_backend=launch.backend),
+        strategy=NeoStrategy(cluster_environment=environment, process_group_backend=launch.backend),
         max_steps=remaining,
         max_epochs=1,
         logger=CSVLogger(str(out), name="logs", version=""),
