@@ -85,8 +85,10 @@ def _new_manager() -> pluggy.PluginManager:
 
 
 def _register_module(pm: pluggy.PluginManager, module: Any, name: str) -> None:
-    if pm.is_registered(module) or pm.has_plugin(name):
+    if pm.is_registered(module):
         return
+    if pm.has_plugin(name):  # a different plugin under a taken name would be dropped silently
+        raise PluginError(f"Two Neo plugins are named {name!r}; rename one (its entry point or __name__).")
     pm.register(module, name=name)
 
 

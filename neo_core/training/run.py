@@ -314,7 +314,12 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
 
 
 def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall: float) -> None:
-    last = module.history[-10:]
+    history = list(module.history)
+    previous = out / "metrics.json"
+    if module.step_offset and previous.exists():  # a resumed run keeps the earlier steps' record
+        earlier = json.loads(previous.read_text())
+        history = [h for h in earlier.get("history", []) if h["step"] <= module.step_offset] + history
+    last = history[-10:]
     val = module.val_history[-1] if module.val_history else {"auc": math.nan, "loss": math.nan}
     metrics = {
         "steps": module.global_step + module.step_offset,
@@ -332,7 +337,7 @@ def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall:
         "model": run.model["name"],
         "topology": run.topology["name"],
         "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
-        "history": module.history,
+        "history": history,
         "val_history": module.val_history,
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
