@@ -7,14 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from neo_plugins.sharding.planner.cost import (
-    CACHED,
-    TIME_KINDS,
-    CostModel,
-    CostParams,
-    TableArrays,
-)
-from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options
 
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import (
@@ -26,6 +18,14 @@ from neo_core.sharding import (
     TableAssignment,
     TableSpec,
 )
+from neo_plugins.sharding.planner.cost import (
+    CACHED,
+    TIME_KINDS,
+    CostModel,
+    CostParams,
+    TableArrays,
+)
+from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options
 
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 

@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, ShardCosts, TableArrays
 
 from neo_core.errors import PlanningError
 from neo_core.sharding import ShardingType
+from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, ShardCosts, TableArrays
 
 GiB = 1024**3
 
@@ -118,7 +118,9 @@ class Search:
         fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
+        self.time_scale = max(float(self.min_total().sum()) / self.W, 1e-30)
         self.tolerance = 0.005  # relative near-tie band of the greedy score
+        self.by_memory = False  # place on the emptiest ranks (retry when memory is tight)
 
     # ---- placing one option --------------------------------------------------------
     def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
@@ -128,37 +130,47 @@ class Search:
         feas = (self.mem_dev + opt.cost.mem_device[i] <= self.cap_dev) & (
             self.mem_host + opt.cost.mem_host[i] <= self.cap_host
         )
-        masked = np.where(feas, self.loads, np.inf)
+        if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
+            key = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])
+            key = key + 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
+        else:
+            key = self.loads
+        sel = np.where(feas, key, np.inf)
         unit = opt.unit
-        if unit == SINGLE:
-            r = int(np.argmin(masked))
-            return (None if not np.isfinite(masked[r]) else (masked[r] + T, np.array([r])))
         if unit == ALL:
             return (float(self.loads.max() + T), np.arange(self.W)) if feas.all() else None
+        if unit == SINGLE:
+            r = int(np.argmin(sel))
+            return None if not np.isfinite(sel[r]) else (float(self.loads[r] + T), np.array([r]))
         if unit == ANY_K:
-            idx = np.argsort(masked, kind="stable")[: opt.k]
-            peak = masked[idx[-1]]
-            return (peak + T, np.sort(idx)) if np.isfinite(peak) else None
-        grid = masked.reshape(self.N, self.L)
+            idx = np.argsort(sel, kind="stable")[: opt.k]
+            if not np.isfinite(sel[idx[-1]]):
+                return None
+            return float(self.loads[idx].max() + T), np.sort(idx)
+        grid = sel.reshape(self.N, self.L)
+        loads = self.loads.reshape(self.N, self.L)
         if unit == NODE_K:
             order = np.argsort(grid, axis=1, kind="stable")[:, : opt.k]
-            peaks = np.take_along_axis(grid, order, axis=1)[:, -1]
-            node = int(np.argmin(peaks))
-            if not np.isfinite(peaks[node]):
+            ok = np.isfinite(np.take_along_axis(grid, order, axis=1)[:, -1])
+            peaks = np.where(ok, np.take_along_axis(loads, order, axis=1).max(axis=1), np.inf)
+            keys = np.where(ok, np.take_along_axis(grid, order, axis=1).max(axis=1), np.inf)
+            node = int(np.argmin(keys))
+            if not np.isfinite(keys[node]):
                 return None
-            return peaks[node] + T, np.sort(order[node]) + node * self.L
-        peaks = grid.max(axis=1)
+            return float(peaks[node] + T), np.sort(order[node]) + node * self.L
+        keys = grid.max(axis=1)
+        peaks = np.where(np.isfinite(keys), loads.max(axis=1), np.inf)
         if unit == NODE_ALL:
-            node = int(np.argmin(peaks))
-            if not np.isfinite(peaks[node]):
+            node = int(np.argmin(keys))
+            if not np.isfinite(keys[node]):
                 return None
-            return peaks[node] + T, np.arange(node * self.L, (node + 1) * self.L)
+            return float(peaks[node] + T), np.arange(node * self.L, (node + 1) * self.L)
         # NODES_K: k distinct whole nodes, one per column shard
-        nodes = np.argsort(peaks, kind="stable")[: opt.k]
-        if not np.isfinite(peaks[nodes[-1]]):
+        nodes = np.argsort(keys, kind="stable")[: opt.k]
+        if not np.isfinite(keys[nodes[-1]]):
             return None
         ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
-        return peaks[nodes[-1]] + T, ranks
+        return float(peaks[nodes].max() + T), ranks
 
     def _apply(self, i: int, o: int, ranks: np.ndarray, sign: float) -> None:
         opt = self.opts[o]
@@ -184,7 +196,12 @@ class Search:
                 continue
             peak, ranks = placed
             tot = float(self.total[o, i])
-            found.append((max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W), tot, int(o), ranks))
+            score = max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W)
+            if self.by_memory:  # balance memory first: the fullest rank touched, after placing
+                opt = self.opts[o]
+                util = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])[ranks].max()
+                score = float(util) + 1e-3 * score / self.time_scale
+            found.append((score, tot, int(o), ranks))
         if not found:
             return None
         # near-ties (within tolerance) go to the option with the least summed cost
@@ -193,9 +210,41 @@ class Search:
         return best[2], best[3]
 
     # ---- the two phases ------------------------------------------------------------
+    def utilisation(self, add_dev: float = 0.0, add_host: float = 0.0) -> np.ndarray:
+        """Per rank, the fuller of device and host memory (fraction of usable capacity)."""
+        dev = (self.mem_dev + add_dev) / max(self.cap_dev, 1.0)
+        if self.cap_host <= 0:
+            return dev
+        return np.maximum(dev, (self.mem_host + add_host) / self.cap_host)
+
+    def reset(self) -> None:
+        self.loads[:] = 0.0
+        self.mem_dev[:] = 0.0
+        self.mem_host[:] = 0.0
+        self.choice[:] = -1
+        self.on_rank = [set() for _ in range(self.W)]
+
     def greedy(self) -> None:
+        """Place every table; if memory runs out, retry filling the emptiest ranks first."""
+        try:
+            self._greedy()
+        except PlanningError:
+            self.reset()
+            self.by_memory = True
+            try:
+                self._greedy()
+            finally:
+                self.by_memory = False
+
+    def _greedy(self) -> None:
         min_total = self.min_total()
-        order = np.lexsort((np.arange(len(self.t)), -min_total))
+        size = min_total
+        if self.by_memory:  # first-fit decreasing by the smallest whole-table footprint
+            foot = np.stack([o.cost.mem_device * o.num_shards / max(self.cap_dev, 1.0) for o in self.opts])
+            if self.cap_host > 0:
+                foot = foot + np.stack([o.cost.mem_host * o.num_shards / self.cap_host for o in self.opts])
+            size = np.where(self.usable, foot, np.inf).min(axis=0)
+        order = np.lexsort((np.arange(len(self.t)), -size))
         rest = float(min_total.sum())
         for i in order:
             rest -= float(min_total[i])
@@ -304,21 +353,22 @@ class Search:
 
     def no_fit_message(self, i: int) -> str:
         name = self.t.names[i]
+        free_dev = np.sort(self.cap_dev - self.mem_dev)[::-1]  # most free first
+        free_host = np.sort(self.cap_host - self.mem_host)[::-1]
         best: tuple[float, str] | None = None
         for opt in self.opts:
             if not opt.valid[i]:
                 continue
-            need = opt.cost.mem_device[i]
-            free = float((self.cap_dev - self.mem_dev).max())
-            short = need - free
+            k = min(opt.num_shards, self.W)  # the k-th freest rank must hold a shard
+            short = opt.cost.mem_device[i] - free_dev[k - 1]
             if opt.cost.mem_host[i] > 0:
-                short = max(short, opt.cost.mem_host[i] - float((self.cap_host - self.mem_host).max()))
+                short = max(short, opt.cost.mem_host[i] - free_host[k - 1])
             if best is None or short < best[0]:
-                best = (short, opt.label)
+                best = (float(short), opt.label)
         short, label = best if best else (0.0, "?")
         rows, dim = int(self.t.rows[i]), int(self.t.dims[i])
         return (
-            f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank: even as {label} each shard "
-            f"needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more than the freest rank has left; "
-            "add ranks or memory, use a cache, or shrink the table."
+            f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank once the larger tables are "
+            f"placed: even as {label} a shard needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more "
+            "than the ranks have left; add ranks or memory, use a cache, or shrink the tables."
         )

@@ -1,0 +1,220 @@
+"""Neo planner: plans, reports, bad input, memory capacity and topology awareness."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from neo_core.api import make_context, plan_tables
+from neo_core.cache import CachePolicy
+from neo_core.errors import ConfigError, PlanningError
+from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+from neo_core.sharding import ShardingType, TableSpec
+from neo_core.topology import GiB, Topology
+from neo_plugins.sharding.planner import NeoPlanner
+from neo_plugins.sharding.planner.report import save_all
+from neo_plugins.sharding.planner.tables import mlperf_dcnv2, production_like, zionex_12t
+
+GB = 1e9
+
+
+def cluster(nodes: int = 2, per_node: int = 4, mem_gib: float = 16.0, inter_gbps: float = 25.0) -> Topology:
+    return Topology(
+        name="test",
+        num_nodes=nodes,
+        devices_per_node=per_node,
+        compute_device="cuda",
+        device_memory=int(mem_gib * GiB),
+        host_memory=int(64 * GiB),
+        device_memory_bw=1500 * GB,
+        host_memory_bw=50 * GB,
+        host_to_device_bw=32 * GB,
+        intra_node_bw=300 * GB,
+        inter_node_bw=inter_gbps * GB,
+    )
+
+
+def mixed_tables() -> list[TableSpec]:
+    return [
+        TableSpec("tiny", 8, 16, 1.0),
+        TableSpec("small", 5_000, 32, 2.0),
+        TableSpec("mid", 2_000_000, 64, 10.0),
+        TableSpec("wide", 1_000_000, 256, 30.0),
+        TableSpec("big", 40_000_000, 128, 5.0),
+        TableSpec("hot", 3_000_000, 128, 100.0),
+    ]
+
+
+def shard_bytes(result, tables, kernel: EmbeddingKernel) -> list[float]:
+    """Device bytes per rank recomputed from shard shapes alone (independent of the planner)."""
+    by_name = {t.name: t for t in tables}
+    per_rank = [0.0] * len(result.ranks)
+    for a in result.tables:
+        st = ShardingType(a.sharding_type)
+        t = by_name[a.name]
+        if st is ShardingType.DATA_PARALLEL:
+            rows, cols = t.num_embeddings, t.embedding_dim
+            size = rows * cols * (kernel.weight_bytes + 4) + kernel.optimizer_state_bytes(rows, cols)
+            for r in a.ranks:
+                per_rank[r] += size
+            continue
+        if st is ShardingType.TABLE_WISE:
+            pairs = [(a.ranks[0], a.shard_shapes[0])]
+        else:
+            pairs = list(zip(a.ranks, a.shard_shapes))
+        assert len(a.ranks) == len(a.shard_shapes) or st is ShardingType.TABLE_WISE
+        rows_total = sum(s[0] for s in a.shard_shapes)
+        cols_total = sum(s[1] for s in a.shard_shapes)
+        assert rows_total * cols_total >= t.num_embeddings * t.embedding_dim or st is ShardingType.TABLE_WISE
+        for r, (rows, cols) in pairs:
+            per_rank[r] += rows * cols * kernel.weight_bytes + kernel.optimizer_state_bytes(rows, cols)
+    return per_rank
+
+
+def test_plan_is_explained_and_within_memory(tmp_path):
+    tables = mixed_tables()
+    ctx = make_context(cluster(), 1024)
+    result = NeoPlanner().plan(tables, ctx)
+    assert [t.name for t in result.tables] == [t.name for t in tables]
+    for rep in result.ranks:
+        assert rep.memory_total <= rep.memory_capacity
+        assert {"compute_fwd", "compute_bwd", "comm_fwd", "comm_bwd"} <= set(rep.time)
+    for a in result.tables:
+        assert a.why and a.ranks and a.shard_shapes
+    used = shard_bytes(result, tables, ctx.kernel)
+    assert max(used) <= ctx.topology.device_memory * 0.85
+    text = result.format_text()
+    assert "predicted step" in text and "big" in text
+    paths = save_all(result, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert data["predicted_step_time_s"] > 0 and len(data["ranks"]) == 8
+    assert paths["chart"].stat().st_size > 1000
+
+
+@pytest.mark.parametrize("stype", list(ShardingType))
+def test_every_sharding_type_has_valid_ranks_and_shapes(stype):
+    tables = [TableSpec("a", 1000, 64, 3.0), TableSpec("b", 50_000, 128, 8.0)]
+    ctx = make_context(cluster(), 256)
+    result = NeoPlanner(sharding_types=[stype.value]).plan(tables, ctx)
+    L, W = 4, 8
+    for a, t in zip(result.tables, tables):
+        assert a.sharding_type == stype.value
+        nodes = {r // L for r in a.ranks}
+        if stype is ShardingType.TABLE_WISE:
+            assert len(a.ranks) == 1
+        elif stype in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+            assert a.ranks == list(range(W))
+        elif stype is ShardingType.TABLE_ROW_WISE:
+            assert len(nodes) == 1 and len(a.ranks) == L
+        elif stype is ShardingType.TABLE_COLUMN_WISE:
+            assert len(nodes) == 1
+        if stype is not ShardingType.DATA_PARALLEL and stype is not ShardingType.TABLE_WISE:
+            assert len(a.shard_shapes) == len(a.ranks)
+        cols = {c for _, c in a.shard_shapes}
+        assert all(t.embedding_dim % c == 0 for c in cols)
+
+
+@pytest.mark.parametrize("stype", list(ShardingType))
+def test_plans_build_torchrec_sharding_plans(stype):
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    tables = [TableSpec("a", 1000, 64, 3.0), TableSpec("b", 50_000, 128, 8.0)]
+    ctx = make_context(cluster(), 256)
+    planner = NeoPlanner(sharding_types=[stype.value])
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                               feature_names=list(t.feature_names))
+            for t in tables
+        ],
+        device=torch.device("meta"),
+    )
+    result = planner.plan_module(ebc, tables, ctx)
+    params = result.torchrec_plan.plan[""]
+    for t in tables:
+        assert params[t.name].sharding_type == stype.value
+
+
+def test_data_parallel_only_kernel_replicates_everything():
+    kernel = EmbeddingKernel("dense", "dense", SparseOptimizer.ADAGRAD, data_parallel_only=True)
+    result = plan_tables(mixed_tables()[:3], cluster(), 128, kernel=kernel)
+    assert {a.sharding_type for a in result.tables} == {"data_parallel"}
+
+
+def test_bad_input_is_rejected_with_a_clear_message():
+    with pytest.raises(ConfigError, match="empty"):
+        plan_tables([], cluster(), 128)
+    with pytest.raises(ConfigError, match="at least 1 row"):
+        TableSpec("z", 0, 16)
+    with pytest.raises(ConfigError, match="embedding_dim"):
+        TableSpec("n", 10, -4)
+    with pytest.raises(ConfigError, match="unique"):
+        plan_tables([TableSpec("a", 10, 4), TableSpec("a", 10, 4)], cluster(), 128)
+    huge = TableSpec("huge", 20_000_000_000, 128, 1.0)  # 9.5 TiB at fp32 on 8 x 16 GiB
+    with pytest.raises(PlanningError, match=r"'huge'.*GiB"):
+        plan_tables([huge], cluster(), 128)
+    many = [TableSpec(f"m{i}", 100_000_000, 128, 1.0) for i in range(4)]  # 4 x 48 GiB > 8 x 13.6
+    with pytest.raises(PlanningError, match="short"):
+        plan_tables(many, cluster(), 128)
+
+
+def test_deterministic():
+    tables = production_like(120, seed=3, max_rows=2_000_000)
+    a = plan_tables(tables, cluster(), 512)
+    b = plan_tables(tables, cluster(), 512)
+    assert [(x.sharding_type, x.ranks) for x in a.tables] == [(x.sharding_type, x.ranks) for x in b.tables]
+
+
+def test_plugins_change_the_estimate():
+    tables = mixed_tables()
+    base = plan_tables(tables, cluster(), 1024)
+    fp16 = plan_tables(tables, cluster(), 1024, compressor="fp16")
+    assert fp16.predicted_step_time < base.predicted_step_time
+    adam = plan_tables(tables, cluster(), 1024, kernel=EmbeddingKernel("f", "fused", SparseOptimizer.ADAM))
+    mem = lambda r: sum(x.memory.get("optimizer", 0.0) for x in r.ranks)  # noqa: E731
+    assert mem(adam) > 10 * mem(base)
+
+
+def test_cache_places_tables_in_host_memory_when_device_is_too_small():
+    tables = [TableSpec(f"t{i}", 50_000_000, 128, 4.0, hot_fraction=0.8) for i in range(4)]
+    topo = cluster(mem_gib=8.0)
+    with pytest.raises(PlanningError):
+        plan_tables(tables, topo, 256)
+    result = plan_tables(tables, topo, 256, cache=CachePolicy("lru", load_factor=0.1))
+    assert any(a.compute_kernel == "fused_uvm_caching" for a in result.tables)
+    for rep in result.ranks:
+        assert rep.memory_total <= rep.memory_capacity
+        assert sum(rep.host_memory.values()) <= rep.host_memory_capacity
+
+
+def test_slow_inter_node_links_move_traffic_inside_nodes():
+    tables = production_like(200, seed=5, max_rows=5_000_000)
+    fast = plan_tables(tables, cluster(4, 8, 40.0, inter_gbps=25.0), 512)
+    slow = plan_tables(tables, cluster(4, 8, 40.0, inter_gbps=2.5), 512)
+    hier = {"table_row_wise", "table_column_wise", "grid_shard"}
+    n_fast = sum(a.sharding_type in hier for a in fast.tables)
+    n_slow = sum(a.sharding_type in hier for a in slow.tables)
+    assert n_slow > n_fast
+    assert slow.predicted_step_time > fast.predicted_step_time
+
+
+def test_large_suites_plan_fast():
+    start = time.perf_counter()
+    result = plan_tables(production_like(1000, seed=0), "zionex", 512)
+    assert time.perf_counter() - start < 10.0
+    assert len(result.ranks) == 128
+    dcn = plan_tables(mlperf_dcnv2(), "zionex", 512)
+    assert dcn.predicted_step_time > 0
+
+
+@pytest.mark.slow
+def test_twelve_trillion_parameters_fit_on_zionex():
+    kernel = EmbeddingKernel("fused", "fused", weight_bytes=2)
+    tables = zionex_12t()
+    assert abs(sum(t.num_parameters for t in tables) / 1e12 - 12) < 0.1
+    result = plan_tables(tables, "zionex", 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
+    assert all(r.memory_total <= r.memory_capacity for r in result.ranks)
