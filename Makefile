@@ -14,6 +14,12 @@ FBGEMM_VERSION := 1.8.0
 # torchrec's own requirements besides fbgemm-gpu (installed explicitly: torchrec goes in with --no-deps)
 TORCHREC_DEPS := tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
 
+# On CPU, torchrec's metadata requires the CUDA fbgemm-gpu wheel, which cannot load beside a CPU
+# torch: setup installs the CPU build of FBGEMM, then torchrec with --no-deps, then torchrec's
+# other requirements. pip's complaint that fbgemm-gpu is missing is expected and filtered; the
+# import check at the end of setup catches anything really missing.
+QUIET := 2>&1 | grep -v "requires fbgemm-gpu, which is not installed\|dependency resolver does not\|dependency conflicts\|^WARNING: Location" || true
+
 .PHONY: setup train test test-fast lint bench clean
 
 setup: $(STAMP)
@@ -22,15 +28,13 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "setting up $(VENV) (GPU=$(GPU))"
 ifeq ($(GPU),1)
-	$(PIP) install -q torch==$(TORCH_VERSION) fbgemm-gpu==$(FBGEMM_VERSION) torchrec==$(TORCHREC_VERSION)
+	$(PIP) install -q torch==$(TORCH_VERSION) fbgemm-gpu==$(FBGEMM_VERSION) torchrec==$(TORCHREC_VERSION) $(QUIET)
 else
-	# CPU: torchrec's metadata requires the CUDA fbgemm-gpu wheel, which cannot load with a
-	# CPU torch; install the CPU build of FBGEMM and torchrec without its dependencies.
-	$(PIP) install -q torch==$(TORCH_VERSION) fbgemm-gpu-cpu==$(FBGEMM_VERSION)
-	$(PIP) install -q --no-deps torchrec==$(TORCHREC_VERSION)
+	$(PIP) install -q torch==$(TORCH_VERSION) fbgemm-gpu-cpu==$(FBGEMM_VERSION) $(QUIET)
+	$(PIP) install -q --no-deps torchrec==$(TORCHREC_VERSION) $(QUIET)
 endif
-	$(PIP) install -q $(TORCHREC_DEPS)
-	$(PIP) install -q -e '.[dev]' 2>&1 | grep -v "requires fbgemm-gpu, which is not installed\|dependency resolver\|dependency conflicts" || true
+	$(PIP) install -q $(TORCHREC_DEPS) $(QUIET)
+	$(PIP) install -q -e '.[dev]' $(QUIET)
 	$(PY) -c "import torch, torchrec, fbgemm_gpu, lightning, hydra, pluggy, neo_core, neo_plugins" 
 	@touch $(STAMP)
 
