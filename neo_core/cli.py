@@ -32,6 +32,21 @@ def user_errors() -> Iterator[None]:
         raise
 
 
+def force_add_overrides(argv: Sequence[str]) -> list[str]:
+    """Turn plain ``group.key=value`` overrides into ``++group.key=value``.
+
+    Hydra rejects a key the composed config lacks ("not in struct") before Neo sees it; with
+    ``++`` every key reaches Neo's validation, which names a misspelled key and its close
+    match, and accepts any parameter of a plugin selected by name only.
+    """
+    out = []
+    for arg in argv:
+        key, eq, _ = arg.partition("=")
+        plain = eq and "." in key and not key.startswith(("-", "+", "~", "hydra."))
+        out.append(f"++{arg}" if plain else arg)
+    return out
+
+
 def list_plugins() -> str:
     """Every registered plugin, grouped by kind, with the distribution that provided it."""
     from neo_core.plugins import get_plugins

@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import user_errors
+from neo_core.cli import force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
@@ -32,4 +32,5 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
+    sys.argv = [sys.argv[0], *force_add_overrides(sys.argv[1:])]
     sys.exit(main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from neo_plugins.sharding.sharders import NeoEmbeddingBagCollectionSharder, make_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -15,6 +14,7 @@ from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableAssignment
 from neo_core.topology import GiB, Topology
 from neo_core.torchrec_plan import build_sharding_plan
+from neo_plugins.sharding.sharders import NeoEmbeddingBagCollectionSharder, make_sharders
 
 
 def cpu_context(
@@ -163,9 +163,8 @@ def test_sharder_offers_every_type_on_cpu() -> None:
 def test_torchrec_planner_report_rebuilds_its_own_plan() -> None:
     import dataclasses
 
-    from neo_plugins.sharding.torchrec_planner import TorchRecPlanner, _meta_model
-
     from neo_core.sharding import TableSpec
+    from neo_plugins.sharding.torchrec_planner import TorchRecPlanner, _meta_model
 
     context = cpu_context(1, 2)
     specs = [TableSpec(f"t{i}", 1000 * (i + 1), (64, 256)[i % 2], pooling_factor=2.0) for i in range(4)]

@@ -65,10 +65,22 @@ class SyntheticData(DataSource):
         self.sparse_scale = sparse_scale
         self.bias = bias
         self.seed = seed
-        truth = torch.Generator().manual_seed(seed)
-        self.dense_weights = torch.randn(num_dense, generator=truth) / math.sqrt(num_dense)
-        self.effects = [torch.randn(n, generator=truth) for n in self.rows]
-        self._cdfs = [self._zipf_cdf(n) for n in self.rows]
+        self._truth = torch.Generator().manual_seed(seed)
+        self.dense_weights = torch.randn(num_dense, generator=self._truth) / math.sqrt(num_dense)
+        # Per-row effects and id CDFs take memory proportional to the tables: built on first use,
+        # so planning (which only needs ``tables()``) can reject a table too large for any rank.
+        self._per_row: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def _per_row_truth(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-table row effects and Zipf CDFs (the same values whenever first built)."""
+        if self._per_row is None:
+            effects = [torch.randn(n, generator=self._truth) for n in self.rows]
+            self._per_row = (effects, [self._zipf_cdf(n) for n in self.rows])
+        return self._per_row
+
+    @property
+    def effects(self) -> list[torch.Tensor]:
+        return self._per_row_truth()[0]
 
     def _zipf_cdf(self, n: int) -> torch.Tensor:
         weights = torch.arange(1, n + 1, dtype=torch.float64).pow(-self.zipf_alpha)
@@ -104,7 +116,8 @@ class SyntheticData(DataSource):
         logit = dense @ self.dense_weights * self.dense_scale + self.bias
         lengths_all, values_all = [], []
         sparse_signal = torch.zeros(n)
-        for cdf, effect, pf in zip(self._cdfs, self.effects, self.pooling):
+        effects, cdfs = self._per_row_truth()
+        for cdf, effect, pf in zip(cdfs, effects, self.pooling):
             extra = torch.poisson(torch.full((n,), max(pf - 1.0, 0.0)), generator=g)
             lengths = (1 + extra).to(torch.int64)
             ids = torch.searchsorted(cdf, torch.rand(int(lengths.sum()), generator=g))

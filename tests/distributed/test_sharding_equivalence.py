@@ -96,13 +96,13 @@ def loss_of(pooled: dict[str, torch.Tensor]) -> torch.Tensor:
 def train_sharded(rank: int, world_size: int) -> dict[str, Any]:
     """Rank entry: per scenario, the local outputs per step and the local shards at the end."""
     import torch.distributed as dist
-    from neo_plugins.sharding.sharders import make_sharders
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     from neo_core.torchrec_plan import build_sharding_plan
+    from neo_plugins.sharding.sharders import make_sharders
 
     results: dict[str, Any] = {}
     for scenario, (tables, compressor) in SCENARIOS.items():

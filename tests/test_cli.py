@@ -1,0 +1,107 @@
+"""The ``neo`` command: ``neo plugins`` lists plugins by kind; user errors are one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neo_core import hookimpl
+from neo_core.cache import CachePolicy
+from neo_core.cli import list_plugins, main, user_errors
+from neo_core.errors import ConfigError
+from tests.conftest import ROOT, subprocess_env
+
+NEO_SCRIPT = Path(sys.executable).parent / "neo"
+
+
+class ListedPlugin:
+    __name__ = "listed_plugin"
+    __neo_provider__ = "neo-listed-dist"
+
+    @hookimpl
+    def neo_register_cache_policies(self, registry):
+        def listed_cache(load_factor: float = 0.1) -> CachePolicy:
+            """A cache policy that shows up in the listing."""
+            return CachePolicy("listed_cache", load_factor)
+
+        registry.register("listed_cache", listed_cache)
+
+
+def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> None:
+    plugins = register_plugin(ListedPlugin())
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    for registry in plugins.registries.values():
+        assert f"{registry.kind} (config group '{registry.group}'):" in out
+        for entry in registry.entries():
+            assert f"  {entry.name:<14} [{entry.provider}]" in out
+    assert "  listed_cache   [neo-listed-dist]  A cache policy that shows up in the listing." in out
+    assert "  zionex         [neo-dlrm]" in out
+    assert "failed to load" not in out
+
+
+def test_neo_plugins_reports_failed_plugins(register_plugin) -> None:
+    class Failing:
+        __name__ = "failing_listed"
+
+        @hookimpl
+        def neo_register_models(self, registry):
+            raise ImportError("needs a missing package")
+
+    with pytest.warns(UserWarning):
+        register_plugin(Failing(), strict=False)
+    assert list_plugins().splitlines()[-1] == "failed to load: failing_listed: ImportError: needs a missing package"
+
+
+def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEO_TRACEBACK", raising=False)
+    with pytest.raises(SystemExit) as exit_info, user_errors():
+        raise ConfigError("Unknown key trainer.max_step. Did you mean 'max_steps'?")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: Unknown key trainer.max_step. Did you mean 'max_steps'?\n"
+    # an error raised inside a spawned rank arrives wrapped, with the original class in its text
+    wrapped = RuntimeError("-- Process 1 terminated with the following error:\nTraceback ...\n"
+                           "neo_core.errors.PlanningError: Table 't' does not fit.")
+    with pytest.raises(SystemExit), user_errors():
+        raise wrapped
+    assert capsys.readouterr().err == "error: Table 't' does not fit.\n"
+    with pytest.raises(KeyError), user_errors():  # not a user error: the traceback is kept
+        raise KeyError("bug")
+    monkeypatch.setenv("NEO_TRACEBACK", "1")
+    with pytest.raises(ConfigError), user_errors():
+        raise ConfigError("shown with its traceback on request")
+
+
+def test_unknown_command_is_a_usage_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plugin"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'plugin'" in capsys.readouterr().err
+
+
+def test_installed_plugin_is_listed_by_both_entry_commands(plugin_site) -> None:
+    env = subprocess_env(*plugin_site.values())
+    proc = subprocess.run(
+        [sys.executable, "-m", "neo_core", "plugins"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "  my_policy      [neo-example-plugin]  Example cache policy from a third-party package" in proc.stdout
+    assert "  tiny_cluster   [neo-example-plugin]" in proc.stdout
+    assert "  none           [neo-dlrm]" in proc.stdout
+    assert "failed to load: broken: RuntimeError: neo_broken_plugin is broken on purpose" in proc.stdout
+    assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    # the console script, with strict mode: the broken plugin stops it in one line
+    assert NEO_SCRIPT.exists()
+    proc = subprocess.run(
+        [str(NEO_SCRIPT), "plugins"], cwd=ROOT, env={**env, "NEO_STRICT_PLUGINS": "1"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: Neo plugin 'broken' failed to load (RuntimeError: neo_broken_plugin is broken")
+    assert "unset NEO_STRICT_PLUGINS" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""

@@ -1,0 +1,251 @@
+"""Every option of every config group composes, validates and instantiates; typos name the key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from neo_core.cache import CachePolicy
+from neo_core.compression import Compressor
+from neo_core.config import (
+    PLUGIN_GROUPS,
+    RunConfig,
+    TrainerConfig,
+    instantiate,
+    plugin_default_node,
+    register_plugin_options,
+    validate,
+)
+from neo_core.data import DataSource
+from neo_core.errors import ConfigError, PluginError
+from neo_core.kernels import EmbeddingKernel
+from neo_core.models import ModelBuilder
+from neo_core.plugins import get_plugins, load_plugins
+from neo_core.sharding import Planner
+from neo_core.topology import Topology
+from neo_core.training.run import build_parts, plan_run, resolve_launch
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+BASE_TYPES = {
+    "topology": Topology,
+    "sharding": Planner,
+    "kernel": EmbeddingKernel,
+    "cache": CachePolicy,
+    "compression": Compressor,
+    "model": ModelBuilder,
+    "data": DataSource,
+}
+
+
+def yaml_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def group_options(group: str) -> list[str]:
+    """YAML files in conf/<group>/ plus every registered plugin name (its generated option)."""
+    names = set(yaml_options(group))
+    if group in PLUGIN_GROUPS:
+        for entry in load_plugins(autoload=False).registry(group).entries():
+            names.add(entry.name)
+            names.update(entry.options)
+    return sorted(names)
+
+
+def override_for(group: str, option: str) -> str:
+    # topology is not in the defaults list (it defaults to this machine): it is added with "+"
+    return f"+topology={option}" if group == "topology" else f"{group}={option}"
+
+
+@pytest.fixture(scope="module")
+def hydra_conf() -> Iterator[None]:
+    register_plugin_options(CONF, plugins=load_plugins(autoload=False))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield
+
+
+def compose_run(*overrides: str) -> dict[str, Any]:
+    cfg = compose(config_name="train", overrides=[*overrides, "output_dir=/tmp/neo-test-unused"])
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+ALL_OPTIONS = [
+    (group, option)
+    for group in (*PLUGIN_GROUPS, "trainer", "experiment")
+    for option in (group_options(group) if group in PLUGIN_GROUPS else yaml_options(group))
+]
+
+
+def test_every_group_has_options() -> None:
+    for group in PLUGIN_GROUPS:
+        assert yaml_options(group), f"conf/{group}/ has no options"
+    assert set(yaml_options("experiment")) >= {"zionex_emulated", "torchrec_baseline"}
+    # the root config is only the defaults list plus the default topology and run keys
+    root = OmegaConf.load(CONF / "train.yaml")
+    assert set(root) == {"defaults", "topology", "seed", "output_dir"}
+
+
+@pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_option_composes_validates_and_instantiates(hydra_conf, group: str, option: str) -> None:
+    cfg = compose_run(override_for(group, option))
+    run = validate(cfg)
+    assert isinstance(run, RunConfig)
+    if group == "trainer":
+        expected = OmegaConf.to_container(OmegaConf.load(CONF / "trainer" / f"{option}.yaml"))
+        expected.pop("defaults", None)
+        for key, value in expected.items():
+            assert getattr(run.trainer, key) == value, key
+        return
+    if group == "experiment":
+        parts = build_parts(run, resolve_launch(run))  # every plugin of the experiment instantiates
+        assert parts.tables
+        return
+    node = getattr(run, group)
+    if (CONF / group / f"{option}.yaml").exists():
+        yaml_node = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+        assert {k: node[k] for k in yaml_node} == yaml_node
+    obj = instantiate(group, node)
+    assert isinstance(obj, BASE_TYPES[group])
+    if group == "model":
+        data = instantiate("data", run.data)
+        tables = data.tables(node["embedding_dim"])
+        model = obj.build(tables, data.num_dense, device="meta")
+        assert sum(p.numel() for p in model.parameters()) > 0
+    if group == "data":
+        batch = obj.global_batch("train", 0, 8)
+        assert batch.labels.shape == (8,)
+        assert batch.dense_features.shape == (8, obj.num_dense)
+        assert sorted(batch.sparse_features.keys()) == sorted(obj.feature_names())
+
+
+PLAN_CASES = [(s, t) for s in group_options("sharding") for t in group_options("topology")]
+
+
+@pytest.mark.parametrize(("sharding", "topology"), PLAN_CASES, ids=[f"{s}-{t}" for s, t in PLAN_CASES])
+def test_every_planner_plans_the_default_tables_on_every_topology(hydra_conf, sharding: str, topology: str) -> None:
+    run = validate(compose_run(f"sharding={sharding}", f"+topology={topology}"))
+    parts = build_parts(run, resolve_launch(run))
+    result = plan_run(parts)
+    assert sorted(a.name for a in result.tables) == sorted(t.name for t in parts.tables)
+    assert len(parts.tables) == run.data["num_sparse"]
+    world = resolve_launch(run).world_size
+    assert len(result.ranks) == world
+    assert all(0 <= r < world for a in result.tables for r in a.ranks)
+    assert all(r.memory_total <= r.memory_capacity for r in result.ranks)
+    assert result.predicted_step_time > 0
+    assert result.torchrec_plan is not None
+    if topology == "zionex":
+        assert any(note.startswith("Emulating zionex") for note in result.notes), result.notes
+        assert parts.topology.emulated_from or parts.topology.world_size == resolve_launch(run).world_size
+
+
+def test_generated_option_for_a_plugin_without_yaml(hydra_conf, register_plugin) -> None:
+    from neo_core import hookimpl
+
+    class Plugin:
+        __name__ = "generated_option_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            def half_cache(load_factor: float = 0.5, algorithm: str = "lru") -> CachePolicy:
+                """A cache policy that exists only in code."""
+                return CachePolicy(name="half_cache", load_factor=load_factor, algorithm=algorithm)
+
+            registry.register("half_cache", half_cache, options={"quarter_cache": {"load_factor": 0.25}})
+
+    plugins = register_plugin(Plugin())
+    register_plugin_options(CONF, plugins=plugins)
+    try:
+        run = validate(compose_run("cache=half_cache", "cache.algorithm=lfu"))
+        assert run.cache == {"name": "half_cache", "load_factor": 0.5, "algorithm": "lfu"}
+        assert instantiate("cache", run.cache) == CachePolicy("half_cache", 0.5, "lfu")
+        run = validate(compose_run("cache=quarter_cache"))
+        assert instantiate("cache", run.cache).load_factor == 0.25
+        # selecting by name through the YAML option's name key works as well
+        run = validate(compose_run("cache.name=half_cache"))
+        assert instantiate("cache", run.cache).load_factor == 0.5
+    finally:
+        repo = ConfigStore.instance().repo["cache"]
+        repo.pop("half_cache.yaml", None)
+        repo.pop("quarter_cache.yaml", None)
+
+
+def test_yaml_option_takes_precedence_over_generated_one(hydra_conf) -> None:
+    # the YAML file is the option (exactly its keys), not a merge with the factory's defaults
+    for group in PLUGIN_GROUPS:
+        stored = ConfigStore.instance().repo.get(group, {})
+        for option in yaml_options(group):
+            assert f"{option}.yaml" not in stored, f"{group}={option} is shadowed by a generated option"
+    run = validate(compose_run("+topology=zionex"))
+    assert run.topology == OmegaConf.to_container(OmegaConf.load(CONF / "topology" / "zionex.yaml"))
+    assert run.kernel == OmegaConf.to_container(OmegaConf.load(CONF / "kernel" / "fused.yaml"))
+
+
+def test_plugin_default_node_skips_required_and_non_yaml_defaults() -> None:
+    from neo_core.registry import Entry
+
+    def factory(required: int, size: int = 3, shape: tuple = (1, 2), obj: object = object()) -> None:
+        """Doc."""
+
+    node = plugin_default_node(Entry("f", factory, "cache policy", "test"))
+    assert node == {"name": "f", "size": 3, "shape": [1, 2]}
+
+
+# --- typos and bad values fail at start, naming the key -------------------------------------
+
+
+def test_misspelled_trainer_key_names_it_and_suggests_the_right_one(hydra_conf) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run("+trainer.max_step=3"))
+    assert str(err.value).startswith("Unknown key trainer.max_step. Did you mean 'max_steps'?")
+
+
+def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run("+kernel.learning_rat=0.1"))
+    assert "Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean 'learning_rate'?" in str(err.value)
+
+
+def test_misspelled_top_level_key() -> None:
+    cfg = {group: {"name": get_plugins().registry(group).names()[0]} for group in PLUGIN_GROUPS}
+    with pytest.raises(ConfigError, match="Unknown config key 'sed'. Did you mean 'seed'?"):
+        validate({**cfg, "sed": 1})
+
+
+def test_unknown_plugin_name(hydra_conf) -> None:
+    with pytest.raises(PluginError) as err:
+        validate(compose_run("sharding.name=neoo"))
+    message = str(err.value)
+    assert "sharding.name" in message and "Did you mean 'neo'?" in message and "Available: neo, torchrec." in message
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.max_steps=0", "trainer.max_steps must be a positive integer, got 0."),
+        ("trainer.dense_optimizer=lamb", "trainer.dense_optimizer='lamb' is unknown; choose adagrad, adam or sgd."),
+        ("+trainer.backend=mpi", "trainer.backend='mpi' is unknown; choose gloo or nccl."),
+        ("~cache", "Config group 'cache' is missing; add cache=<name>"),
+        ("cache.name=null", "cache.name is missing; pick one of: none"),
+    ],
+)
+def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run(override))
+    assert str(err.value).startswith(message)
+    assert "\n" not in str(err.value)
+
+
+def test_trainer_defaults_match_schema() -> None:
+    default = OmegaConf.to_container(OmegaConf.load(CONF / "trainer" / "default.yaml"))
+    schema = TrainerConfig()
+    for key, value in default.items():
+        assert key in TrainerConfig.__dataclass_fields__, f"trainer/default.yaml: unknown key {key}"
+        assert getattr(schema, key) == value, f"trainer/default.yaml {key} differs from TrainerConfig"

@@ -1,0 +1,338 @@
+"""The plugin manager: built-ins by kind, duplicates, unknown names, broken and misspelled plugins."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from neo_core import hookimpl, hookspecs
+from neo_core.cache import CachePolicy
+from neo_core.errors import ConfigError, PluginError
+from neo_core.plugins import (
+    BUILTIN_DISTRIBUTION,
+    DEFAULT_PLUGINS,
+    KINDS,
+    PluginLoadWarning,
+    get_plugins,
+    load_plugins,
+    reset_plugins,
+)
+
+BUILTINS = {
+    "topology": ["local", "zionex"],
+    "sharding": ["neo", "torchrec"],
+    "kernel": ["dense", "fused"],
+    "cache": ["none"],
+    "compression": ["bf16", "fp16", "none"],
+    "model": ["dcnv2", "dlrm"],
+    "data": ["synthetic"],
+}
+
+
+def hook_names() -> list[str]:
+    return [name for name, fn in vars(hookspecs).items() if callable(fn) and name.startswith("neo_register_")]
+
+
+class TempCache:
+    """A temporary plugin object registering one cache policy."""
+
+    __neo_provider__ = "temp-dist"
+
+    def __init__(self, name: str = "temp_cache", plugin_name: str = "") -> None:
+        self.__name__ = plugin_name or f"temp_plugin_{name}"
+        self.cache_name = name
+
+    @hookimpl
+    def neo_register_cache_policies(self, registry):
+        def factory(load_factor: float = 0.25) -> CachePolicy:
+            """A temporary cache policy."""
+            return CachePolicy(name=self.cache_name, load_factor=load_factor)
+
+        registry.register(self.cache_name, factory)
+
+
+@pytest.fixture
+def installed(plugin_site: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The two fixture distributions on ``sys.path`` of this process, removed afterwards."""
+    for site in plugin_site.values():
+        monkeypatch.syspath_prepend(str(site))
+    for switch in ("NEO_STRICT_PLUGINS", "NEO_DISABLE_PLUGIN_AUTOLOAD"):
+        monkeypatch.delenv(switch, raising=False)
+    yield
+    for module in ("neo_example_plugin", "neo_broken_plugin"):
+        sys.modules.pop(module, None)
+
+
+def test_every_hookspec_is_a_kind_and_every_kind_has_a_config_group() -> None:
+    assert sorted(hook for hook, _ in KINDS.values()) == sorted(hook_names())
+    assert sorted(group for _, group in KINDS.values()) == sorted(BUILTINS)
+
+
+@pytest.mark.parametrize("autoload", [True, False], ids=["entry-points", "no-autoload"])
+def test_builtins_are_registered_by_kind(autoload: bool) -> None:
+    plugins = load_plugins(autoload=autoload, strict=True)
+    assert {group: plugins.registry(group).names() for group in plugins.groups()} == BUILTINS
+    for registry in plugins.registries.values():
+        assert {e.provider for e in registry.entries()} == {BUILTIN_DISTRIBUTION}
+        assert all(e.description for e in registry.entries()), registry.kind
+    # built-ins come through the same plugin path as third-party ones: one pluggy plugin each
+    registered = {getattr(p, "__name__", None) for p in plugins.pm.get_plugins()}
+    assert set(DEFAULT_PLUGINS) <= registered
+
+
+def test_builtins_are_entry_points_of_this_distribution() -> None:
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group=hookspecs.ENTRY_POINT_GROUP) if ep.dist and ep.dist.name == BUILTIN_DISTRIBUTION]
+    assert sorted(ep.value for ep in eps) == sorted(DEFAULT_PLUGINS)
+
+
+def test_unknown_group_names_the_groups() -> None:
+    with pytest.raises(PluginError, match="groups: topology, sharding, kernel"):
+        load_plugins(autoload=False).registry("sharder")
+
+
+def test_unknown_name_names_group_choices_and_close_match() -> None:
+    registry = load_plugins(autoload=False).registry("sharding")
+    with pytest.raises(PluginError) as err:
+        registry.get("neoo")
+    message = str(err.value)
+    assert "sharding.name" in message
+    assert "Available: neo, torchrec." in message
+    assert "Did you mean 'neo'?" in message
+    with pytest.raises(PluginError) as err:
+        registry.create("zzzz")
+    assert "Did you mean" not in str(err.value) and "Available: neo, torchrec." in str(err.value)
+
+
+def test_temporary_plugin_is_global_then_reset(register_plugin) -> None:
+    plugins = register_plugin(TempCache())
+    assert get_plugins() is plugins
+    entry = plugins.registry("cache").get("temp_cache")
+    assert entry.provider == "temp-dist"
+    assert entry.description == "A temporary cache policy."
+    policy = plugins.create("cache", "temp_cache", {"load_factor": 0.5})
+    assert policy == CachePolicy(name="temp_cache", load_factor=0.5)
+    reset_plugins(None)
+    assert "temp_cache" not in get_plugins().registry("cache")
+
+
+def test_plugin_module_is_accepted(register_plugin) -> None:
+    module = types.ModuleType("neo_temp_module_plugin")
+
+    @hookimpl
+    def neo_register_models(registry):
+        from neo_plugins.models import dlrm
+
+        registry.register("tiny_dlrm", dlrm, description="DLRM under another name.")
+
+    module.neo_register_models = neo_register_models
+    plugins = register_plugin(module)
+    entry = plugins.registry("model").get("tiny_dlrm")
+    assert entry.provider == "neo_temp_module_plugin"
+    assert "tiny_dlrm" in plugins.registry("model").names()
+
+
+def test_duplicate_names_raise_naming_both_providers() -> None:
+    with pytest.raises(PluginError, match=r"'temp_cache' is registered twice \(temp-dist and temp-dist\)"):
+        load_plugins(extra=[TempCache(plugin_name="one"), TempCache(plugin_name="two")], autoload=False)
+    clash = TempCache("none")
+    with pytest.raises(PluginError, match=r"'none' is registered twice \((.+) and (.+)\); rename one") as err:
+        load_plugins(extra=[clash], autoload=False)
+    providers = set(re.search(r"\((.+) and (.+)\)", str(err.value)).groups())
+    assert providers == {"temp-dist", BUILTIN_DISTRIBUTION}
+
+
+def test_two_plugins_with_one_name_raise_instead_of_dropping_one() -> None:
+    with pytest.raises(PluginError, match="Two Neo plugins are named 'same'"):
+        load_plugins(extra=[TempCache("a", plugin_name="same"), TempCache("b", plugin_name="same")], autoload=False)
+    # a third-party entry point may not reuse a built-in one's name either ("cache" here)
+    with pytest.raises(PluginError, match="Two Neo plugins are named 'cache'"):
+        load_plugins(extra=[TempCache(plugin_name="cache")], autoload=True)
+    # registering the very same object twice is harmless
+    plugin = TempCache()
+    assert "temp_cache" in load_plugins(extra=[plugin, plugin], autoload=False).registry("cache")
+
+
+def test_misspelled_hook_implementation_is_rejected() -> None:
+    class Misspelled:
+        __name__ = "misspelled_plugin"
+
+        @hookimpl
+        def neo_register_cache_polices(self, registry):  # sic: "polices"
+            raise AssertionError("must never be called")
+
+    with pytest.raises(PluginError) as err:
+        load_plugins(extra=[Misspelled()], autoload=False)
+    assert "misspelled_plugin.neo_register_cache_polices" in str(err.value)
+    assert "neo_register_cache_policies" in str(err.value)
+
+
+def test_wrong_hook_arguments_are_rejected() -> None:
+    class WrongArgs:
+        __name__ = "wrong_args_plugin"
+
+        @hookimpl
+        def neo_register_kernels(self, reg):  # the spec's argument is "registry"
+            pass
+
+    with pytest.raises(Exception, match="reg"):
+        load_plugins(extra=[WrongArgs()], autoload=False)
+
+
+def test_plugin_failing_to_register_is_named_and_skipped(capsys) -> None:
+    class Failing:
+        __name__ = "failing_plugin"
+
+        @hookimpl
+        def neo_register_datasets(self, registry):
+            raise RuntimeError("no data here")
+
+    with pytest.warns(PluginLoadWarning, match="'failing_plugin' failed to load and was skipped"):
+        plugins = load_plugins(extra=[Failing()], autoload=False, strict=False)
+    assert plugins.failed == {"failing_plugin": "RuntimeError: no data here"}
+    assert plugins.registry("data").names() == ["synthetic"]
+    assert "failing_plugin" in capsys.readouterr().err
+    with pytest.raises(PluginError, match="'failing_plugin' failed to load .*NEO_STRICT_PLUGINS"):
+        load_plugins(extra=[Failing()], autoload=False, strict=True)
+
+
+def test_strict_mode_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failing:
+        __name__ = "failing_plugin"
+
+        @hookimpl
+        def neo_register_datasets(self, registry):
+            raise RuntimeError("no data here")
+
+    monkeypatch.setenv("NEO_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="failing_plugin"):
+        load_plugins(extra=[Failing()], autoload=False)
+
+
+def test_create_rejects_unknown_and_missing_keys() -> None:
+    plugins = load_plugins(autoload=False)
+    with pytest.raises(ConfigError, match=r"Unknown key kernel\.learning_rat .*Did you mean kernel\.learning_rate\?"):
+        plugins.create("kernel", "fused", {"learning_rat": 0.1})
+
+    class NeedsParam:
+        __name__ = "needs_param"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("needs_lf", lambda load_factor: CachePolicy("needs_lf", load_factor))
+
+    plugins = load_plugins(extra=[NeedsParam()], autoload=False)
+    with pytest.raises(ConfigError, match=r"needs cache\.load_factor"):
+        plugins.create("cache", "needs_lf")
+
+
+# --- third-party distributions, discovered through the "neo" entry-point group ---------------
+
+
+def test_installed_plugin_is_discovered_with_its_distribution(installed) -> None:
+    with pytest.warns(PluginLoadWarning, match="'broken' failed to load"):
+        plugins = load_plugins()
+    cache = plugins.registry("cache")
+    assert cache.names() == ["my_policy", "none"]
+    assert cache.get("my_policy").provider == "neo-example-plugin"
+    assert plugins.registry("topology").get("tiny_cluster").provider == "neo-example-plugin"
+    assert plugins.create("cache", "my_policy", {"load_factor": 0.5}).algorithm == "lfu"
+    assert plugins.registry("cache").get("my_policy").options == {"my_policy_half": {"load_factor": 0.5}}
+    topo = plugins.create("topology", "tiny_cluster", {"num_nodes": 3})
+    assert topo.world_size == 3
+    # the plugin that raises on import is reported by its entry-point name and skipped
+    assert list(plugins.failed) == ["broken"]
+    assert "neo_broken_plugin is broken on purpose" in plugins.failed["broken"]
+    # a factory's ValueError becomes a ConfigError naming the group
+    with pytest.raises(ConfigError, match=r"cache=my_policy: cache.load_factor must be in"):
+        plugins.create("cache", "my_policy", {"load_factor": 2.0})
+
+
+def test_broken_plugin_is_fatal_in_strict_mode(installed, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEO_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="Neo plugin 'broken' failed to load .*broken on purpose"):
+        load_plugins()
+
+
+def test_disabled_autoload_loads_builtins_only(installed, monkeypatch: pytest.MonkeyPatch, recwarn) -> None:
+    monkeypatch.setenv("NEO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    plugins = load_plugins()
+    assert {group: plugins.registry(group).names() for group in plugins.groups()} == BUILTINS
+    assert plugins.failed == {}
+    assert not [w for w in recwarn if issubclass(w.category, PluginLoadWarning)]
+    assert "neo_example_plugin" not in sys.modules and "neo_broken_plugin" not in sys.modules
+
+
+def test_hook_signatures_take_only_the_registry() -> None:
+    for name in hook_names():
+        params = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        assert params == ["registry"], name
+
+
+class EveryKind:
+    """A temporary plugin implementing every registration hook (aliases of the built-ins)."""
+
+    __name__ = "every_kind_plugin"
+
+    @hookimpl
+    def neo_register_topologies(self, registry):
+        from neo_plugins.topology.zionex import zionex_topology
+
+        registry.register("alias_topology", zionex_topology)
+
+    @hookimpl
+    def neo_register_sharders(self, registry):
+        from neo_plugins.sharding.planner import NeoPlanner
+
+        registry.register("alias_sharder", NeoPlanner)
+
+    @hookimpl
+    def neo_register_kernels(self, registry):
+        from neo_plugins.kernels import dense_kernel
+
+        registry.register("alias_kernel", dense_kernel)
+
+    @hookimpl
+    def neo_register_cache_policies(self, registry):
+        registry.register("alias_cache", lambda: CachePolicy("alias_cache"))
+
+    @hookimpl
+    def neo_register_compressors(self, registry):
+        from neo_plugins.compression import fp16_compression
+
+        registry.register("alias_compressor", fp16_compression)
+
+    @hookimpl
+    def neo_register_models(self, registry):
+        from neo_plugins.models import dcnv2
+
+        registry.register("alias_model", dcnv2)
+
+    @hookimpl
+    def neo_register_datasets(self, registry):
+        from neo_plugins.data import synthetic
+
+        registry.register("alias_data", synthetic)
+
+
+def test_every_hook_registers_into_its_kind(register_plugin) -> None:
+    from neo_core.config import instantiate, validate
+
+    plugins = register_plugin(EveryKind())
+    aliases = {"topology": "alias_topology", "sharding": "alias_sharder", "kernel": "alias_kernel",
+               "cache": "alias_cache", "compression": "alias_compressor", "model": "alias_model",
+               "data": "alias_data"}
+    for group, name in aliases.items():
+        assert name in plugins.registry(group), group
+        assert plugins.registry(group).get(name).provider == "every_kind_plugin"
+    run = validate({group: {"name": name} for group, name in aliases.items()})  # uses get_plugins()
+    for group in aliases:
+        assert instantiate(group, getattr(run, group)) is not None
+    assert instantiate("topology", run.topology).world_size == 128

@@ -1,0 +1,162 @@
+"""recipes/train.py end to end: bad input is one sentence, plugins are selectable, sweeps run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import OmegaConf
+
+from neo_core.config import register_plugin_options
+from neo_core.errors import NeoError, PlanningError, PluginError
+from neo_core.plugins import load_plugins
+from neo_core.training.run import train
+from tests.conftest import ROOT, subprocess_env
+
+CONF = ROOT / "conf"
+RECIPE = ROOT / "recipes" / "train.py"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+HUGE_TABLE = ("data.rows=[100000000000]", "data.num_sparse=1")
+
+
+def run_recipe(*overrides: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(RECIPE), *overrides], cwd=ROOT, env=env or subprocess_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def assert_one_sentence(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def composed(*overrides: str, output_dir: Path) -> dict:
+    register_plugin_options(CONF, plugins=load_plugins(autoload=False))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[*overrides, f"output_dir={output_dir}", "trainer=smoke"])
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+# --- bad input: the Python API raises one sentence before any rank starts --------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "fragments"),
+    [
+        (("sharding.name=neoo",), PluginError, ("sharding.name", "Did you mean 'neo'?", "Available: neo, torchrec.")),
+        (("+trainer.max_step=3",), NeoError, ("trainer.max_step", "Did you mean 'max_steps'?")),
+        (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean 'learning_rate'?")),
+        (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean 'embedding_dim'?")),
+        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "add ranks or memory")),
+        ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
+    ],
+    ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec"],
+)
+def test_train_rejects_bad_input_before_ranks_start(tmp_path: Path, overrides, error, fragments) -> None:
+    with pytest.raises(error) as err:
+        train(composed(*overrides, output_dir=tmp_path))
+    message = str(err.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    assert not (tmp_path / "plan.json").exists()  # nothing was planned or started
+
+
+def test_recipe_error_is_one_line_without_traceback(tmp_path: Path) -> None:
+    proc = run_recipe(*HUGE_TABLE, "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, "Table 't_cat_0'", "GiB", "over the")
+
+
+def test_recipe_unknown_plugin_is_one_line_without_traceback(tmp_path: Path) -> None:
+    proc = run_recipe("sharding.name=neoo", "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, "Unknown sharder plugin 'neoo' for sharding.name.", "Did you mean 'neo'?",
+                        "Available: neo, torchrec.")
+
+
+def test_recipe_misspelled_key_without_plus_suggests_the_right_one(tmp_path: Path) -> None:
+    proc = run_recipe("trainer.max_step=3", "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, "trainer.max_step", "max_steps")
+
+
+# --- third-party plugin selected from the command line ---------------------------------------
+
+
+SELECT_SCRIPT = """
+import json, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from neo_core.config import instantiate, register_plugin_options, validate
+register_plugin_options(sys.argv[1])
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfg = compose(config_name="train", overrides=sys.argv[2:] + ["output_dir=unused"])
+run = validate(OmegaConf.to_container(cfg, resolve=True))
+cache = instantiate("cache", run.cache)
+topo = instantiate("topology", run.topology)
+print(json.dumps({"cache": run.cache, "policy": [cache.name, cache.load_factor, cache.algorithm],
+                  "topology": [topo.name, topo.world_size]}))
+"""
+
+
+def test_installed_plugin_is_selectable_by_option_and_by_name(plugin_site) -> None:
+    env = subprocess_env(plugin_site["neo_example_plugin"])
+    overrides = ["cache=my_policy_half", "+topology=tiny_cluster", "topology.num_nodes=4"]
+    proc = subprocess.run([sys.executable, "-c", SELECT_SCRIPT, str(CONF), *overrides], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result == {
+        "cache": {"name": "my_policy", "load_factor": 0.5},
+        "policy": ["my_policy", 0.5, "lfu"],
+        "topology": ["tiny_cluster", 4],
+    }
+
+
+@pytest.mark.slow
+def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp_path: Path) -> None:
+    """One real run: ZionEX emulated on the local ranks, the third-party cache policy selected by
+    name, and the broken plugin skipped with a message naming it."""
+    env = subprocess_env(*plugin_site.values())
+    proc = run_recipe("+topology=zionex", "cache.name=my_policy", "trainer=smoke", "trainer.max_steps=2",
+                      f"hydra.run.dir={tmp_path}", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Emulating zionex (16 nodes x 8 cuda) on 2 local cpu rank(s)" in proc.stdout
+    assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["topology"] == "zionex"
+    assert json.loads((tmp_path / "config.json").read_text())["cache"] == {"name": "my_policy"}
+    assert (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.slow
+def test_sweep_over_every_experiment(tmp_path: Path) -> None:
+    proc = run_recipe("-m", f"experiment={','.join(EXPERIMENTS)}", "trainer=smoke", "trainer.max_steps=2",
+                      f"hydra.sweep.dir={tmp_path}", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir() and p.name.isdigit())
+    assert len(jobs) == len(EXPERIMENTS)
+    metrics = {}
+    for job in jobs:
+        overrides = OmegaConf.load(job / ".hydra" / "overrides.yaml")
+        experiment = next(o.split("=", 1)[1] for o in overrides if o.startswith("experiment="))
+        metrics[experiment] = json.loads((job / "metrics.json").read_text())
+        assert metrics[experiment]["steps"] == 2, job
+    assert set(metrics) == set(EXPERIMENTS)
+    assert metrics["torchrec_baseline"]["sharding"] == "torchrec"
+    assert metrics["unfused_baseline"]["kernel"] == "dense"
+    assert metrics["fp16_comms"]["compression"] == "fp16"
+    assert metrics["dcnv2"]["model"] == "dcnv2"
+    assert metrics["zionex_emulated"]["topology"] == "zionex"
+    assert "Emulating zionex" in proc.stdout
