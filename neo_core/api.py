@@ -63,16 +63,7 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
         raise ConfigError(f"{group} must be a {kind.__name__} or a plugin name, got {value!r}.")
     from neo_core.plugins import get_plugins
 
-    plugins = get_plugins()
-    if value in plugins.registry(group):
-        return plugins.create(group, value, dict(params or {}))
-    if group == "sharding" and value == "neo":  # the built-in, even if plugins failed to load
-        from neo_plugins.sharding.planner import NeoPlanner
-
-        return NeoPlanner(**dict(params or {}))
-    if group in ("kernel", "compression", "cache") and value in ("fused", "none") and not params:
-        return _default(group)
-    return plugins.create(group, value, dict(params or {}))  # raises with the choices
+    return get_plugins().create(group, value, dict(params or {}))  # unknown: names the choices
 
 
 def make_context(
