@@ -5,9 +5,26 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
+import torch
 from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neo_core.sharding import TableSpec
+
+
+def embedding_bag_collection(tables: Sequence[TableSpec], device: str = "meta") -> EmbeddingBagCollection:
+    """One TorchRec EmbeddingBagCollection holding every table (no memory on "meta")."""
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=list(t.feature_names),
+        )
+        for t in tables
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
 class ModelBuilder(abc.ABC):

@@ -4,31 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neo_core import hookimpl
 from neo_core.errors import ConfigError
-from neo_core.models import ModelBuilder
+from neo_core.models import ModelBuilder, embedding_bag_collection
 from neo_core.registry import Registry
 from neo_core.sharding import TableSpec
-
-
-def embedding_bag_collection(tables: Sequence[TableSpec], device: str = "meta") -> EmbeddingBagCollection:
-    """One TorchRec EmbeddingBagCollection holding every table (no memory on "meta")."""
-    configs = [
-        EmbeddingBagConfig(
-            name=t.name,
-            embedding_dim=t.embedding_dim,
-            num_embeddings=t.num_embeddings,
-            feature_names=list(t.feature_names),
-        )
-        for t in tables
-    ]
-    return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
 class _DLRMBuilder(ModelBuilder):

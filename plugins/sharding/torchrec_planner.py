@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from neo_core.errors import PlanningError
+from neo_core.models import embedding_bag_collection
 from neo_core.sharding import (
     Planner,
     PlanningContext,
@@ -129,16 +127,7 @@ def _constraints(table: TableSpec, context: PlanningContext) -> ParameterConstra
 class _TablesOnly(nn.Module):
     def __init__(self, tables: Sequence[TableSpec]) -> None:
         super().__init__()
-        configs = [
-            EmbeddingBagConfig(
-                name=t.name,
-                num_embeddings=t.num_embeddings,
-                embedding_dim=t.embedding_dim,
-                feature_names=list(t.feature_names),
-            )
-            for t in tables
-        ]
-        self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+        self.ebc = embedding_bag_collection(tables, device="meta")
 
 
 def _meta_model(tables: Sequence[TableSpec]) -> nn.Module:
