@@ -52,6 +52,10 @@ class PluginLoadWarning(UserWarning):
     """A plugin failed to load and was skipped."""
 
 
+# The skip is printed on stderr once by the loader; the warning is for programs that catch it.
+warnings.filterwarnings("ignore", category=PluginLoadWarning)
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
