@@ -36,6 +36,13 @@ class Topology:
     sources: dict[str, str] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()
     emulated_from: str | None = None  # set when a large topology is emulated on fewer ranks
+    # Optional calibrated figures (CPU topologies; see docs/cost_model.md, "CPU calibration"):
+    collective_latency_s: float | None = None  # fixed seconds per collective; None: model default
+    lookup_fwd_id_s: float = 0.0  # seconds per looked-up id beyond its bytes (forward)
+    lookup_bwd_id_s: float = 0.0  # seconds per id beyond its bytes (fused backward + update)
+    bucketize_id_s: float = 0.0  # seconds per id to split a row-wise table's ids by shard
+    reduce_scatter_bw: float | None = None  # bytes/s a rank sends in a reduce-scatter (None: intra)
+    all_gather_bw: float | None = None  # bytes/s a rank sends in an all-gather (None: intra)
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):

@@ -26,6 +26,17 @@ CALIBRATED_KEYS = (
 )
 
 
+# Optional CPU figures the cost model uses when present (seconds, or bytes/s for *_bw).
+CALIBRATED_EXTRAS = (
+    "collective_latency_s",
+    "lookup_fwd_id_s",
+    "lookup_bwd_id_s",
+    "bucketize_id_s",
+    "reduce_scatter_bw",
+    "all_gather_bw",
+)
+
+
 def calibration_path() -> Path:
     env = os.environ.get("NEO_CALIBRATION")
     return Path(env) if env else Path.home() / ".cache" / "neo" / "calibration.json"
@@ -40,7 +51,8 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
-    return {k: float(v) for k, v in data.items() if k in CALIBRATED_KEYS and v}
+    keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
+    return {k: float(v) for k, v in data.items() if k in keep and v}
 
 
 def _total_ram() -> int:
@@ -93,6 +105,8 @@ def local_topology(
     if ranks < 1:
         raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
     figures = {**defaults, **measured}
+    if device == "cuda":  # CPU lookup and collective figures do not describe the GPUs
+        figures = {k: v for k, v in figures.items() if k not in CALIBRATED_EXTRAS}
     assumed = tuple(k for k in CALIBRATED_KEYS if k not in measured)
     source = f"measured ({calibration or calibration_path()})"
     return Topology(

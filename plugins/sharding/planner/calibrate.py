@@ -3,8 +3,11 @@
     .venv/bin/python -m neo_plugins.sharding.planner.calibrate [--out PATH] [--ranks 2]
 
 Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
-``~/.cache/neo/calibration.json``, which ``neo_plugins.topology.local`` reads. Extra keys
-(``lookup_rate_ids_per_s``, ``allreduce_bw``, ``collective_latency_s``) are informational.
+``~/.cache/neo/calibration.json``, which ``neo_plugins.topology.local`` reads. ``lookup_fwd_id_s``,
+``lookup_bwd_id_s``, ``collective_latency_s``, ``bucketize_id_s``, ``reduce_scatter_bw`` and
+``all_gather_bw`` feed the CPU cost model (docs/cost_model.md, "CPU calibration"); the other
+extra keys (``lookup_rate_ids_per_s``, ``allreduce_bw``, ``gloo_latency_s``, ``torchrec_step_*``)
+are informational. Takes about 20 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -47,6 +50,76 @@ def lookup_rate(rows: int = 2_000_000, dim: int = 64, batch: int = 4096, pooling
     return ids.numel() * dim * 4 / t, ids.numel() / t
 
 
+def lookup_costs(
+    rows: int = 500_000, dims: tuple[int, int] = (16, 128), batch: int = 4096, pooling: int = 16
+) -> dict[str, float]:
+    """Per-id costs of FBGEMM's fused CPU kernel (one thread, as one rank runs), fitted to the cost model.
+
+    The cost model charges a lookup ``bytes / device_memory_bw`` (docs/cost_model.md); on CPUs
+    a per-id part (index handling, sorting ids for the fused update) adds to that. Forward times
+    at two widths give the bandwidth (slope) and ``lookup_fwd_id_s`` (intercept); the fused
+    backward's excess over its modelled bytes gives ``lookup_bwd_id_s``.
+    """
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        OptimType,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        n = batch * pooling
+        ids = torch.randint(0, rows, (n,))
+        offsets = torch.arange(0, n + 1, pooling)
+        fwd, bwd, fbytes, bbytes = [], [], [], []
+        for dim in dims:
+            tbe = SplitTableBatchedEmbeddingBagsCodegen(
+                [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+                optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+                learning_rate=0.01,
+            )
+
+            def step(tbe: Any = tbe) -> None:
+                out = tbe(ids, offsets)
+                out.backward(torch.ones_like(out))
+
+            t_f = _best(lambda tbe=tbe: tbe(ids, offsets), repeat=7)
+            t_fb = _best(step, repeat=7)
+            rb = -(-dim * 4 // 64) * 64  # row bytes at the CPU access granularity
+            out_b = dim * 4 / pooling  # pooled output per id
+            fwd.append(t_f / n)
+            bwd.append(max(t_fb - t_f, 0.0) / n)
+            fbytes.append(8 + rb + out_b)
+            bbytes.append(2 * (rb + 4) + out_b)
+    finally:
+        torch.set_num_threads(threads)
+    slope = (fwd[1] - fwd[0]) / (fbytes[1] - fbytes[0])
+    if slope <= 0:  # noisy machine: fall back to bytes alone at the wider width
+        slope = fwd[1] / fbytes[1]
+    bw = 1.0 / slope
+    fwd_id = max(0.0, min(fwd[0] - fbytes[0] * slope, fwd[1] - fbytes[1] * slope))
+    bwd_id = max(0.0, min(b - nb * slope for b, nb in zip(bwd, bbytes)))
+    return {"device_memory_bw": bw, "lookup_fwd_id_s": fwd_id, "lookup_bwd_id_s": bwd_id}
+
+
+def bucketize_cost(rows: int = 200_000, ids: int = 147_456, pooling: int = 32) -> float:
+    """Seconds per id of FBGEMM's block bucketization (row-wise input split), one thread."""
+    import fbgemm_gpu  # noqa: F401  (registers the fbgemm operators)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        values = torch.randint(0, rows, (ids,))
+        lengths = torch.full((ids // pooling,), pooling)
+        block = torch.tensor([-(-rows // 2)])
+        op = torch.ops.fbgemm.block_bucketize_sparse_features
+        return _best(lambda: op(lengths, values, False, False, block, 2), repeat=7) / ids
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _collectives(rank: int, world: int, port: int, out: Any) -> None:
     import torch.distributed as dist
 
@@ -60,10 +133,121 @@ def _collectives(rank: int, world: int, port: int, out: Any) -> None:
     a2a = _best(lambda: dist.all_to_all_single(recv, big))
     ar = _best(lambda: dist.all_reduce(big))
     lat = _best(lambda: dist.all_to_all_single(tiny_out, tiny), repeat=20)
+    part = torch.empty(big.numel() // world)
+    rs = _best(lambda: dist.reduce_scatter_tensor(part, big))
+    ag = _best(lambda: dist.all_gather_into_tensor(recv, part))
     if rank == 0:
         sent = big.numel() * 4 * (world - 1) / world
-        out.put({"a2a": sent / a2a, "allreduce": 2 * sent / ar, "latency": lat})
+        out.put({
+            "a2a": sent / a2a, "allreduce": 2 * sent / ar, "latency": lat,
+            "reduce_scatter": sent / rs, "all_gather": sent / ag,
+        })
     dist.destroy_process_group()
+
+
+def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
+    """Step times of one table-wise table on rank 0 (DMP, fused kernel) at a small and a large batch."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from neo_core.api import make_context
+    from neo_core.sharding import PlanResult, TableAssignment
+    from neo_core.topology import Topology
+    from neo_core.torchrec_plan import build_sharding_plan
+    from neo_plugins.sharding.sharders import make_sharders
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    topo = Topology("calibration", 1, world, "cpu", 2**30, 2**30, 1e9, 1e9, 1e9, 1e9, 1e9)
+    ctx = make_context(topo, 1)
+    sharders = make_sharders(ctx)
+    result = PlanResult("calibration", [TableAssignment("t", "table_wise", "fused", [0])], [], 1, {})
+    rows, dim = 20_000, 16
+    ebc = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name="t", num_embeddings=rows, embedding_dim=dim, feature_names=["f"])],
+        device=torch.device("meta"),
+    )
+    dmp = DistributedModelParallel(
+        ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+        plan=build_sharding_plan(ebc, result, ctx, sharders), sharders=sharders,
+    )
+    times = []
+    for batch, pooling in _TORCHREC_SIZES:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f"], values=torch.randint(0, rows, (batch * pooling,)),
+            lengths=torch.full((batch,), pooling, dtype=torch.long),
+        )
+
+        def step(kjt: Any = kjt) -> None:
+            dmp(kjt).values().sum().backward()
+
+        def steps(step: Any = step) -> None:
+            dist.barrier()
+            for _ in range(5):
+                step()
+            dist.barrier()
+
+        times.append(_best(steps, repeat=9) / 5)
+    if rank == 0:
+        out.put({"times": times, "dim": dim})
+    dist.destroy_process_group()
+
+
+# (batch per rank, ids per sample) of the two TorchRec step measurements
+_TORCHREC_SIZES = ((16, 1), (1024, 16))
+
+
+def _spawn(target: Any, world: int) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = queue.get(timeout=300)
+    for p in procs:
+        p.join()
+    return result
+
+
+def torchrec_overheads(world: int, kernel_costs: dict[str, float], a2a_bw: float) -> dict[str, float]:
+    """TorchRec's costs beyond kernels and bandwidth, from two steps of one table-wise table.
+
+    The small step (a few ids) is almost all fixed cost: one input, one output and one gradient
+    all-to-all with their bookkeeping, so ``collective_latency_s`` is a third of it. The large
+    step's excess over the cost model's kernel and all-to-all time, per id, is the per-id
+    cost of TorchRec's input pipeline (splitting, permuting, bounds checks), added to
+    ``lookup_fwd_id_s``.
+    """
+    got = _spawn(_torchrec_steps, world)
+    (t_small, t_large), dim = got["times"], got["dim"]
+    (b0, p0), (b1, p1) = _TORCHREC_SIZES
+    bw = kernel_costs["device_memory_bw"]
+    rb = -(-dim * 4 // 64) * 64
+    per_id_model = (
+        (8 + rb + 2 * (rb + 4)) / bw + kernel_costs["lookup_fwd_id_s"] + kernel_costs["lookup_bwd_id_s"]
+    )
+    a2a_share = (world - 1) / world / a2a_bw  # seconds per byte sent, all-to-all
+    n0, n1 = b0 * p0 * world, b1 * p1 * world  # ids rank 0 looks up per step
+    model0 = n0 * per_id_model + (n0 * 8 + 2 * b0 * world * dim * 4) * a2a_share
+    model1 = n1 * per_id_model + (n1 * 8 + 2 * b1 * world * dim * 4) * a2a_share
+    fixed = max(t_small - model0, 0.0)
+    per_id = max((t_large - model1 - fixed) / n1, 0.0)
+    return {
+        "collective_latency_s": fixed / 3,
+        "lookup_fwd_id_s": kernel_costs["lookup_fwd_id_s"] + per_id,
+        "torchrec_step_small_s": t_small,
+        "torchrec_step_large_s": t_large,
+    }
 
 
 def collective_bandwidth(world: int = 2) -> dict[str, float]:
@@ -86,30 +270,37 @@ def collective_bandwidth(world: int = 2) -> dict[str, float]:
 def calibrate(world: int = 2) -> dict[str, float]:
     """All measurements, in the calibration file's format."""
     copy_bw = memory_bandwidth()
-    row_bw, ids = lookup_rate()
+    _, ids = lookup_rate()
+    costs = lookup_costs()
     coll = collective_bandwidth(world)
+    overheads = torchrec_overheads(world, costs, coll["a2a"])
     return {
-        "device_memory_bw": row_bw,
+        **costs,
+        **overheads,
+        "bucketize_id_s": bucketize_cost(),
+        "reduce_scatter_bw": coll["reduce_scatter"],
+        "all_gather_bw": coll["all_gather"],
         "host_memory_bw": copy_bw,
         "host_to_device_bw": copy_bw,
         "intra_node_bw": coll["a2a"],
         "inter_node_bw": coll["a2a"],
         "allreduce_bw": coll["allreduce"],
-        "collective_latency_s": coll["latency"],
+        "gloo_latency_s": coll["latency"],
         "lookup_rate_ids_per_s": ids,
         "measured_at": time.time(),
     }
 
 
-def main() -> None:
+def main(out: str | None = None) -> None:
+    """Command line entry; ``neo calibrate --output PATH`` calls it with ``out``."""
     from neo_plugins.topology.local import calibration_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="calibration JSON path")
     parser.add_argument("--ranks", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args([] if out is not None else None)
     data = calibrate(args.ranks)
-    path = Path(args.out) if args.out else calibration_path()
+    path = Path(out or args.out) if (out or args.out) else calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     for k, v in data.items():

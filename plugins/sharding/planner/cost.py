@@ -34,6 +34,20 @@ CACHED = "cached"  # host memory behind a device cache (GPU topologies only)
 # Default per-collective latency (seconds) when the topology does not say: an assumption.
 DEFAULT_LATENCY = {"cuda": 30e-6, "cpu": 300e-6}
 
+# GPU lookup-kernel efficiency, TorchRec's empirical figures (torchrec/distributed/planner/
+# constants.py): FBGEMM's kernel is tuned for rows of 128 columns (32 threads x 4-vectors);
+# narrower shards run slower per byte, and the dense (data-parallel) kernel reaches half the
+# fused kernel's bandwidth. Applied on cuda topologies only; not verified on hardware here.
+FULL_BLOCK_COLS = 128
+HALF_BLOCK_PENALTY = 1.15  # 64 <= cols < 128
+QUARTER_BLOCK_PENALTY = 1.75  # cols < 64
+DENSE_KERNEL_BW_FACTOR = 0.5
+MIN_LOOKUP_COLS = 32  # rows narrower than this cost as much as 32 columns to read
+# Data-parallel optimizer step on GPUs: TorchRec's DP_ELEMENTWISE_KERNELS_PERF_FACTOR, passes
+# over the table's bytes by unfused elementwise kernels (gradient fill, optimizer, update) at
+# the dense kernel's bandwidth. Empirical in TorchRec; an assumption here.
+DP_ELEMENTWISE_PASSES = 9.22
+
 
 @dataclass(frozen=True)
 class CostParams:
@@ -119,7 +133,17 @@ class CostModel:
         gran = self.params.access_bytes or (32 if topo.compute_device == "cuda" else 64)
         self.gran = float(gran)
         lat = self.params.collective_latency_s
+        if lat is None:  # calibrated figure of the topology, else the default by device
+            lat = getattr(topo, "collective_latency_s", None)
         self.latency = DEFAULT_LATENCY[topo.compute_device] if lat is None else float(lat)
+        # CPU calibration: per-id costs beyond the bytes (0 unless the topology measured them)
+        self.id_fwd = float(getattr(topo, "lookup_fwd_id_s", 0.0) or 0.0)
+        self.id_bwd = float(getattr(topo, "lookup_bwd_id_s", 0.0) or 0.0)
+        self.id_bucketize = float(getattr(topo, "bucketize_id_s", 0.0) or 0.0)
+        # reduce-scatter / all-gather against an all-to-all of the same bytes (1: as fast)
+        rs_bw, ag_bw = getattr(topo, "reduce_scatter_bw", None), getattr(topo, "all_gather_bw", None)
+        self.rs_factor = topo.intra_node_bw / rs_bw if rs_bw else 1.0
+        self.ag_factor = topo.intra_node_bw / ag_bw if ag_bw else 1.0
         # seconds per byte a rank sends in an all-to-all spread evenly over all ranks
         self.a2a = ((self.L - 1) / self.W) / topo.intra_node_bw + ((self.W - self.L) / self.W) / (
             topo.inter_node_bw
@@ -145,6 +169,14 @@ class CostModel:
         per_elem = kernel.optimizer_state_bytes(1, 2) - per_row  # elementwise part
         return per_row - per_elem + per_elem * cols
 
+    @staticmethod
+    def block_penalty(cols: np.ndarray) -> np.ndarray:
+        """Slowdown of the GPU lookup kernel for shards narrower than a full block."""
+        cols = np.asarray(cols, dtype=np.float64)
+        return np.where(
+            cols >= FULL_BLOCK_COLS, 1.0, np.where(cols >= 64, HALF_BLOCK_PENALTY, QUARTER_BLOCK_PENALTY)
+        )
+
     def seconds_per_byte(self, placement: str, hot: np.ndarray) -> np.ndarray:
         """Seconds per byte of lookup traffic where the rows live."""
         if placement == CACHED and self.cache_load_factor is not None:
@@ -163,12 +195,21 @@ class CostModel:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward lookup time of one shard."""
         spb = self.seconds_per_byte(placement, t.hot)
+        if self.context.topology.compute_device == "cuda":
+            spb = spb * self.block_penalty(cols)
+            if not fused:
+                spb = spb / DENSE_KERNEL_BW_FACTOR
         rb = self.row_bytes(cols)
+        if self.context.topology.compute_device == "cuda":  # a warp reads at least 32 columns
+            rb = self.row_bytes(np.maximum(cols, MIN_LOOKUP_COLS))
         fwd = (n_ids * (self.ib + rb) + n_out * cols * self.ob) * spb
         if fused:  # read output grads; read+write each touched row and its optimizer state
             bwd = (n_out * cols * self.ob + n_ids * 2.0 * (rb + self.opt_row_bytes(cols))) * spb
         else:  # dense kernel: scatter gradients into a dense buffer
             bwd = (n_out * cols * self.ob + n_ids * rb) * spb
+        if self.id_fwd or self.id_bwd:  # calibrated per-id costs (CPU calibration)
+            fwd = fwd + n_ids * self.id_fwd
+            bwd = bwd + n_ids * (self.id_bwd if fused else self.id_fwd)
         return fwd, bwd
 
     def _memory(
@@ -212,6 +253,13 @@ class CostModel:
             opt = rows.astype(np.float64) * self.opt_row_bytes(d)
             # read grad, read+write weights and optimizer state, once per step, on every rank
             time[:, OPT] = (table_bytes + 2 * weights + 2 * opt) / self.dev_bw
+            if topo.compute_device == "cpu":  # CPU calibration: zero-fill the dense gradient,
+                # copy it into DDP's all-reduce bucket and back (5 passes at copy bandwidth)
+                time[:, OPT] += 5.0 * table_bytes / self.host_bw
+            if topo.compute_device == "cuda":  # unfused elementwise kernels (see DP_ELEMENTWISE_PASSES)
+                time[:, OPT] = np.maximum(
+                    time[:, OPT], DP_ELEMENTWISE_PASSES * weights / (DENSE_KERNEL_BW_FACTOR * self.dev_bw)
+                )
             time[:, CAR] = table_bytes * (
                 2 * (L - 1) / L / topo.intra_node_bw
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
@@ -231,19 +279,21 @@ class CostModel:
             rows = np.ceil(t.rows / W).astype(np.int64)
             fwd, bwd = self._lookup(t, G * P / W, np.full(n, G), cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
-            time[:, CIN] = G * P / W * self.ib * self.a2a
-            time[:, CMF] = G * cols * self.fb * self.a2a  # reduce-scatter of pooled partial sums
-            time[:, CMB] = G * cols * self.bb * self.a2a  # all-gather of their gradients
+            time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
+            # reduce-scatter of pooled partial sums; all-gather of their gradients
+            time[:, CMF] = G * cols * self.fb * self.a2a * self.rs_factor
+            time[:, CMB] = G * cols * self.bb * self.a2a * self.ag_factor
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
             fwd, bwd = self._lookup(t, G * P / L, np.full(n, G), cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
-            time[:, CIN] = G * P / L * self.ib * self.a2a
+            buckets = G * P / L * self.id_bucketize / (1.0 if st is ShardingType.TABLE_ROW_WISE else k)
+            time[:, CIN] = G * P / L * self.ib * self.a2a + buckets
             intra = (L - 1) / L / topo.intra_node_bw
             # reduce-scatter inside the node, then all-to-all of each rank's 1/L of samples
-            time[:, CMF] = G * cols * self.fb * (intra + self.a2a / L)
-            time[:, CMB] = G * cols * self.bb * (intra + self.a2a / L)
+            time[:, CMF] = G * cols * self.fb * (intra * self.rs_factor + self.a2a / L)
+            time[:, CMB] = G * cols * self.bb * (intra * self.ag_factor + self.a2a / L)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)

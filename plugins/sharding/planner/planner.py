@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ class NeoPlanner(Planner):
         time_budget_s: float = 5.0,
         collective_latency_s: float | None = None,
         index_bytes: int = 8,
+        table_sharding_types: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
@@ -80,6 +81,11 @@ class NeoPlanner(Planner):
         self.min_col_width = int(min_col_width)
         self.refine = refine
         self.time_budget_s = float(time_budget_s)
+        # per-table restriction (table name -> allowed types), on top of ``sharding_types``
+        self.table_types = {
+            name: {ShardingType.parse(s) for s in types}
+            for name, types in (table_sharding_types or {}).items()
+        }
         self.last_search: Search | None = None
 
     # ---- planning ------------------------------------------------------------------
@@ -92,12 +98,10 @@ class NeoPlanner(Planner):
         if context.kernel.data_parallel_only:
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
+        restrict_per_table(options, tables, self.table_types)
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
-        search.greedy()
-        greedy_max = float(search.loads.max())
-        if self.refine:
-            search.refine(self.time_budget_s)
+        greedy_max = search.solve(self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         elapsed = time.perf_counter() - start
@@ -112,6 +116,28 @@ class NeoPlanner(Planner):
         from neo_plugins.sharding.sharders import make_sharders
 
         return make_sharders(context)
+
+
+def restrict_per_table(
+    options: list[Option], tables: Sequence[TableSpec], table_types: dict[str, set[ShardingType]]
+) -> None:
+    """Mark options invalid for tables whose allowed types (``table_sharding_types``) exclude them."""
+    if not table_types:
+        return
+    names = {t.name for t in tables}
+    unknown = sorted(set(table_types) - names)
+    if unknown:
+        raise ConfigError(f"sharding.table_sharding_types names unknown table(s): {', '.join(unknown)}.")
+    for o in options:
+        keep = np.array([o.sharding_type in table_types.get(t.name, (o.sharding_type,)) for t in tables])
+        o.valid = o.valid & keep
+    for i, t in enumerate(tables):
+        if t.name in table_types and not any(o.valid[i] for o in options):
+            allowed = ", ".join(sorted(s.short for s in table_types[t.name]))
+            raise ConfigError(
+                f"Table {t.name!r} allows only {allowed}, none of which is possible on this "
+                "topology or with the global sharding_types; allow another type."
+            )
 
 
 def check_capacity(search: Search, t: TableArrays) -> None:

@@ -253,14 +253,73 @@ class Search:
                 raise PlanningError(self.no_fit_message(int(i)))
             self._apply(int(i), found[0], found[1], +1.0)
 
-    def refine(self, time_budget_s: float = 5.0, max_moves: int = 100000) -> None:
-        """Lower the slowest rank by re-placing or swapping its tables until stuck."""
+    def snapshot(self) -> tuple:
+        return (
+            self.loads.copy(), self.mem_dev.copy(), self.mem_host.copy(), self.choice.copy(),
+            list(self.ranks), [set(x) for x in self.on_rank],
+        )
+
+    def restore(self, snap: tuple) -> None:
+        loads, dev, host, choice, ranks, on_rank = snap
+        self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
+        self.choice, self.ranks, self.on_rank = choice.copy(), list(ranks), [set(x) for x in on_rank]
+
+    def solve(
+        self,
+        refine: bool = True,
+        time_budget_s: float = 5.0,
+        caps: tuple[float, ...] = (1.0, 1.05, 1.1, 1.2, 1.35, 1.6),
+        slack: float = 0.02,
+    ) -> float:
+        """Greedy (+ refinement), then bound-guided restarts; keeps the plan with the lowest
+        slowest rank. Returns the first greedy's slowest rank (for the report).
+
+        A restart caps every table's shard time at ``cap x tau*``, where ``tau*`` is the shard
+        time at which the lower bound is attained (``lower_bound``): tables then take options
+        whose shards fit under the bound instead of cheaper-total but coarser ones, which is
+        what few tables on many ranks need. Restarts stop once the plan is within ``slack`` of
+        the bound or half the time budget is spent; candidate order and choice are
+        deterministic.
+        """
+        start = time.perf_counter()
+        bound = self.lower_bound()
+        target = bound * (1 + 1e-3)  # refining closer than 0.1% of the bound is not worth it
+        self.greedy()
+        first = float(self.loads.max())
+        if refine:
+            self.refine(time_budget_s, target=target)
+        best, snap = float(self.loads.max()), self.snapshot()
+        shard = np.stack([o.shard_time for o in self.opts])
+        base = self.usable
+        for cap in caps:
+            if time.perf_counter() - start > time_budget_s / 2 or best <= bound * (1 + slack):
+                break
+            allowed = base & (shard <= bound * cap)
+            self.usable = np.where(allowed.any(axis=0), allowed, base)
+            self.reset()
+            try:
+                self._greedy()
+            except PlanningError:
+                continue
+            finally:
+                self.usable = base
+            if refine:
+                self.refine(time_budget_s / 4, target=target)
+            peak = float(self.loads.max())
+            if peak < best * (1 - 1e-9):
+                best, snap = peak, self.snapshot()
+        self.restore(snap)
+        return first
+
+    def refine(self, time_budget_s: float = 5.0, max_moves: int = 100000, target: float = 0.0) -> None:
+        """Lower the slowest rank by re-placing or swapping its tables until stuck (or until
+        it is at most ``target``, e.g. just above the lower bound)."""
         deadline = time.perf_counter() + time_budget_s
         eps = 1e-12
         while self.moves < max_moves and time.perf_counter() < deadline:
             r = int(np.argmax(self.loads))
             cur = float(self.loads[r])
-            if cur <= 0:
+            if cur <= max(target, 0.0):
                 return
             tabs = sorted(
                 self.on_rank[r], key=lambda i: (-self.opts[self.choice[i]].shard_time[i], i)
@@ -343,13 +402,41 @@ class Search:
         return np.where(np.isfinite(tot), tot, 0.0)
 
     def lower_bound(self) -> float:
-        """A bound no plan over these options can beat (see docs/cost_model.md)."""
-        mean = float(self.min_total().sum()) / self.W
-        per_table = np.where(
-            self.usable, np.stack([o.shard_time for o in self.opts]), np.inf
-        ).min(axis=0)
-        per_table = np.where(np.isfinite(per_table), per_table, 0.0)
-        return max(mean, float(per_table.max(initial=0.0)))
+        """A bound no plan over these options can beat (see docs/cost_model.md).
+
+        In any plan with slowest rank ``M`` every chosen option has a shard time ``<= M``
+        (the shard sits on some rank) and the chosen totals sum to ``<= W M``. So
+        ``M >= min over tau of max(tau, f(tau))`` with ``f(tau)`` the sum over tables of the
+        cheapest total among options whose shard time is ``<= tau``, divided by ``W``.
+        ``f`` is a non-increasing step function of ``tau``: a binary search over the shard
+        times finds the minimum. It is never below ``max(mean, largest single shard)``.
+        """
+        shard = np.where(self.usable, np.stack([o.shard_time for o in self.opts]), np.inf)
+        total = np.where(self.usable, self.total, np.inf)
+        has = np.isfinite(shard).any(axis=0)
+        if not has.any():
+            return 0.0
+        shard, total = shard[:, has], total[:, has]
+        floor = float(shard.min(axis=0).max())  # every table needs one of its shards somewhere
+
+        def f(tau: float) -> float:
+            return float(np.where(shard <= tau, total, np.inf).min(axis=0).sum()) / self.W
+
+        taus = np.unique(shard[np.isfinite(shard)])
+        taus = taus[taus >= floor]
+        lo, hi = 0, len(taus) - 1  # f(taus[hi]) is finite: every option allowed
+        if f(float(taus[hi])) > float(taus[hi]):
+            return f(float(taus[hi]))
+        while lo < hi:  # smallest k with taus[k] >= f(taus[k])
+            mid = (lo + hi) // 2
+            if float(taus[mid]) >= f(float(taus[mid])):
+                hi = mid
+            else:
+                lo = mid + 1
+        best = float(taus[lo])
+        if lo > 0:  # between two breakpoints: max(tau, f(previous)) is minimal at f(previous)
+            best = min(best, max(float(taus[lo - 1]), f(float(taus[lo - 1]))))
+        return best
 
     def no_fit_message(self, i: int) -> str:
         name = self.t.names[i]

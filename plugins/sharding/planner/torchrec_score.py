@@ -97,8 +97,14 @@ def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: Plannin
     return max(rank_perf(chosen, topo.world_size))
 
 
-def torchrec_plan_and_score(tables: Sequence[TableSpec], context: PlanningContext) -> tuple[float, float]:
+def torchrec_plan_and_score(
+    tables: Sequence[TableSpec], context: PlanningContext, proposers: str = "default"
+) -> tuple[float, float]:
     """Run TorchRec's EmbeddingShardingPlanner; returns (max-rank perf in ms, lower bound in ms).
+
+    ``proposers="default"`` uses TorchRec's default proposers (grid search, greedy with and
+    without depth, uniform); ``"greedy"`` only its ``GreedyProposer`` (one of those four),
+    which finishes on table sets where the default set takes too long.
 
     The bound is TorchRec's own: the larger of (sum over tables of the cheapest option's
     summed shard perf) / world size and the largest single-shard perf any table must have.
@@ -116,7 +122,16 @@ def torchrec_plan_and_score(tables: Sequence[TableSpec], context: PlanningContex
     cons = constraints(tables)
     module = meta_module(tables)
     sharders = make_sharders(context)
-    planner = EmbeddingShardingPlanner(topology=topo, batch_size=context.batch_size_per_rank, constraints=cons)
+    kwargs: dict[str, Any] = {}
+    if proposers == "greedy":
+        from torchrec.distributed.planner.proposers import GreedyProposer
+
+        kwargs["proposer"] = GreedyProposer()
+    elif proposers != "default":
+        raise ValueError(f"proposers={proposers!r}: use 'default' or 'greedy'")
+    planner = EmbeddingShardingPlanner(
+        topology=topo, batch_size=context.batch_size_per_rank, constraints=cons, **kwargs
+    )
     planner.plan(module, sharders)
     best = planner._best_plan or []
     score = max(rank_perf(best, topo.world_size))

@@ -1,0 +1,261 @@
+"""Cost-model fidelity: Neo's predicted step time against the measured one, for several plans.
+
+    .venv/bin/python -m neo_plugins.sharding.planner.calibrate --out calibration.json
+    .venv/bin/python bench/fidelity.py --calibration calibration.json --json fidelity.json
+
+One model (8 embedding tables: 4 large with heavy pooling, 4 small), several plans of it on
+the ``local`` topology (2 CPU ranks, bandwidths from the calibration file), each costed by
+Neo's cost model (``score_assignments``: the same report ``NeoPlanner`` produces). Every plan
+is then run on 2 gloo ranks with DMP: forward, backward and the fused optimizer of the
+embedding tables (dense SGD for data-parallel tables). All plans live in one pair of
+processes and are timed in rounds, plan after plan, so slow phases of a busy machine hit
+every plan alike; a plan's measured step time is its fastest round (the machine may be
+shared: the fastest round is the least disturbed; the median is reported too). Reports Spearman's
+rank correlation and the median absolute percentage error of predicted vs measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+WORLD_SIZE = 2
+BATCH_PER_RANK = 1024
+# name -> (rows, dim, ids per sample)
+TABLES: dict[str, tuple[int, int, int]] = {
+    **{f"large{i}": (200_000, 64, 32) for i in range(4)},
+    **{f"small{i}": (20_000, 32, 4) for i in range(4)},
+}
+
+
+def specs() -> list[Any]:
+    from neo_core.sharding import TableSpec
+
+    return [TableSpec(n, r, d, float(p)) for n, (r, d, p) in TABLES.items()]
+
+
+def context(calibration: str | None) -> Any:
+    from neo_core.api import make_context
+    from neo_plugins.topology.local import local_topology
+
+    topo = local_topology(world_size=WORLD_SIZE, compute_device="cpu", calibration=calibration)
+    return make_context(topo, BATCH_PER_RANK)
+
+
+def plans(ctx: Any) -> dict[str, Any]:
+    """Plan name -> PlanResult scored by Neo's cost model."""
+    from neo_core.sharding import TableAssignment
+    from neo_plugins.sharding.planner import NeoPlanner
+    from neo_plugins.sharding.planner.score import score_assignments
+
+    names = list(TABLES)
+    large = [n for n in names if n.startswith("large")]
+    small = [n for n in names if n.startswith("small")]
+
+    def fixed(kind: dict[str, tuple[str, list[int]]]) -> list[Any]:
+        kernel = {"data_parallel": "dense"}
+        return [TableAssignment(n, st, kernel.get(st, "fused"), ranks) for n, (st, ranks) in kind.items()]
+
+    layouts = {
+        "TW balanced": {n: ("table_wise", [i % 2]) for i, n in enumerate(names)},
+        "TW on rank 0": {n: ("table_wise", [0]) for n in names},
+        "TW large on rank 0": {n: ("table_wise", [0 if n in large else 1]) for n in names},
+        "RW": {n: ("row_wise", [0, 1]) for n in names},
+        "CW x2": {n: ("column_wise", [0, 1]) for n in names},
+        "DP": {n: ("data_parallel", [0, 1]) for n in names},
+        "RW large, DP small": {
+            **{n: ("row_wise", [0, 1]) for n in large},
+            **{n: ("data_parallel", [0, 1]) for n in small},
+        },
+    }
+    tables = specs()
+    out = {name: score_assignments(tables, fixed(kind), ctx, planner=name) for name, kind in layouts.items()}
+    out["Neo planner"] = NeoPlanner().plan(tables, ctx)
+    return out
+
+
+# ---- measurement (2 gloo ranks) -----------------------------------------------------
+def _batches(rank: int, steps: int) -> list[Any]:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for _ in range(steps):
+        keys, lengths, values = [], [], []
+        for name, (rows, _, pool) in TABLES.items():
+            keys.append(f"f_{name}")
+            lengths.append(torch.full((BATCH_PER_RANK,), pool, dtype=torch.long))
+            values.append(torch.randint(0, rows, (BATCH_PER_RANK * pool,), generator=gen))
+        out.append(
+            KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths))
+        )
+    return out
+
+
+def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD_SIZE), RANK=str(rank),
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
+    )
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from neo_core.torchrec_plan import build_sharding_plan
+    from neo_plugins.sharding.sharders import make_sharders
+
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
+    ctx = context(calibration)
+    sharders = make_sharders(ctx)
+    configs = [
+        EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f_{n}"])
+        for n, (r, d, _) in TABLES.items()
+    ]
+    batches = _batches(rank, steps)
+    models = {}
+    for name, result in plans(ctx).items():
+        torch.manual_seed(0)
+        ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+        plan = build_sharding_plan(ebc, result, ctx, sharders)
+        dmp = DistributedModelParallel(
+            ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+            plan=plan, sharders=sharders,
+        )
+        dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+        opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.01)) if dense else None
+        models[name] = (dmp, opt)
+
+    def step(dmp: Any, opt: Any, kjt: Any) -> None:
+        pooled = dmp(kjt).values()
+        pooled.sum().backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for dmp, opt in models.values():  # warm-up
+        for kjt in batches[:2]:
+            step(dmp, opt, kjt)
+    for _ in range(rounds):
+        for name, (dmp, opt) in models.items():
+            dist.barrier()
+            start = time.perf_counter()
+            for kjt in batches:
+                step(dmp, opt, kjt)
+            dist.barrier()
+            times[name].append((time.perf_counter() - start) / len(batches))
+    torch.save(times, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def measure(calibration: str | None, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per plan, the seconds per step of every round (rank 0's clock; ranks are in lockstep)."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(
+            _rank, args=(port, calibration, rounds, steps, tmp), nprocs=WORLD_SIZE, start_method="spawn"
+        )
+        return torch.load(Path(tmp) / "rank0.pt")
+
+
+# ---- statistics ----------------------------------------------------------------------
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (Pearson on ranks; ties get average ranks)."""
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", default=None, help="calibration JSON (default: NEO_CALIBRATION or ~/.cache/neo)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=4, help="steps per plan and round")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    ctx = context(args.calibration)
+    results = plans(ctx)
+    print(ctx.topology.describe())
+    times = measure(args.calibration, args.rounds, args.steps)
+    rows = []
+    for name, result in results.items():
+        measured = min(times[name])
+        predicted = result.predicted_step_time
+        types = sorted({a.sharding_type for a in result.tables})
+        rows.append({
+            "plan": name,
+            "types": types,
+            "predicted_s": predicted,
+            "measured_s": measured,
+            "measured_median_s": statistics.median(times[name]),
+            "measured_rounds_s": times[name],
+            "error": predicted / measured - 1.0,
+            "predicted_by_rank": [r.time for r in result.ranks],
+        })
+    pred = [r["predicted_s"] for r in rows]
+    meas = [r["measured_s"] for r in rows]
+    rho = spearman(pred, meas)
+    mape = statistics.median(abs(r["error"]) for r in rows)
+    print(f"\n{'plan':<22} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+    for r in rows:
+        print(f"{r['plan']:<22} {r['predicted_s'] * 1e3:>13.2f} {r['measured_s'] * 1e3:>12.2f} {r['error']:>+8.0%}")
+    print(f"\nSpearman {rho:.3f} (target >= 0.8), median |error| {mape:.1%} (target <= 30%), "
+          f"{len(rows)} plans, {time.perf_counter() - start:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "spearman": rho,
+            "median_abs_error": mape,
+            "batch_size_per_rank": BATCH_PER_RANK,
+            "world_size": WORLD_SIZE,
+            "tables": TABLES,
+            "topology": ctx.topology.to_dict(),
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+            "plans": rows,
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

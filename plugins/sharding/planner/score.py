@@ -1,0 +1,69 @@
+"""Neo's cost model applied to a given plan: predicted per-rank time and memory of fixed assignments.
+
+Used to compare predictions with measurements (``bench/fidelity.py``) for plans the planner
+would not choose itself (e.g. every table on one rank). The assignments follow the
+``TableAssignment`` semantics of ``docs/planner.md``; the result is the same report
+``NeoPlanner.plan`` builds, so ``predicted_step_time`` means the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from neo_core.errors import PlanningError
+from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableAssignment, TableSpec
+from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, CostParams, TableArrays
+from neo_plugins.sharding.planner.planner import build_result
+from neo_plugins.sharding.planner.search import Search, build_options
+
+
+def _col_shards(a: TableAssignment, local_size: int) -> int:
+    st = ShardingType(a.sharding_type)
+    if st in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+        return len(a.ranks)
+    if st is ShardingType.GRID_SHARD:
+        return max(1, len(a.ranks) // local_size)
+    return 1
+
+
+def score_assignments(
+    tables: Sequence[TableSpec],
+    assignments: Sequence[TableAssignment],
+    context: PlanningContext,
+    params: CostParams | None = None,
+    planner: str = "fixed",
+) -> PlanResult:
+    """The ``PlanResult`` (report included) of ``assignments``, costed by Neo's cost model.
+
+    Memory capacity is not enforced: a plan that would not fit is still scored.
+    """
+    model = CostModel(context, params)
+    arrays = TableArrays.from_specs(tables)
+    by_name = {a.name: a for a in assignments}
+    missing = [t.name for t in tables if t.name not in by_name]
+    if missing:
+        raise PlanningError(f"The plan has no assignment for table(s) {', '.join(missing)}.")
+    L = context.topology.devices_per_node
+    ks = sorted({_col_shards(by_name[t.name], L) for t in tables} | {2})
+    options = build_options(model, arrays, set(ShardingType), tuple(k for k in ks if k > 1), 1)
+    search = Search(model, arrays, options)
+    for i, spec in enumerate(tables):
+        a = by_name[spec.name]
+        st, k = ShardingType(a.sharding_type), _col_shards(a, L)
+        place = CACHED if a.compute_kernel == "fused_uvm_caching" else DEVICE
+        match = [
+            o
+            for o, opt in enumerate(options)
+            if opt.sharding_type is st and opt.placement == place and (opt.k == k or opt.k == 1 == k)
+        ]
+        if not match:
+            raise PlanningError(
+                f"Table {spec.name!r}: {st.short} with {k} column shard(s) is not an option on this topology."
+            )
+        ranks = np.arange(search.W) if st in (ShardingType.DATA_PARALLEL, ShardingType.ROW_WISE) else None
+        search._apply(i, match[0], ranks if ranks is not None else np.array(a.ranks, dtype=np.int64), +1.0)
+    result = build_result(planner, search, tables, context)
+    result.notes.append("scored fixed assignments (not searched)")
+    return result

@@ -1,0 +1,36 @@
+"""Per-table sharding-type restrictions and costing fixed plans with Neo's cost model."""
+
+from __future__ import annotations
+
+import pytest
+
+from neo_core.errors import ConfigError
+from neo_core.sharding import ShardingType, TableAssignment, TableSpec
+from neo_plugins.sharding.planner import NeoPlanner
+from neo_plugins.sharding.planner.score import score_assignments
+from tests.test_torchrec_plan import cpu_context
+
+TABLES = [TableSpec(f"t{i}", 10_000 * (i + 1), 32, 4.0) for i in range(4)]
+
+
+def test_table_sharding_types_force_types_per_table() -> None:
+    forced = {"t0": ["RW"], "t1": ["CW"], "t2": ["TWRW"], "t3": ["GRID"]}
+    result = NeoPlanner(table_sharding_types=forced).plan(TABLES, cpu_context(2, 2))
+    got = {a.name: ShardingType(a.sharding_type).short for a in result.tables}
+    assert got == {"t0": "RW", "t1": "CW", "t2": "TWRW", "t3": "GRID"}
+
+
+def test_table_sharding_types_reject_unknown_or_impossible() -> None:
+    with pytest.raises(ConfigError, match="unknown table"):
+        NeoPlanner(table_sharding_types={"nope": ["TW"]}).plan(TABLES, cpu_context(1, 2))
+    with pytest.raises(ConfigError, match="t0"):  # no TWRW on a single node
+        NeoPlanner(table_sharding_types={"t0": ["TWRW"]}).plan(TABLES, cpu_context(1, 2))
+
+
+def test_score_assignments_matches_planner_and_sees_imbalance() -> None:
+    ctx = cpu_context(1, 2)
+    planned = NeoPlanner(sharding_types=["TW"]).plan(TABLES, ctx)
+    again = score_assignments(TABLES, planned.tables, ctx)
+    assert again.predicted_step_time == pytest.approx(planned.predicted_step_time)
+    one_rank = [TableAssignment(t.name, "table_wise", "fused", [0]) for t in TABLES]
+    assert score_assignments(TABLES, one_rank, ctx).predicted_step_time > planned.predicted_step_time
