@@ -13,19 +13,16 @@ import os
 from typing import Any
 
 import pytest
-import torch
 
 from neo_core.sharding import PlanResult, ShardingType, TableSpec
 from neo_plugins.sharding.planner import NeoPlanner
-from tests.distributed.multi_process import MultiProcessRunner
-from tests.distributed.test_sharding_equivalence import (
-    SumOfSquares,
-    _load,
-    _local_shards,
-    features,
-    initial_weights,
-    loss_of,
+from tests.distributed.equivalence import (
+    assert_matches_reference,
+    make_batches,
+    train_reference,
+    train_sharded,
 )
+from tests.distributed.multi_process import MultiProcessRunner
 from tests.test_torchrec_plan import cpu_context
 
 BATCH_PER_RANK = 4
@@ -69,79 +66,20 @@ def make_plan(world_size: int) -> PlanResult:
     return NeoPlanner(table_sharding_types=restrict).plan(specs, context)
 
 
-def global_batches(world_size: int) -> list[dict[str, tuple[torch.Tensor, list[torch.Tensor]]]]:
-    """Per step and feature: lengths (global batch) and each sample's ids (pooling varies by table)."""
-    generator = torch.Generator().manual_seed(11)
-    batch = BATCH_PER_RANK * world_size
-    steps = []
-    for _ in range(STEPS):
-        step = {}
-        for name, (rows, _, max_ids, _) in TABLES.items():
-            lengths = torch.randint(0, max_ids + 1, (batch,), generator=generator)
-            ids = [torch.randint(0, rows, (int(n),), generator=generator) for n in lengths]
-            step[f"f_{name}"] = (lengths, ids)
-        steps.append(step)
-    return steps
+def global_batches(world_size: int) -> list[Any]:
+    """The global batches for ``world_size`` ranks (pooling varies by table)."""
+    max_ids = {name: (rows, most) for name, (rows, _, most, _) in TABLES.items()}
+    return make_batches(max_ids, BATCH_PER_RANK * world_size, STEPS, seed=11)
 
 
 def train_planned(rank: int, world_size: int, result: PlanResult) -> dict[str, Any]:
     """Rank entry: shard with the plan, train, return local outputs per step and final shards."""
-    _, per_node, _ = LAYOUTS[world_size]
-    os.environ.update(LOCAL_WORLD_SIZE=str(per_node), LOCAL_RANK=str(rank % per_node))
-    import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from neo_core.torchrec_plan import build_sharding_plan
-    from neo_plugins.sharding.sharders import make_sharders
-
     nodes, per_node, _ = LAYOUTS[world_size]
+    os.environ.update(LOCAL_WORLD_SIZE=str(per_node), LOCAL_RANK=str(rank % per_node))
     context = cpu_context(nodes, per_node, learning_rate=LEARNING_RATE)
-    model = SumOfSquares(MODEL_TABLES, torch.device("meta"))
-    sharders = make_sharders(context)
-    plan = build_sharding_plan(model, result, context, sharders)
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=torch.device("cpu"),
-        plan=plan,
-        sharders=sharders,
+    return train_sharded(
+        rank, MODEL_TABLES, result, context, global_batches(world_size), BATCH_PER_RANK, LEARNING_RATE
     )
-    _load(dmp, initial_weights(MODEL_TABLES))
-    dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    dense_opt = (
-        KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=LEARNING_RATE)) if dense else None
-    )
-    outputs = []
-    start, stop = rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK
-    for step in global_batches(world_size):
-        pooled = dmp(features(step, start, stop)).to_dict()
-        outputs.append({k: v.detach().clone() for k, v in pooled.items()})
-        loss_of(pooled).backward()
-        if dense_opt is not None:
-            dense_opt.step()
-            dense_opt.zero_grad()
-    return {"outputs": outputs, "shards": _local_shards(dmp)}
-
-
-def train_reference(world_size: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """The unsharded model on the same global batches: outputs per step, final weights."""
-    model = SumOfSquares(MODEL_TABLES, torch.device("cpu"))
-    init = initial_weights(MODEL_TABLES)
-    with torch.no_grad():
-        for name, bag in model.ebc.embedding_bags.items():
-            bag.weight.copy_(init[name])
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    outputs = []
-    for step in global_batches(world_size):
-        pooled = model(features(step, 0, BATCH_PER_RANK * world_size)).to_dict()
-        outputs.append({k: v.detach().clone() for k, v in pooled.items()})
-        optimizer.zero_grad()
-        loss_of(pooled).backward()
-        optimizer.step()
-    return outputs, {n: b.weight.detach().clone() for n, b in model.ebc.embedding_bags.items()}
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS), ids=lambda w: f"{w}ranks")
@@ -155,31 +93,10 @@ def planned_run(request: pytest.FixtureRequest) -> tuple[int, PlanResult, list[d
 def test_planned_training_matches_single_process(
     planned_run: tuple[int, PlanResult, list[dict[str, Any]]],
 ) -> None:
-    world_size, result, runs = planned_run
-    ref_outputs, ref_weights = train_reference(world_size)
-    init = initial_weights(MODEL_TABLES)
+    world_size, _, runs = planned_run
+    reference = train_reference(MODEL_TABLES, global_batches(world_size), LEARNING_RATE)
     for table in TABLES:
-        feature = f"f_{table}"
-        for step, ref in enumerate(ref_outputs):
-            for rank, run in enumerate(runs):
-                got = run["outputs"][step][feature]
-                want = ref[feature][rank * BATCH_PER_RANK : (rank + 1) * BATCH_PER_RANK]
-                torch.testing.assert_close(
-                    got, want, atol=ATOL, rtol=0,
-                    msg=lambda m, w=f"{table} step {step} rank {rank}": f"{w}: {m}",
-                )
-        trained = ref_weights[table]
-        covered = torch.zeros_like(trained, dtype=torch.bool)
-        for run in runs:
-            for (r, c), shard in run["shards"][table]:
-                h, w = shard.shape
-                torch.testing.assert_close(
-                    shard, trained[r : r + h, c : c + w], atol=ATOL, rtol=0,
-                    msg=lambda m, t=table: f"{t} weights: {m}",
-                )
-                covered[r : r + h, c : c + w] = True
-        assert covered.all(), f"the shards of {table} do not cover the table"
-        assert not torch.allclose(trained, init[table]), f"training did not change {table}"
+        assert_matches_reference(runs, MODEL_TABLES, table, reference, BATCH_PER_RANK, ATOL)
 
 
 @pytest.mark.slow
