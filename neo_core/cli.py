@@ -70,15 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("plugins", help="list registered plugins by kind")
     calibrate = sub.add_parser("calibrate", help="measure this machine's bandwidths for the local topology")
-    calibrate.add_argument("--output", default=None, help="where to write the calibration JSON")
+    calibrate.add_argument(
+        "--output", default=None, help="where to write the calibration JSON (default: NEO_CALIBRATION or ~/.cache/neo/calibration.json)"
+    )
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
             print(list_plugins())
         elif args.command == "calibrate":
             from neo_plugins.sharding.planner.calibrate import main as calibrate_main
+            from neo_plugins.topology.local import calibration_path
 
-            return int(calibrate_main(args.output) or 0)
+            calibrate_main(args.output or str(calibration_path()))
     return 0
 
 
