@@ -19,6 +19,10 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PLUGIN_FIXTURES = ("neo_example_plugin", "neo_broken_plugin")
 NEO_SWITCHES = ("NEO_STRICT_PLUGINS", "NEO_DISABLE_PLUGIN_AUTOLOAD", "NEO_TRACEBACK")
 
+# Tests plan with the local topology's documented defaults, not whatever a user's earlier
+# `neo calibrate` left in ~/.cache/neo: point the calibration at a file that does not exist.
+os.environ["NEO_CALIBRATION"] = str(ROOT / "tests" / "no-calibration.json")
+
 
 @pytest.fixture
 def register_plugin() -> Iterator[Callable[..., Plugins]]:
