@@ -139,6 +139,8 @@ class RankReport:
     # Host memory (bytes) of tables kept in host DDR behind a device cache; empty when unused.
     host_memory: dict[str, float] = field(default_factory=dict)
     host_memory_capacity: float = 0.0
+    # Predicted bytes this rank sends per step, by "intra_node" / "inter_node"; empty when unknown.
+    comm_bytes: dict[str, float] = field(default_factory=dict)
 
     @property
     def memory_total(self) -> float:
@@ -197,6 +199,7 @@ class PlanResult:
                     "time_total_s": r.time_total,
                     "host_memory_bytes": r.host_memory,
                     "host_memory_capacity_bytes": r.host_memory_capacity,
+                    "comm_bytes": r.comm_bytes,
                 }
                 for r in self.ranks
             ],
@@ -216,15 +219,30 @@ class PlanResult:
             lines.append(f"  {t.name:<24} {short:<6} {t.compute_kernel:<10} {ranks:<16} {t.why}")
         if len(self.tables) > max_tables:
             lines.append(f"  ... {len(self.tables) - max_tables} more tables in plan.json")
+        has_bytes = any(r.comm_bytes for r in self.ranks)
         lines.append(
             f"  {'rank':<6} {'memory':>10} {'capacity':>10} {'compute':>10} {'comm':>10} {'total':>10}"
+            + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
         )
         for r in self.ranks:
             compute = sum(v for k, v in r.time.items() if not k.startswith("comm"))
             comm = r.time_total - compute
+            sent = ""
+            if has_bytes:
+                sent = (
+                    f" {_bytes(r.comm_bytes.get('intra_node', 0.0)):>10}"
+                    f" {_bytes(r.comm_bytes.get('inter_node', 0.0)):>10}"
+                )
             lines.append(
                 f"  {r.rank:<6} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10} "
-                f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms"
+                f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms{sent}"
+            )
+        if has_bytes:
+            intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)
+            inter = sum(r.comm_bytes.get("inter_node", 0.0) for r in self.ranks)
+            lines.append(
+                f"  predicted bytes sent per step (all ranks): intra-node {_bytes(intra)}, "
+                f"inter-node {_bytes(inter)}"
             )
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "

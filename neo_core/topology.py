@@ -43,6 +43,7 @@ class Topology:
     bucketize_id_s: float = 0.0  # seconds per id to split a row-wise table's ids by shard
     reduce_scatter_bw: float | None = None  # bytes/s a rank sends in a reduce-scatter (None: intra)
     all_gather_bw: float | None = None  # bytes/s a rank sends in an all-gather (None: intra)
+    allreduce_bw: float | None = None  # bytes/s of an all-reduce, 2 S (L-1)/L per second (None: intra)
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):

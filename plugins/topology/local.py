@@ -34,6 +34,7 @@ CALIBRATED_EXTRAS = (
     "bucketize_id_s",
     "reduce_scatter_bw",
     "all_gather_bw",
+    "allreduce_bw",
 )
 
 

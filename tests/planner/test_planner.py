@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pytest
 
 from neo_core.api import make_context, plan_tables
@@ -192,16 +193,31 @@ def test_cache_places_tables_in_host_memory_when_device_is_too_small():
 
 
 def test_slow_inter_node_links_move_traffic_inside_nodes():
-    tables = production_like(200, seed=5, max_rows=5_000_000)
+    # big tables (5-20M rows): data parallel is out of the question (all-reduce of GiBs),
+    # so the choice is between flat types (TW/CW/RW) and hierarchical ones (TWRW/TWCW/GRID)
+    rng = np.random.default_rng(0)
+    tables = [
+        TableSpec(f"big{i}", int(rng.integers(5_000_000, 20_000_000)), 128, float(rng.integers(5, 40)))
+        for i in range(24)
+    ]
     fast = plan_tables(tables, cluster(4, 8, 40.0, inter_gbps=25.0), 512)
     slow = plan_tables(tables, cluster(4, 8, 40.0, inter_gbps=2.5), 512)
-    # types whose traffic stays mostly inside a node: the hierarchical ones, and data parallel
-    # (its all-reduce reduce-scatters inside the node and sends 1/L of the gradient across)
-    hier = {"table_row_wise", "table_column_wise", "grid_shard", "data_parallel"}
+    hier = {"table_row_wise", "table_column_wise", "grid_shard"}
+    assert not {a.sharding_type for a in fast.tables + slow.tables} & {"data_parallel"}
     n_fast = sum(a.sharding_type in hier for a in fast.tables)
     n_slow = sum(a.sharding_type in hier for a in slow.tables)
-    assert n_slow > n_fast
+    assert n_slow > n_fast and n_slow >= len(tables) // 2
+
+    def sent(result, where: str) -> float:
+        return sum(r.comm_bytes[where] for r in result.ranks)
+
+    assert sent(slow, "inter_node") < sent(fast, "inter_node")
+    assert sent(slow, "intra_node") > sent(fast, "intra_node")
     assert slow.predicted_step_time > fast.predicted_step_time
+    # both visible in the report: per-rank bytes columns, the totals line and the type counts
+    text = slow.format_text()
+    assert "inter-node" in text and "predicted bytes sent per step" in text and "TWRW" in text
+    assert slow.to_dict()["ranks"][0]["comm_bytes"]["inter_node"] > 0
 
 
 def test_lower_bound_is_valid_and_tight_for_few_tables_on_many_ranks():
@@ -232,3 +248,49 @@ def test_twelve_trillion_parameters_fit_on_zionex():
     assert abs(sum(t.num_parameters for t in tables) / 1e12 - 12) < 0.1
     result = plan_tables(tables, "zionex", 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
     assert all(r.memory_total <= r.memory_capacity for r in result.ranks)
+
+
+def test_capacity_error_names_the_memory_that_is_short():
+    # cached tables: the device holds 1% caches easily, host memory (8 x 64 GiB) is the limit
+    tables = [TableSpec(f"h{i}", 400_000_000, 128, 2.0) for i in range(8)]
+    with pytest.raises(PlanningError, match=r"Host memory is short.*GiB\) short.*h0") as err:
+        plan_tables(tables, cluster(), 256, cache=CachePolicy("lru", load_factor=0.01))
+    assert "(-" not in str(err.value) and ": -" not in str(err.value)  # a positive shortfall
+    with pytest.raises(PlanningError, match=r"Device memory is short"):
+        plan_tables([TableSpec(f"d{i}", 100_000_000, 128, 1.0) for i in range(4)], cluster(), 256)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lower_bound_never_exceeds_the_best_plan_by_brute_force(seed):
+    from itertools import combinations, product
+
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import ALL, ANY_K, SINGLE, Search, build_options
+
+    rng = np.random.default_rng(seed)
+    tables = [
+        TableSpec(f"t{i}", int(rng.integers(10, 3_000_000)), int(rng.choice([16, 32, 64, 128])),
+                  float(rng.uniform(1, 60)))
+        for i in range(3)
+    ]
+    ctx = make_context(cluster(1, 4, 40.0), 2048)
+    model, arrays = CostModel(ctx), TableArrays.from_specs(tables)
+    search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+    W = search.W
+    choices = []  # per table: (per-rank load vector) of every option and placement
+    for i in range(len(tables)):
+        mine = []
+        for o, opt in enumerate(search.opts):
+            if not search.usable[o, i]:
+                continue
+            T = opt.shard_time[i]
+            assert opt.unit in (SINGLE, ANY_K, ALL)
+            k = 1 if opt.unit == SINGLE else (W if opt.unit == ALL else opt.k)
+            for ranks in combinations(range(W), k):
+                vec = np.zeros(W)
+                vec[list(ranks)] = T
+                mine.append(vec)
+        choices.append(mine)
+    best = min(float(sum(vs).max()) for vs in product(*choices))
+    assert search.lower_bound() <= best * (1 + 1e-9)
+    assert search.lower_bound() >= search.flat_bound() - 1e-15

@@ -6,8 +6,9 @@ Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
 ``~/.cache/neo/calibration.json``, which ``neo_plugins.topology.local`` reads. ``lookup_fwd_id_s``,
 ``lookup_bwd_id_s``, ``collective_latency_s``, ``bucketize_id_s``, ``reduce_scatter_bw`` and
 ``all_gather_bw`` feed the CPU cost model (docs/cost_model.md, "CPU calibration"); the other
-extra keys (``lookup_rate_ids_per_s``, ``allreduce_bw``, ``gloo_latency_s``, ``torchrec_step_*``)
-are informational. Takes about 20 s on 2 cores.
+extra keys (``lookup_rate_ids_per_s``, ``gloo_latency_s``, ``torchrec_step_*``,
+``lookup_concurrency_slowdown``) are informational; ``allreduce_bw`` prices data-parallel
+gradient all-reduces. Takes about 25 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ def _best(fn: Any, repeat: int = 5) -> float:
 
 
 def memory_bandwidth(mib: int = 256) -> float:
-    """Bytes/s of a large tensor copy (read + write)."""
-    src = torch.empty(mib * 2**20 // 4, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / _best(lambda: dst.copy_(src))
+    """Bytes/s of a large tensor copy (read + write), one thread (as one rank runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.empty(mib * 2**20 // 4, dtype=torch.float32).fill_(1.0)
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * 4 / _best(lambda: dst.copy_(src))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def lookup_rate(rows: int = 2_000_000, dim: int = 64, batch: int = 4096, pooling: int = 16) -> tuple[float, float]:
@@ -51,14 +57,15 @@ def lookup_rate(rows: int = 2_000_000, dim: int = 64, batch: int = 4096, pooling
 
 
 def lookup_costs(
-    rows: int = 500_000, dims: tuple[int, int] = (16, 128), batch: int = 4096, pooling: int = 16
+    rows: int = 500_000, dims: tuple[int, ...] = (16, 32, 64, 128), batch: int = 4096, pooling: int = 16
 ) -> dict[str, float]:
     """Per-id costs of FBGEMM's fused CPU kernel (one thread, as one rank runs), fitted to the cost model.
 
     The cost model charges a lookup ``bytes / device_memory_bw`` (docs/cost_model.md); on CPUs
-    a per-id part (index handling, sorting ids for the fused update) adds to that. Forward times
-    at two widths give the bandwidth (slope) and ``lookup_fwd_id_s`` (intercept); the fused
-    backward's excess over its modelled bytes gives ``lookup_bwd_id_s``.
+    a per-id part (index handling, sorting ids for the fused update) adds to that. Forward and
+    fused-backward times per id at four widths are fitted together (least squares) as
+    ``modelled bytes / device_memory_bw + lookup_{fwd,bwd}_id_s``: one bandwidth (slope), one
+    intercept per direction.
     """
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
@@ -73,35 +80,48 @@ def lookup_costs(
         n = batch * pooling
         ids = torch.randint(0, rows, (n,))
         offsets = torch.arange(0, n + 1, pooling)
-        fwd, bwd, fbytes, bbytes = [], [], [], []
-        for dim in dims:
-            tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        tbes = [
+            SplitTableBatchedEmbeddingBagsCodegen(
                 [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
                 optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
                 learning_rate=0.01,
             )
-
-            def step(tbe: Any = tbe) -> None:
+            for dim in dims
+        ]
+        t_f, t_b = [float("inf")] * len(dims), [float("inf")] * len(dims)
+        for rep in range(16):  # widths interleaved, so a busy moment of the machine hits them alike
+            for i, tbe in enumerate(tbes):
+                start = time.perf_counter()
                 out = tbe(ids, offsets)
+                mid = time.perf_counter()
                 out.backward(torch.ones_like(out))
-
-            t_f = _best(lambda tbe=tbe: tbe(ids, offsets), repeat=7)
-            t_fb = _best(step, repeat=7)
+                end = time.perf_counter()
+                if rep:  # the first round warms up
+                    t_f[i], t_b[i] = min(t_f[i], mid - start), min(t_b[i], end - mid)
+        fwd, bwd, fbytes, bbytes = [], [], [], []
+        for i, dim in enumerate(dims):
             rb = -(-dim * 4 // 64) * 64  # row bytes at the CPU access granularity
             out_b = dim * 4 / pooling  # pooled output per id
-            fwd.append(t_f / n)
-            bwd.append(max(t_fb - t_f, 0.0) / n)
+            fwd.append(t_f[i] / n)
+            bwd.append(t_b[i] / n)
             fbytes.append(8 + rb + out_b)
             bbytes.append(2 * (rb + 4) + out_b)
     finally:
         torch.set_num_threads(threads)
-    slope = (fwd[1] - fwd[0]) / (fbytes[1] - fbytes[0])
-    if slope <= 0:  # noisy machine: fall back to bytes alone at the wider width
-        slope = fwd[1] / fbytes[1]
-    bw = 1.0 / slope
-    fwd_id = max(0.0, min(fwd[0] - fbytes[0] * slope, fwd[1] - fbytes[1] * slope))
-    bwd_id = max(0.0, min(b - nb * slope for b, nb in zip(bwd, bbytes)))
-    return {"device_memory_bw": bw, "lookup_fwd_id_s": fwd_id, "lookup_bwd_id_s": bwd_id}
+    import numpy as np
+
+    k = len(dims)
+    design = np.zeros((2 * k, 3))  # columns: bytes, forward indicator, backward indicator
+    design[:k, 0], design[k:, 0] = fbytes, bbytes
+    design[:k, 1], design[k:, 2] = 1.0, 1.0
+    (slope, fwd_id, bwd_id), *_ = np.linalg.lstsq(design, np.array(fwd + bwd), rcond=None)
+    if slope <= 0:  # noisy machine: fall back to bytes alone
+        slope, fwd_id, bwd_id = sum(fwd + bwd) / sum(fbytes + bbytes), 0.0, 0.0
+    return {
+        "device_memory_bw": float(1.0 / slope),
+        "lookup_fwd_id_s": max(0.0, float(fwd_id)),
+        "lookup_bwd_id_s": max(0.0, float(bwd_id)),
+    }
 
 
 def bucketize_cost(rows: int = 200_000, ids: int = 147_456, pooling: int = 32) -> float:
@@ -176,25 +196,66 @@ def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
         ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
         plan=build_sharding_plan(ebc, result, ctx, sharders), sharders=sharders,
     )
-    times = []
-    for batch, pooling in _TORCHREC_SIZES:
-        kjt = KeyedJaggedTensor.from_lengths_sync(
+    kjts = [
+        KeyedJaggedTensor.from_lengths_sync(
             keys=["f"], values=torch.randint(0, rows, (batch * pooling,)),
             lengths=torch.full((batch,), pooling, dtype=torch.long),
         )
-
-        def step(kjt: Any = kjt) -> None:
+        for batch, pooling in _TORCHREC_SIZES
+    ]
+    times = [float("inf")] * len(kjts)
+    for rep in range(64):  # sizes interleaved; each step from barrier to barrier (the slower rank)
+        for i, kjt in enumerate(kjts):
+            dist.barrier()
+            start = time.perf_counter()
             dmp(kjt).values().sum().backward()
-
-        def steps(step: Any = step) -> None:
             dist.barrier()
-            for _ in range(5):
-                step()
-            dist.barrier()
-
-        times.append(_best(steps, repeat=9) / 5)
+            if rep >= 3:  # warm-up
+                times[i] = min(times[i], time.perf_counter() - start)
     if rank == 0:
         out.put({"times": times, "dim": dim})
+    dist.destroy_process_group()
+
+
+def _concurrency(rank: int, world: int, port: int, out: Any) -> None:
+    """One fused lookup step (forward, backward, update) on rank 0 alone, then on every rank at once."""
+    import torch.distributed as dist
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        OptimType,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    rows, dim, n, pooling = 500_000, 64, 65_536, 16
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+        optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate=0.01,
+    )
+    ids, offsets = torch.randint(0, rows, (n,)), torch.arange(0, n + 1, pooling)
+
+    def step() -> float:
+        start = time.perf_counter()
+        pooled = tbe(ids, offsets)
+        pooled.backward(torch.ones_like(pooled))
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        step()
+    alone, together = [], []
+    for _ in range(15):
+        dist.barrier()
+        if rank == 0:
+            alone.append(step())
+        dist.barrier()
+        together.append(step())
+    dist.barrier()
+    if rank == 0:
+        out.put({"alone": min(alone), "together": min(together)})
     dist.destroy_process_group()
 
 
@@ -274,6 +335,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
     costs = lookup_costs()
     coll = collective_bandwidth(world)
     overheads = torchrec_overheads(world, costs, coll["a2a"])
+    conc = _spawn(_concurrency, world)
     return {
         **costs,
         **overheads,
@@ -287,6 +349,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
         "allreduce_bw": coll["allreduce"],
         "gloo_latency_s": coll["latency"],
         "lookup_rate_ids_per_s": ids,
+        "lookup_concurrency_slowdown": conc["together"] / conc["alone"],
         "measured_at": time.time(),
     }
 
@@ -298,7 +361,13 @@ def main(out: str | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="calibration JSON path")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument(
+        "--nice", type=int, default=0,
+        help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
+    )
     args = parser.parse_args([] if out is not None else None)
+    if args.nice:
+        os.nice(-args.nice)  # inherited by the spawned ranks; PermissionError without root
     data = calibrate(args.ranks)
     path = Path(out or args.out) if (out or args.out) else calibration_path()
     path.parent.mkdir(parents=True, exist_ok=True)

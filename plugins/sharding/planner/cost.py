@@ -38,6 +38,9 @@ DEFAULT_LATENCY = {"cuda": 30e-6, "cpu": 300e-6}
 # constants.py): FBGEMM's kernel is tuned for rows of 128 columns (32 threads x 4-vectors);
 # narrower shards run slower per byte, and the dense (data-parallel) kernel reaches half the
 # fused kernel's bandwidth. Applied on cuda topologies only; not verified on hardware here.
+# Like TorchRec's estimator (TableWiseEvaluator vs RowWise/TableRowWise/Grid/DataParallel),
+# the block penalty and the 32-column minimum read apply to the table-wise family (TW, CW,
+# TWCW) only: row-split shards and the dense kernel are costed at their plain row width.
 FULL_BLOCK_COLS = 128
 HALF_BLOCK_PENALTY = 1.15  # 64 <= cols < 128
 QUARTER_BLOCK_PENALTY = 1.75  # cols < 64
@@ -47,6 +50,10 @@ MIN_LOOKUP_COLS = 32  # rows narrower than this cost as much as 32 columns to re
 # over the table's bytes by unfused elementwise kernels (gradient fill, optimizer, update) at
 # the dense kernel's bandwidth. Empirical in TorchRec; an assumption here.
 DP_ELEMENTWISE_PASSES = 9.22
+# Row-split types on GPUs: after the all-gather of output gradients, a batched copy moves them
+# into the lookup kernel's layout, TorchRec's BATCHED_COPY_PERF_FACTOR passes over the
+# gathered bytes at device bandwidth. Empirical in TorchRec; an assumption here.
+BATCHED_COPY_PASSES = 2.455
 
 
 @dataclass(frozen=True)
@@ -144,11 +151,15 @@ class CostModel:
         rs_bw, ag_bw = getattr(topo, "reduce_scatter_bw", None), getattr(topo, "all_gather_bw", None)
         self.rs_factor = topo.intra_node_bw / rs_bw if rs_bw else 1.0
         self.ag_factor = topo.intra_node_bw / ag_bw if ag_bw else 1.0
+        # intra-node all-reduce bandwidth (data-parallel gradients); calibrated on CPUs, else X
+        self.allreduce_bw = float(getattr(topo, "allreduce_bw", None) or topo.intra_node_bw)
         # seconds per byte a rank sends in an all-to-all spread evenly over all ranks
         self.a2a = ((self.L - 1) / self.W) / topo.intra_node_bw + ((self.W - self.L) / self.W) / (
             topo.inter_node_bw
         )
         self.dev_bw = topo.device_memory_bw
+        # seconds per gathered gradient byte of the row-split types' batched copy (GPU only)
+        self.batched_copy = BATCHED_COPY_PASSES / self.dev_bw if topo.compute_device == "cuda" else 0.0
         self.host_bw = topo.host_memory_bw
         self.h2d_bw = topo.host_to_device_bw
         self.capacity_device = float(topo.device_memory)
@@ -192,20 +203,28 @@ class CostModel:
         cols: np.ndarray,
         placement: str,
         fused: bool = True,
+        block_terms: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Forward and backward lookup time of one shard."""
+        """Forward and backward lookup time of one shard.
+
+        ``block_terms``: apply the GPU block penalty and the 32-column minimum read (TorchRec
+        applies them to the table-wise family TW/CW/TWCW only; see ``FULL_BLOCK_COLS``).
+        """
         spb = self.seconds_per_byte(placement, t.hot)
-        if self.context.topology.compute_device == "cuda":
+        cuda = self.context.topology.compute_device == "cuda"
+        if cuda and block_terms:
             spb = spb * self.block_penalty(cols)
-            if not fused:
-                spb = spb / DENSE_KERNEL_BW_FACTOR
+        if cuda and not fused:
+            spb = spb / DENSE_KERNEL_BW_FACTOR
         rb = self.row_bytes(cols)
-        if self.context.topology.compute_device == "cuda":  # a warp reads at least 32 columns
+        if cuda and block_terms:  # a warp reads at least 32 columns
             rb = self.row_bytes(np.maximum(cols, MIN_LOOKUP_COLS))
         fwd = (n_ids * (self.ib + rb) + n_out * cols * self.ob) * spb
         if fused:  # read output grads; read+write each touched row and its optimizer state
             bwd = (n_out * cols * self.ob + n_ids * 2.0 * (rb + self.opt_row_bytes(cols))) * spb
-        else:  # dense kernel: scatter gradients into a dense buffer
+        elif cuda:  # dense kernel: read the ids again, scatter-add (read+write) each row's gradient
+            bwd = (n_out * cols * self.ob + n_ids * (self.ib + 2.0 * rb)) * spb
+        else:  # dense kernel on CPU (calibrated as is): scatter gradients into a dense buffer
             bwd = (n_out * cols * self.ob + n_ids * rb) * spb
         if self.id_fwd or self.id_bwd:  # calibrated per-id costs (CPU calibration)
             fwd = fwd + n_ids * self.id_fwd
@@ -261,7 +280,7 @@ class CostModel:
                     time[:, OPT], DP_ELEMENTWISE_PASSES * weights / (DENSE_KERNEL_BW_FACTOR * self.dev_bw)
                 )
             time[:, CAR] = table_bytes * (
-                2 * (L - 1) / L / topo.intra_node_bw
+                2 * (L - 1) / L / self.allreduce_bw
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
             )
             zero = np.zeros(n)
@@ -269,7 +288,7 @@ class CostModel:
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
             cols = d if st is ShardingType.TABLE_WISE else d / k
             rows = t.rows
-            fwd, bwd = self._lookup(t, G * P, np.full(n, G), cols, placement)
+            fwd, bwd = self._lookup(t, G * P, np.full(n, G), cols, placement, block_terms=True)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P * self.ib * self.a2a
             time[:, CMF] = G * cols * self.fb * self.a2a
@@ -282,7 +301,7 @@ class CostModel:
             time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
             # reduce-scatter of pooled partial sums; all-gather of their gradients
             time[:, CMF] = G * cols * self.fb * self.a2a * self.rs_factor
-            time[:, CMB] = G * cols * self.bb * self.a2a * self.ag_factor
+            time[:, CMB] = G * cols * self.bb * (self.a2a * self.ag_factor + self.batched_copy)
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
@@ -293,11 +312,41 @@ class CostModel:
             intra = (L - 1) / L / topo.intra_node_bw
             # reduce-scatter inside the node, then all-to-all of each rank's 1/L of samples
             time[:, CMF] = G * cols * self.fb * (intra * self.rs_factor + self.a2a / L)
-            time[:, CMB] = G * cols * self.bb * (intra * self.ag_factor + self.a2a / L)
+            time[:, CMB] = G * cols * self.bb * (intra * self.ag_factor + self.a2a / L + self.batched_copy)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
         return ShardCosts(time, mem_dev, mem_host, weights, opt, grads, cache)
+
+    def comm_bytes(
+        self, t: TableArrays, sharding_type: ShardingType, num_col_shards: int = 1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes one shard's rank sends per step (input ids, pooled outputs, their gradients,
+        all-reduce), split into (intra-node, inter-node), as the time formulas charge them.
+
+        An all-to-all spread evenly over all ranks keeps ``(L-1)/W`` of its bytes inside the
+        node; TWRW/GRID reduce-scatter inside the node first and send ``1/L`` across; data
+        parallel all-reduces hierarchically.
+        """
+        d = t.dims.astype(np.float64)
+        P, G, W, L, N = t.pooling, self.G, float(self.W), float(self.L), float(self.N)
+        st = ShardingType(sharding_type)
+        a2a_in, a2a_out = (L - 1) / W, (W - L) / W
+        if st is ShardingType.DATA_PARALLEL:
+            S = t.rows.astype(np.float64) * d * 4.0
+            return S * 2 * (L - 1) / L, S * 2 * (N - 1) / N / L
+        cols = d / num_col_shards if st in (
+            ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD
+        ) else d
+        out = G * cols * (self.fb + self.bb)
+        if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+            sent = G * P * self.ib + out
+            return sent * a2a_in, sent * a2a_out
+        if st is ShardingType.ROW_WISE:
+            sent = G * P / W * self.ib + out
+            return sent * a2a_in, sent * a2a_out
+        sent = G * P / L * self.ib + out / L  # TWRW, GRID: the across-node part
+        return sent * a2a_in + out * (L - 1) / L, sent * a2a_out
 
     def latency_time(self, types_used: set[str]) -> float:
         """Fixed collective latency per step: three all-to-alls per sharding type, one all-reduce."""

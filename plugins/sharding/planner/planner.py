@@ -165,15 +165,38 @@ def check_capacity(search: Search, t: TableArrays) -> None:
             + (f" ({others} more tables also do not fit)" if others > 0 else "")
             + "; add ranks or memory, use a cache, or shrink the table."
         )
-    total_dev, total_host = float(need_dev.sum()), float(need_host.sum())
-    if total_dev > cap_dev * W or total_host > cap_host * W:
-        short = total_dev - cap_dev * W
+    # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
+    # (summed over shards). Device memory is short when even the least-device options exceed
+    # it. Host memory is short when, for some mu >= 0, sum_t min_o (h_o + mu d_o) - mu D > H:
+    # that is a lower bound on the host bytes any assignment needs while keeping the device
+    # total within D (Lagrangian relaxation), so exceeding H proves no plan fits.
+    D, H = cap_dev * W, cap_host * W
+    total_dev = float(need_dev.sum())
+    if total_dev > D:
+        short = total_dev - D
         biggest = np.argsort(-need_dev, kind="stable")[:5]
         names = ", ".join(f"{t.names[i]} ({need_dev[i] / GiB:.1f} GiB)" for i in biggest)
+        where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
         raise PlanningError(
-            f"The tables need {total_dev / GiB:,.1f} GiB but {W} ranks offer "
-            f"{cap_dev * W / GiB:,.1f} GiB usable: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
-            f"largest: {names}."
+            f"Device memory is short: the tables need {total_dev / GiB:,.1f} GiB of device memory"
+            f"{where}, but {W} ranks offer {D / GiB:,.1f} GiB usable: {short:,.0f} bytes "
+            f"({short / GiB:,.1f} GiB) short; largest: {names}."
+        )
+    host_need = 0.0
+    finite = np.isfinite(host) & np.isfinite(dev)
+    host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
+    for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25))):
+        score = np.where(finite, host0 + mu * dev0, np.inf)
+        host_need = max(host_need, float(score.min(axis=0).sum()) - mu * D)
+    if host_need > H:
+        short = host_need - H
+        biggest = np.argsort(-need_host, kind="stable")[:5]  # host bytes when held behind a cache
+        names = ", ".join(f"{t.names[i]} ({need_host[i] / GiB:.1f} GiB)" for i in biggest if need_host[i] > 0)
+        raise PlanningError(
+            f"Host memory is short: with device memory filled ({D / GiB:,.1f} GiB usable on {W} "
+            f"ranks), the tables still need at least {host_need / GiB:,.1f} GiB of host memory, but "
+            f"{W} ranks offer {H / GiB:,.1f} GiB: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
+            f"largest in host memory: {names}; add ranks or host memory, or shrink the tables."
         )
 
 
@@ -215,13 +238,20 @@ def build_result(
     time_by_kind = np.zeros((W, kinds))
     mem = {k: np.zeros(W) for k in ("weights", "optimizer", "gradients", "cache")}
     host = {k: np.zeros(W) for k in ("weights", "optimizer")}
+    sent = np.zeros((W, 2))  # bytes sent per step: intra-node, inter-node
+    option_bytes: dict[int, np.ndarray] = {}
     assignments: list[TableAssignment] = []
     types_used: set[str] = set()
     for i, spec in enumerate(tables):
-        opt = search.opts[int(search.choice[i])]
+        o = int(search.choice[i])
+        opt = search.opts[o]
         ranks = search.ranks[i]
         c = opt.cost
         np.add.at(time_by_kind, ranks, c.time[i])
+        if o not in option_bytes:
+            option_bytes[o] = np.stack(model.comm_bytes(search.t, opt.sharding_type, opt.k), axis=1)
+        if W > 1:
+            np.add.at(sent, ranks, option_bytes[o][i])
         if opt.placement == CACHED:
             np.add.at(mem["cache"], ranks, c.cache[i])
             np.add.at(host["weights"], ranks, c.weights[i])
@@ -269,6 +299,7 @@ def build_result(
         memory = {k: float(v[r]) for k, v in mem.items() if v.any()}
         memory["reserve"] = model.reserve
         rep = RankReport(rank=r, memory=memory, memory_capacity=model.capacity_device, time=timed)
+        rep.comm_bytes = {"intra_node": float(sent[r, 0]), "inter_node": float(sent[r, 1])}
         if host["weights"].any():
             rep.host_memory = {k: float(v[r]) for k, v in host.items()}
             rep.host_memory_capacity = model.capacity_host

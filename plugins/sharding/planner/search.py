@@ -118,6 +118,8 @@ class Search:
         fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
+        self.node_index = np.arange(self.N)
+        self.shard_times = ot  # (O, T) seconds per shard
         self.time_scale = max(float(self.min_total().sum()) / self.W, 1e-30)
         self.tolerance = 0.005  # relative near-tie band of the greedy score
         self.by_memory = False  # place on the emptiest ranks (retry when memory is tight)
@@ -151,13 +153,12 @@ class Search:
         loads = self.loads.reshape(self.N, self.L)
         if unit == NODE_K:
             order = np.argsort(grid, axis=1, kind="stable")[:, : opt.k]
-            ok = np.isfinite(np.take_along_axis(grid, order, axis=1)[:, -1])
-            peaks = np.where(ok, np.take_along_axis(loads, order, axis=1).max(axis=1), np.inf)
-            keys = np.where(ok, np.take_along_axis(grid, order, axis=1).max(axis=1), np.inf)
+            rows = self.node_index
+            keys = grid[rows, order[:, -1]]  # sorted ascending: the k-th smallest is the max
             node = int(np.argmin(keys))
             if not np.isfinite(keys[node]):
                 return None
-            return float(peaks[node] + T), np.sort(order[node]) + node * self.L
+            return float(loads[node, order[node]].max() + T), np.sort(order[node]) + node * self.L
         keys = grid.max(axis=1)
         peaks = np.where(np.isfinite(keys), loads.max(axis=1), np.inf)
         if unit == NODE_ALL:
@@ -190,7 +191,20 @@ class Search:
         cur_max = float(self.loads.max())
         cur_sum = float(self.loads.sum())
         found: list[tuple[float, float, int, np.ndarray]] = []
-        for o in np.flatnonzero(self.usable[:, i]):
+        cand = np.flatnonzero(self.usable[:, i])
+        low = None
+        if not self.by_memory:  # a score no placement of the option can beat: visit in that
+            # order and stop once the rest cannot enter the near-tie band (same choice, fewer calls)
+            T, tot_all = self.shard_times[cand, i], self.total[cand, i]
+            low = np.maximum(
+                np.maximum(cur_max, float(self.loads.min()) + T), (cur_sum + tot_all + rest_lb) / self.W
+            )
+            order = np.argsort(low, kind="stable")
+            cand, low = cand[order], low[order]
+        best_score = np.inf
+        for n, o in enumerate(cand):
+            if low is not None and low[n] > best_score * (1.0 + self.tolerance):
+                break
             placed = self.place(int(o), i)
             if placed is None:
                 continue
@@ -202,6 +216,7 @@ class Search:
                 util = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])[ranks].max()
                 score = float(util) + 1e-3 * score / self.time_scale
             found.append((score, tot, int(o), ranks))
+            best_score = min(best_score, score)
         if not found:
             return None
         # near-ties (within tolerance) go to the option with the least summed cost
@@ -253,6 +268,10 @@ class Search:
                 raise PlanningError(self.no_fit_message(int(i)))
             self._apply(int(i), found[0], found[1], +1.0)
 
+    def plan_key(self) -> bytes:
+        """The current choice and ranks of every table, as bytes (to recognise a plan)."""
+        return self.choice.tobytes() + b"".join(np.asarray(r, dtype=np.int64).tobytes() + b"|" for r in self.ranks)
+
     def snapshot(self) -> tuple:
         return (
             self.loads.copy(), self.mem_dev.copy(), self.mem_host.copy(), self.choice.copy(),
@@ -270,6 +289,9 @@ class Search:
         time_budget_s: float = 5.0,
         caps: tuple[float, ...] = (1.0, 1.05, 1.1, 1.2, 1.35, 1.6),
         slack: float = 0.02,
+        tolerances: tuple[float, ...] = (0.02, 0.05),
+        wide_slack: float = 0.08,
+        max_restarts: int = 16,
     ) -> float:
         """Greedy (+ refinement), then bound-guided restarts; keeps the plan with the lowest
         slowest rank. Returns the first greedy's slowest rank (for the report).
@@ -277,32 +299,57 @@ class Search:
         A restart caps every table's shard time at ``cap x tau*``, where ``tau*`` is the shard
         time at which the lower bound is attained (``lower_bound``): tables then take options
         whose shards fit under the bound instead of cheaper-total but coarser ones, which is
-        what few tables on many ranks need. Restarts stop once the plan is within ``slack`` of
-        the bound or half the time budget is spent; candidate order and choice are
-        deterministic.
+        what few tables on many ranks need. If the best plan is then still more than
+        ``wide_slack`` above the bound, the same restarts (uncapped first) run again with wider
+        near-tie bands of the greedy (``tolerances``): the plans differ in which near-equal
+        option each table takes, and the best is kept. Restarts stop once the plan is within
+        ``slack`` of the bound, after ``max_restarts`` greedy runs (skipped duplicates do not
+        count), or after half the time budget; candidate order and choice are deterministic.
         """
         start = time.perf_counter()
         bound = self.lower_bound()
         target = bound * (1 + 1e-3)  # refining closer than 0.1% of the bound is not worth it
         self.greedy()
-        first = float(self.loads.max())
+        first, first_plan = float(self.loads.max()), self.plan_key()
         if refine:
             self.refine(time_budget_s, target=target)
         best, snap = float(self.loads.max()), self.snapshot()
         shard = np.stack([o.shard_time for o in self.opts])
         base = self.usable
-        for cap in caps:
+        # a restart whose option mask, or whose greedy plan, was seen before ends where that
+        # one did (greedy and refinement are deterministic): skip it
+        tol0 = self.tolerance
+        masks, plans = {(base.tobytes(), tol0)}, {first_plan}
+        restarts = 0
+        runs = [(cap, tol0) for cap in caps]
+        runs += [(cap, tol) for tol in tolerances for cap in (None, *caps)]
+        for cap, tol in runs:
             if time.perf_counter() - start > time_budget_s / 2 or best <= bound * (1 + slack):
                 break
-            allowed = base & (shard <= bound * cap)
-            self.usable = np.where(allowed.any(axis=0), allowed, base)
+            if restarts >= max_restarts:
+                break
+            if tol != tol0 and best <= bound * (1 + wide_slack):
+                break
+            usable = base
+            if cap is not None:
+                allowed = base & (shard <= bound * cap)
+                usable = np.where(allowed.any(axis=0), allowed, base)
+            if (usable.tobytes(), tol) in masks:
+                continue
+            masks.add((usable.tobytes(), tol))
+            restarts += 1
+            self.usable, self.tolerance = usable, tol
             self.reset()
             try:
                 self._greedy()
             except PlanningError:
                 continue
             finally:
-                self.usable = base
+                self.usable, self.tolerance = base, tol0
+            plan = self.plan_key()
+            if plan in plans:
+                continue
+            plans.add(plan)
             if refine:
                 self.refine(time_budget_s / 4, target=target)
             peak = float(self.loads.max())
@@ -337,12 +384,20 @@ class Search:
         old_o, old_ranks = int(self.choice[i]), self.ranks[i]
         self._apply(i, old_o, old_ranks, -1.0)
         best: tuple[float, float, int, np.ndarray] | None = None
-        for o in np.flatnonzero(self.usable[:, i]):
+        cand = np.flatnonzero(self.usable[:, i])
+        # the peak after placing is at least the least loaded rank plus one shard: visit options
+        # in that order, skip those that cannot get under ``limit``, stop once none can beat
+        # the best (same choice as trying all: ties go to the lower total, then option index)
+        low = float(self.loads.min()) + self.shard_times[cand, i]
+        order = np.argsort(low, kind="stable")
+        for o, lo in zip(cand[order], low[order]):
+            if lo >= limit or (best is not None and lo > best[0]):
+                break
             placed = self.place(int(o), i)
             if placed is None or placed[0] >= limit:
                 continue
-            key = (placed[0], float(self.total[o, i]))
-            if best is None or key < best[:2]:
+            key = (placed[0], float(self.total[o, i]), int(o))
+            if best is None or key < best[:3]:
                 best = (key[0], key[1], int(o), placed[1])
         if best is None:
             self._apply(i, old_o, old_ranks, +1.0)
@@ -402,6 +457,70 @@ class Search:
         return np.where(np.isfinite(tot), tot, 0.0)
 
     def lower_bound(self) -> float:
+        """A bound no plan over these options can beat (see docs/cost_model.md): the larger of
+        ``flat_bound`` and ``all_rank_bound``; cached per option mask."""
+        key = self.usable.tobytes()
+        cached = getattr(self, "_bound_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = max(self.flat_bound(), self.all_rank_bound())
+        self._bound_cache = (key, value)
+        return value
+
+    def all_rank_bound(self, max_points: int = 2048) -> float:
+        """Bound that charges the shards of every-rank options (DP, RW) to the slowest rank.
+
+        In a plan with slowest rank ``M``, let ``A`` be the tables on every-rank options and
+        ``s*`` the largest shard of the other tables: the rank holding ``s*`` also holds one
+        shard of every table in ``A``, so ``M >= s* + sum_A shard``; and ``M >= sum_A shard +
+        sum_(not A) total / W``. With ``x_t`` a table's smallest every-rank shard and
+        ``c_t(tau)`` its cheapest other total with shard ``<= tau``, over ``W``, ``M`` is at
+        least ``min over tau`` of the fractional optimum of ``sum_A x_t + max(tau, sum_(not A)
+        c_t)``, solved per ``tau`` by taking tables out of ``A`` in order of ``x_t / c_t``. The
+        ``tau`` are the shard times of the other options; past ``max_points`` of them, a
+        coarser grid takes ``tau`` at an interval's left end and ``c`` at its right (still valid).
+        """
+        every = np.array([o.unit == ALL for o in self.opts])
+        shard = np.where(self.usable, self.shard_times, np.inf)
+        total = np.where(self.usable, self.total, np.inf) / self.W
+        if not every.any() or not np.isfinite(shard).any():
+            return 0.0
+        x = shard[every].min(axis=0)  # (T,) inf when the table has no every-rank option
+        other_shard, other_total = shard[~every], total[~every]
+        points = np.unique(other_shard[np.isfinite(other_shard)])
+        points = np.concatenate(([0.0], points))
+        if len(points) > max_points:  # intervals [lo, hi): tau >= lo, c(tau) >= c(hi)
+            idx = np.unique(np.linspace(0, len(points) - 1, max_points).astype(np.int64))
+            lo = points[idx]
+            hi = np.concatenate((points[idx[1:]], [np.inf]))
+        else:
+            lo = hi = points
+        best = np.inf
+        for tau, tau_c in zip(lo, hi):
+            if tau >= best:
+                break
+            c = np.where(other_shard <= tau_c, other_total, np.inf).min(axis=0) if len(other_shard) else np.full(
+                len(x), np.inf
+            )
+            fx, fc = np.isfinite(x), np.isfinite(c)
+            if not (fx | fc).all():
+                continue
+            forced_all = float(x[~fc].sum())
+            forced_other = float(c[~fx].sum())
+            free = fx & fc
+            xf, cf = x[free], np.maximum(c[free], 1e-300)
+            ratio = xf / cf
+            order = np.argsort(-ratio, kind="stable")
+            xf, cf, ratio = xf[order], cf[order], ratio[order]
+            room = max(float(tau) - forced_other, 0.0)
+            before = np.concatenate(([0.0], np.cumsum(cf)[:-1]))
+            inside = np.clip(room - before, 0.0, cf)  # part of each table within the room
+            gain = float((ratio * inside).sum() + (np.maximum(ratio - 1.0, 0.0) * (cf - inside)).sum())
+            value = forced_all + float(xf.sum()) + max(float(tau), forced_other) - gain
+            best = min(best, value)
+        return float(best) if np.isfinite(best) else 0.0
+
+    def flat_bound(self) -> float:
         """A bound no plan over these options can beat (see docs/cost_model.md).
 
         In any plan with slowest rank ``M`` every chosen option has a shard time ``<= M``
