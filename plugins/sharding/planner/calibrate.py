@@ -312,20 +312,7 @@ def torchrec_overheads(world: int, kernel_costs: dict[str, float], a2a_bw: float
 
 
 def collective_bandwidth(world: int = 2) -> dict[str, float]:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_collectives, args=(r, world, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    result = queue.get(timeout=300)
-    for p in procs:
-        p.join()
-    return result
+    return _spawn(_collectives, world)
 
 
 def calibrate(world: int = 2) -> dict[str, float]:

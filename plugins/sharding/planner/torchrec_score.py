@@ -16,22 +16,9 @@ from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSp
 
 def meta_module(tables: Sequence[TableSpec]) -> Any:
     """An EmbeddingBagCollection on the meta device (no table memory)."""
-    import torch
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from neo_core.models import embedding_bag_collection
 
-    return EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(
-                name=t.name,
-                embedding_dim=t.embedding_dim,
-                num_embeddings=t.num_embeddings,
-                feature_names=list(t.feature_names),
-            )
-            for t in tables
-        ],
-        device=torch.device("meta"),
-    )
+    return embedding_bag_collection(tables, device="meta")
 
 
 def constraints(tables: Sequence[TableSpec], result: PlanResult | None = None) -> dict[str, Any]:
