@@ -1,13 +1,18 @@
 """Planner benchmark: Neo vs TorchRec's EmbeddingShardingPlanner on three suites.
 
-    .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 120]
+    .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 60]
         [--suites mlperf_dcnv2 ...] [--ranks 8 16 ...] [--repeats 3] [--no-torchrec]
 
-For each suite (MLPerf DLRM-DCNv2, production-like, 12T) and rank count (8, 16, 64, 128 on
-ZionEX-shaped nodes of 8, global batch 65536): plan with Neo and with TorchRec's planner (in a
-child process, skipped past the timeout), score both with TorchRec's estimator (max-rank
-summed Perf.total, ms), give Neo's own predicted step time and lower bound, and time both
-(Neo: the fastest of ``--repeats`` runs, 3 by default; TorchRec: one run, in a child process).
+For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T) and rank count
+(8, 16, 64, 128 on ZionEX-shaped nodes of 8, global batch 65536):
+- plan with Neo (its own cost model; planning time: the fastest of ``--repeats`` runs), give
+  its predicted step time over its lower bound, and score the plan with TorchRec's estimator
+  (max-rank summed ``Perf.total``, ms);
+- plan with Neo searching over TorchRec's estimator (``estimator="torchrec"``): its predicted
+  step is TorchRec's score of its plan;
+- plan with TorchRec's planner (default proposers) in a child process, with TorchRec's own
+  ``timeout_seconds`` set to ``--torchrec-timeout``: past it TorchRec stops proposing and
+  keeps the best plan so far (marked ``cut``); the child is killed after ``--torchrec-kill``.
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ SUITES = {
     "mlperf_dcnv2": (mlperf_dcnv2, {}),
     # the production-like generator at 100 tables: the largest where TorchRec's planner finishes
     # within the per-case timeout on this machine (500 tables: over 10 minutes at 8 ranks)
-    "production_like_100": (lambda: production_like(100), {}),
     "production_like": (production_like, {}),
     "zionex_12t": (zionex_12t, {"weight_bytes": 2, "cache_load_factor": 0.05}),
+    # not run by default: the production-like generator at 100 tables
+    "production_like_100": (lambda: production_like(100), {}),
 }
+DEFAULT_SUITES = ("mlperf_dcnv2", "production_like", "zionex_12t")
 RANKS = (8, 16, 64, 128)
 GLOBAL_BATCH = 65536
 
@@ -47,7 +54,7 @@ def _context(world: int, extra: dict[str, Any]) -> Any:
     return make_context(topo, GLOBAL_BATCH // world, kernel=kernel, cache=cache)
 
 
-def _torchrec_child(suite: str, world: int, queue: Any) -> None:
+def _torchrec_child(suite: str, world: int, timeout: float, queue: Any) -> None:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     from neo_plugins.sharding.planner.torchrec_score import torchrec_plan_and_score
@@ -55,26 +62,28 @@ def _torchrec_child(suite: str, world: int, queue: Any) -> None:
     gen, extra = SUITES[suite]
     start = time.perf_counter()
     try:
-        score, bound = torchrec_plan_and_score(gen(), _context(world, extra))
-        queue.put({"score_ms": score, "bound_ms": bound, "time_s": time.perf_counter() - start})
+        out = torchrec_plan_and_score(gen(), _context(world, extra), timeout_s=timeout)
+        queue.put({**out, "time_s": time.perf_counter() - start, "timeout_s": timeout})
     except Exception as exc:  # TorchRec's planner failing is a result to report
         queue.put({"error": f"{type(exc).__name__}: {str(exc)[:200]}", "time_s": time.perf_counter() - start})
 
 
-def run_torchrec(suite: str, world: int, timeout: float) -> dict[str, Any]:
+def run_torchrec(suite: str, world: int, timeout: float, kill_after: float) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_torchrec_child, args=(suite, world, queue))
+    proc = ctx.Process(target=_torchrec_child, args=(suite, world, timeout, queue))
     proc.start()
-    proc.join(timeout)
+    proc.join(kill_after)
     if proc.is_alive():
         proc.kill()
         proc.join()
-        return {"skipped": f"did not finish within {timeout:.0f} s"}
+        return {"skipped": f"killed after {kill_after:.0f} s"}
     return queue.get() if not queue.empty() else {"error": f"exit code {proc.exitcode}"}
 
 
-def bench_case(suite: str, world: int, timeout: float, torchrec: bool, repeats: int = 3) -> dict[str, Any]:
+def bench_case(
+    suite: str, world: int, timeout: float, torchrec: bool, repeats: int = 3, kill_after: float = 600.0
+) -> dict[str, Any]:
     from neo_plugins.sharding.planner.torchrec_score import score_plan
 
     gen, extra = SUITES[suite]
@@ -102,23 +111,74 @@ def bench_case(suite: str, world: int, timeout: float, torchrec: bool, repeats: 
             neo["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["neo"] = neo
     if torchrec and "cache_load_factor" not in extra:
-        tr = run_torchrec(suite, world, timeout)
+        # Neo's search over TorchRec's estimator: its prediction is TorchRec's score of the plan
+        # (tests/planner/test_torchrec_estimator.py); one run, timed
+        start = time.perf_counter()
+        tr_planner = NeoPlanner(estimator="torchrec")
+        tr_est = tr_planner.plan(tables, ctx)
+        assert tr_planner.last_search is not None
+        row["neo_torchrec_estimator"] = {
+            "time_s": time.perf_counter() - start,
+            "torchrec_score_ms": tr_est.predicted_step_time * 1e3,
+            # Neo's bound over the same options, costed by TorchRec's estimator
+            "lower_bound_ms": tr_planner.last_search.lower_bound() * 1e3,
+        }
+        row["neo_torchrec_estimator"]["vs_bound"] = (
+            row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
+        )
+        tr = run_torchrec(suite, world, timeout, kill_after)
         row["torchrec"] = tr
         if "score_ms" in tr and "torchrec_score_ms" in neo:
             row["neo_over_torchrec"] = neo["torchrec_score_ms"] / tr["score_ms"]
+            row["neo_tr_est_over_torchrec"] = row["neo_torchrec_estimator"]["torchrec_score_ms"] / tr["score_ms"]
             row["torchrec_vs_bound"] = tr["score_ms"] / tr["bound_ms"]
             row["neo_vs_torchrec_bound"] = neo["torchrec_score_ms"] / tr["bound_ms"]
+            row["neo_tr_est_vs_torchrec_bound"] = (
+                row["neo_torchrec_estimator"]["torchrec_score_ms"] / tr["bound_ms"]
+            )
             row["speedup"] = tr["time_s"] / neo["time_s"]
     elif "cache_load_factor" in extra:
         row["torchrec"] = {"skipped": "cached (UVM) tables: not compared"}
     return row
 
 
+def _fmt(v: Any, spec: str = ".3f") -> str:
+    return format(v, spec) if isinstance(v, float) else "-"
+
+
+def print_row(row: dict[str, Any]) -> None:
+    neo, tr = row.get("neo", {}), row.get("torchrec", {})
+    neo_tr = row.get("neo_torchrec_estimator", {})
+    cut = ">" if tr.get("timed_out") else ""  # TorchRec stopped at its time limit
+    note = ""
+    if "does_not_fit" in neo:
+        note = "does not fit: " + neo["does_not_fit"][:90]
+    elif "skipped" in tr or "error" in tr:
+        note = "torchrec: " + tr.get("skipped", tr.get("error", ""))[:90]
+    elif cut:
+        note = f"torchrec cut at its {tr['timeout_s']:.0f} s limit after {tr['proposals']} proposals"
+    tr_s = (cut + _fmt(tr.get("time_s"), ".1f")) if "time_s" in tr else "-"
+    speed = (cut + _fmt(row.get("speedup"), ".0f") + "x") if "speedup" in row else "-"
+    print(
+        f"{row['suite']:<16} {row['ranks']:>5} {_fmt(neo.get('time_s'), '.2f'):>7} "
+        f"{_fmt(neo_tr.get('time_s'), '.1f'):>9} {tr_s:>7} {speed:>8} "
+        f"{_fmt(row.get('neo_over_torchrec')):>7} {_fmt(row.get('neo_tr_est_over_torchrec')):>11} "
+        f"{_fmt(neo.get('vs_bound')):>8} {_fmt(neo_tr.get('vs_bound')):>12} "
+        f"{_fmt(row.get('torchrec_vs_bound')):>7}  {note}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_planner.json")
-    parser.add_argument("--torchrec-timeout", type=float, default=120.0)
-    parser.add_argument("--suites", nargs="*", default=list(SUITES))
+    parser.add_argument(
+        "--torchrec-timeout", type=float, default=60.0, help="TorchRec's own timeout_seconds (s)"
+    )
+    parser.add_argument(
+        "--torchrec-kill", type=float, default=600.0, help="kill TorchRec's child process after (s)"
+    )
+    parser.add_argument("--suites", nargs="*", default=list(DEFAULT_SUITES), choices=list(SUITES))
     parser.add_argument("--ranks", nargs="*", type=int, default=list(RANKS))
     parser.add_argument("--no-torchrec", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="Neo planning runs per case (min time)")
@@ -126,39 +186,21 @@ def main() -> None:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     rows = []
-    timed_out: set[str] = set()  # suites where TorchRec already ran past the timeout
-    header = (
-        f"{'suite':<16} {'ranks':>5} {'neo s':>7} {'tr s':>7} {'speedup':>8} {'neo/tr (TR est)':>15} "
-        f"{'neo/LB (neo)':>12} {'neo/LB (TR)':>11} {'tr/LB (TR)':>10}"
+    killed: set[str] = set()  # suites where TorchRec's child had to be killed
+    print(
+        f"{'suite':<16} {'ranks':>5} {'neo s':>7} {'neo[TR] s':>9} {'tr s':>7} {'speedup':>8} "
+        f"{'neo/tr':>7} {'neo[TR]/tr':>11} {'neo/LB':>8} {'neo[TR]/LB':>12} {'tr/LB':>7}"
     )
-    print(header)
     for suite in args.suites:
         for world in args.ranks:
-            row = bench_case(
-                suite, world, args.torchrec_timeout, not args.no_torchrec and suite not in timed_out, args.repeats
-            )
-            if suite in timed_out and "torchrec" not in row:
-                row["torchrec"] = {"skipped": "not run: timed out at fewer ranks (larger worlds take longer)"}
-            if "did not finish" in row.get("torchrec", {}).get("skipped", ""):
-                timed_out.add(suite)
+            run_tr = not args.no_torchrec and suite not in killed
+            row = bench_case(suite, world, args.torchrec_timeout, run_tr, args.repeats, args.torchrec_kill)
+            if suite in killed and "torchrec" not in row:
+                row["torchrec"] = {"skipped": "not run: killed at fewer ranks (larger worlds take longer)"}
+            if "killed" in row.get("torchrec", {}).get("skipped", ""):
+                killed.add(suite)
             rows.append(row)
-            neo, tr = row.get("neo", {}), row.get("torchrec", {})
-
-            def f(v: Any, spec: str = ".3f") -> str:
-                return format(v, spec) if isinstance(v, float) else "-"
-
-            note = ""
-            if "does_not_fit" in neo:
-                note = "does not fit: " + neo["does_not_fit"][:90]
-            elif "skipped" in tr or "error" in tr:
-                note = "torchrec: " + tr.get("skipped", tr.get("error", ""))[:90]
-            print(
-                f"{suite:<16} {world:>5} {f(neo.get('time_s'), '.2f'):>7} {f(tr.get('time_s'), '.1f'):>7} "
-                f"{f(row.get('speedup'), '.0f'):>8} {f(row.get('neo_over_torchrec')):>15} "
-                f"{f(neo.get('vs_bound')):>12} {f(row.get('neo_vs_torchrec_bound')):>11} "
-                f"{f(row.get('torchrec_vs_bound')):>10} {note}",
-                flush=True,
-            )
+            print_row(row)
             with open(args.out, "w") as fh:
                 json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
 

@@ -27,6 +27,7 @@ from neo_plugins.sharding.planner.cost import (
 )
 from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options
 
+ESTIMATORS = ("neo", "torchrec")
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 
 
@@ -66,9 +67,19 @@ class NeoPlanner(Planner):
         collective_latency_s: float | None = None,
         index_bytes: int = 8,
         table_sharding_types: Mapping[str, Sequence[str]] | None = None,
+        estimator: str = "neo",
     ) -> None:
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
+        if estimator not in ESTIMATORS:
+            raise ConfigError(
+                f"sharding.estimator={estimator!r} is not known; choose one of {', '.join(ESTIMATORS)}."
+            )
+        # "neo": Neo's cost model (docs/cost_model.md); "torchrec": the same search over
+        # TorchRec's EmbeddingPerfEstimator figures per shard (memory stays Neo's)
+        self.estimator = estimator
+        if estimator == "torchrec":  # TorchRec's estimator has no per-collective latency
+            collective_latency_s = 0.0
         self.allowed = (
             {ShardingType.parse(s) for s in sharding_types} if sharding_types else set(ShardingType)
         )
@@ -99,6 +110,10 @@ class NeoPlanner(Planner):
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
         restrict_per_table(options, tables, self.table_types)
+        if self.estimator == "torchrec":
+            from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
+
+            torchrec_option_costs(options, tables, context)
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
         greedy_max = search.solve(self.refine, self.time_budget_s)
@@ -109,6 +124,7 @@ class NeoPlanner(Planner):
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
             f"greedy {greedy_max * 1e3:.3f} ms -> refined {float(search.loads.max()) * 1e3:.3f} ms "
             f"({search.moves} moves); lower bound {search.lower_bound() * 1e3:.3f} ms"
+            + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
         return result
 

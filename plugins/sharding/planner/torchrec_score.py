@@ -8,6 +8,7 @@ and column width pinned per table, and each shard gets the rank the Neo plan gav
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,17 +86,24 @@ def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: Plannin
 
 
 def torchrec_plan_and_score(
-    tables: Sequence[TableSpec], context: PlanningContext, proposers: str = "default"
-) -> tuple[float, float]:
-    """Run TorchRec's EmbeddingShardingPlanner; returns (max-rank perf in ms, lower bound in ms).
+    tables: Sequence[TableSpec],
+    context: PlanningContext,
+    proposers: str = "default",
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run TorchRec's EmbeddingShardingPlanner and score its plan with TorchRec's estimator.
 
     ``proposers="default"`` uses TorchRec's default proposers (grid search, greedy with and
-    without depth, uniform); ``"greedy"`` only its ``GreedyProposer`` (one of those four),
-    which finishes on table sets where the default set takes too long.
+    without depth, uniform); ``"greedy"`` only its ``GreedyProposer`` (one of those four).
+    ``timeout_s`` is TorchRec's own ``timeout_seconds``: its proposers stop after that long
+    and the best plan found so far is kept.
 
-    The bound is TorchRec's own: the larger of (sum over tables of the cheapest option's
-    summed shard perf) / world size and the largest single-shard perf any table must have.
+    Returns ``score_ms`` (max-rank perf), ``bound_ms`` (TorchRec's own lower bound: the
+    larger of (sum over tables of the cheapest option's summed shard perf) / world size and
+    the largest single-shard perf any table must have), ``timed_out`` (the proposers hit
+    ``timeout_s``), ``proposals`` and ``search_s`` (the proposers' time, as TorchRec logs it).
     """
+    import torchrec.distributed.planner.planners as tr_planners
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
     from torchrec.distributed.planner.shard_estimators import (
@@ -116,24 +124,114 @@ def torchrec_plan_and_score(
         kwargs["proposer"] = GreedyProposer()
     elif proposers != "default":
         raise ValueError(f"proposers={proposers!r}: use 'default' or 'greedy'")
+    if timeout_s is not None:
+        kwargs["timeout_seconds"] = max(1, int(round(timeout_s)))
     planner = EmbeddingShardingPlanner(
         topology=topo, batch_size=context.batch_size_per_rank, constraints=cons, **kwargs
     )
-    planner.plan(module, sharders)
+    logged: dict[str, Any] = {}
+    original = tr_planners.log_planning_result  # its metadata says whether proposers timed out
+
+    def capture(*args: Any, **meta: Any) -> None:
+        logged.update(meta)
+        original(*args, **meta)
+
+    tr_planners.log_planning_result = capture
+    try:
+        planner.plan(module, sharders)
+    finally:
+        tr_planners.log_planning_result = original
     best = planner._best_plan or []
-    score = max(rank_perf(best, topo.world_size))
-    enum = EmbeddingEnumerator(
-        topo,
-        context.batch_size_per_rank,
-        cons,
-        estimator=[EmbeddingPerfEstimator(topo, cons), EmbeddingStorageEstimator(topo, cons)],
-    )
+    out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size))}
+    per_proposer = json.loads(logged.get("proposals_per_proposer", "{}"))
+    out["timed_out"] = any(bool(v.get("timed_out")) for v in per_proposer.values())
+    out["proposals"] = int(logged.get("num_proposals", 0))
+    out["search_s"] = float(logged.get("planner_time_seconds", "nan"))
+    space = planner._enumerator.last_stored_search_space  # the options TorchRec searched
+    if space is None:
+        space = EmbeddingEnumerator(
+            topo,
+            context.batch_size_per_rank,
+            cons,
+            estimator=[EmbeddingPerfEstimator(topo, cons), EmbeddingStorageEstimator(topo, cons)],
+        ).enumerate(module, sharders)
     total: dict[str, float] = {}
     single: dict[str, float] = {}
-    for so in enum.enumerate(module, sharders):
+    for so in space:
         tot = sum(s.perf.total for s in so.shards)
         big = max(s.perf.total for s in so.shards)
         total[so.name] = min(total.get(so.name, float("inf")), tot)
         single[so.name] = min(single.get(so.name, float("inf")), big)
-    bound = max(sum(total.values()) / topo.world_size, max(single.values()))
-    return score, bound
+    out["bound_ms"] = max(sum(total.values()) / topo.world_size, max(single.values()))
+    return out
+
+
+def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext) -> None:
+    """Replace the time of every Neo option with TorchRec's ``EmbeddingPerfEstimator`` figures.
+
+    For each option (sharding type, column shards, placement) the tables it is valid for are
+    enumerated by TorchRec with that type, kernel and shard width pinned; each shard's
+    ``Perf`` (ms) becomes seconds by kind: ``fwd_compute`` -> compute_fwd, ``bwd_compute`` ->
+    compute_bwd, ``fwd_comms`` -> comm_fwd, ``bwd_comms`` -> comm_bwd (TorchRec's data-parallel
+    all-reduce is part of it), ``prefetch_compute`` -> comm_input. A shard's time is the largest
+    of the option's shards (row-wise splits leave the last shard short). Where TorchRec offers
+    no option of that shape (or another shard count), the option becomes invalid for the table.
+    Memory stays Neo's.
+    """
+    import numpy as np
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from neo_plugins.sharding.planner.cost import CACHED, CB, CF, CIN, CMB, CMF
+    from neo_plugins.sharding.sharders import make_sharders
+
+    topo = context.topology.to_torchrec()
+    sharders = make_sharders(context)
+    multi = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
+    for opt in options:
+        idx = [i for i in range(len(tables)) if opt.valid[i]]
+        if opt.placement == CACHED:
+            kernel = "fused_uvm_caching"
+        elif opt.sharding_type is ShardingType.DATA_PARALLEL:
+            kernel = "dense"
+        else:
+            kernel = context.kernel.compute_kernel
+        cons = {}
+        for i in idx:
+            t = tables[i]
+            kwargs: dict[str, Any] = {
+                "pooling_factors": [t.pooling_factor] * len(t.feature_names),
+                "sharding_types": [opt.sharding_type.value],
+                "compute_kernels": [kernel],
+            }
+            if opt.sharding_type in multi:
+                kwargs["min_partition"] = t.embedding_dim // opt.k
+            if opt.placement == CACHED and context.cache.load_factor:
+                kwargs["cache_params"] = _cache_params(context.cache.load_factor)
+            cons[t.name] = ParameterConstraints(**kwargs)
+        time = np.zeros_like(opt.cost.time)
+        found = np.zeros(len(tables), dtype=bool)
+        if idx:
+            enum = EmbeddingEnumerator(
+                topo, context.batch_size_per_rank, cons, estimator=[EmbeddingPerfEstimator(topo, cons)]
+            )
+            position = {tables[i].name: i for i in idx}
+            for so in enum.enumerate(meta_module([tables[i] for i in idx]), sharders):
+                i = position[so.name]
+                if len(so.shards) != opt.num_shards or found[i]:
+                    continue
+                worst = max(so.shards, key=lambda s: s.perf.total).perf
+                time[i, CF], time[i, CB] = worst.fwd_compute, worst.bwd_compute
+                time[i, CMF], time[i, CMB] = worst.fwd_comms, worst.bwd_comms
+                time[i, CIN] = worst.prefetch_compute
+                found[i] = True
+        opt.cost.time = time * 1e-3
+        opt.valid = opt.valid & found
+        opt.shard_time = opt.cost.time.sum(axis=1)
+
+
+def _cache_params(load_factor: float) -> Any:
+    from torchrec.distributed.types import CacheParams
+
+    return CacheParams(load_factor=load_factor)
