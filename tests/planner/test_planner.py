@@ -294,3 +294,49 @@ def test_lower_bound_never_exceeds_the_best_plan_by_brute_force(seed):
     best = min(float(sum(vs).max()) for vs in product(*choices))
     assert search.lower_bound() <= best * (1 + 1e-9)
     assert search.lower_bound() >= search.flat_bound() - 1e-15
+
+
+def test_memory_bound_holds_for_every_plan_that_fits_by_brute_force():
+    """With memory tight, the fastest options do not all fit: the memory bound sees it and
+    never exceeds the best plan that fits (every placement of every option, enumerated)."""
+    from itertools import combinations, product
+
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import ALL, ANY_K, SINGLE, Search, build_options
+
+    binding = 0
+    for seed in range(8):
+        rng = np.random.default_rng(100 + seed)
+        tables = [
+            TableSpec(f"t{i}", int(rng.integers(1_000_000, 4_000_000)), int(rng.choice([64, 128])),
+                      float(rng.uniform(1, 60)))
+            for i in range(3)
+        ]
+        # 0.5 GiB devices: most tables must sit in host memory behind the (slower) cache
+        ctx = make_context(cluster(1, 4, 0.5), 2048, cache=CachePolicy("lru", load_factor=0.1))
+        model, arrays = CostModel(ctx), TableArrays.from_specs(tables)
+        search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+        W = search.W
+        choices = []  # per table: (load, device memory, host memory) per rank, every placement
+        for i in range(len(tables)):
+            mine = []
+            for opt in (o for j, o in enumerate(search.opts) if search.usable[j, i]):
+                assert opt.unit in (SINGLE, ANY_K, ALL)
+                k = 1 if opt.unit == SINGLE else (W if opt.unit == ALL else opt.k)
+                for ranks in combinations(range(W), k):
+                    load, dev, host = np.zeros(W), np.zeros(W), np.zeros(W)
+                    load[list(ranks)], dev[list(ranks)] = opt.shard_time[i], opt.cost.mem_device[i]
+                    host[list(ranks)] = opt.cost.mem_host[i]
+                    mine.append((load, dev, host))
+            choices.append(mine)
+        feasible = [
+            float(sum(c[0] for c in combo).max())
+            for combo in product(*choices)
+            if (sum(c[1] for c in combo) <= search.cap_dev * (1 + 1e-12)).all()
+            and (sum(c[2] for c in combo) <= search.cap_host * (1 + 1e-12)).all()
+        ]
+        best = min(feasible)
+        assert search.memory_bound() <= best * (1 + 1e-9)
+        assert search.lower_bound() <= best * (1 + 1e-9)
+        binding += search.memory_bound() > max(search.flat_bound(), search.all_rank_bound()) * 1.01
+    assert binding >= 2  # the memory bound is the tighter one in several of these cases

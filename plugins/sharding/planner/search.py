@@ -463,9 +463,39 @@ class Search:
         cached = getattr(self, "_bound_cache", None)
         if cached is not None and cached[0] == key:
             return cached[1]
-        value = max(self.flat_bound(), self.all_rank_bound())
+        value = max(self.flat_bound(), self.all_rank_bound(), self.memory_bound())
         self._bound_cache = (key, value)
         return value
+
+    def memory_bound(self, points: int = 25) -> float:
+        """Bound from the cluster's memory: fast options that do not all fit force slower ones.
+
+        With ``d``, ``h`` an option's device and host bytes (all shards) and ``D``, ``H`` the
+        cluster's usable device and host memory, any plan that fits has, for every ``lam, mu
+        >= 0``, ``sum_t total_t >= sum_t min_o (total + lam d + mu h) - lam D - mu H``
+        (Lagrangian relaxation of the two capacity constraints), and its slowest rank carries
+        at least ``1/W`` of the sum. The largest value over a log grid of ``lam`` and ``mu``
+        (scaled to time per byte of the whole cluster) is kept.
+        """
+        total = np.where(self.usable, self.total, np.inf)
+        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
+        dev = np.stack([o.cost.mem_device for o in self.opts]) * shards
+        host = np.stack([o.cost.mem_host for o in self.opts]) * shards
+        ok = np.isfinite(total)
+        if not ok.any(axis=0).all():
+            return 0.0
+        dev, host = np.where(ok, dev, 0.0), np.where(ok, host, 0.0)
+        D, H = self.cap_dev * self.W, self.cap_host * self.W
+        scale = float(np.where(ok, total, np.inf).min(axis=0).sum())
+        grid = np.concatenate(([0.0], np.logspace(-3, 3, points)))
+        lams = grid * scale / max(D, 1.0)
+        mus = grid * scale / max(H, 1.0) if H > 0 else np.zeros(1)
+        best = 0.0
+        for lam in lams:
+            base = total + lam * dev  # (O, T)
+            value = (base[None] + mus[:, None, None] * host[None]).min(axis=1).sum(axis=1) - lam * D - mus * H
+            best = max(best, float(value.max()))
+        return best / self.W
 
     def all_rank_bound(self, max_points: int = 2048) -> float:
         """Bound that charges the shards of every-rank options (DP, RW) to the slowest rank.
