@@ -12,7 +12,8 @@ For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T) and
   step is TorchRec's score of its plan;
 - plan with TorchRec's planner (default proposers) in a child process, with TorchRec's own
   ``timeout_seconds`` set to ``--torchrec-timeout``: past it TorchRec stops proposing and
-  keeps the best plan so far (marked ``cut``); the child is killed after ``--torchrec-kill``.
+  keeps the best plan so far (marked ``>``; 0: no limit); the child is killed after
+  ``--torchrec-kill``.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _torchrec_child(suite: str, world: int, timeout: float, queue: Any) -> None:
     gen, extra = SUITES[suite]
     start = time.perf_counter()
     try:
-        out = torchrec_plan_and_score(gen(), _context(world, extra), timeout_s=timeout)
+        out = torchrec_plan_and_score(gen(), _context(world, extra), timeout_s=timeout or None)
         queue.put({**out, "time_s": time.perf_counter() - start, "timeout_s": timeout})
     except Exception as exc:  # TorchRec's planner failing is a result to report
         queue.put({"error": f"{type(exc).__name__}: {str(exc)[:200]}", "time_s": time.perf_counter() - start})
@@ -157,6 +158,8 @@ def print_row(row: dict[str, Any]) -> None:
         note = "torchrec: " + tr.get("skipped", tr.get("error", ""))[:90]
     elif cut:
         note = f"torchrec cut at its {tr['timeout_s']:.0f} s limit after {tr['proposals']} proposals"
+    elif tr.get("proposals"):
+        note = f"torchrec finished: {tr['proposals']} proposals"
     tr_s = (cut + _fmt(tr.get("time_s"), ".1f")) if "time_s" in tr else "-"
     speed = (cut + _fmt(row.get("speedup"), ".0f") + "x") if "speedup" in row else "-"
     print(
@@ -173,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_planner.json")
     parser.add_argument(
-        "--torchrec-timeout", type=float, default=60.0, help="TorchRec's own timeout_seconds (s)"
+        "--torchrec-timeout", type=float, default=60.0, help="TorchRec's own timeout_seconds (s); 0: none"
     )
     parser.add_argument(
         "--torchrec-kill", type=float, default=600.0, help="kill TorchRec's child process after (s)"
