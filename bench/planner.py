@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--suites", nargs="*", default=list(DEFAULT_SUITES), choices=list(SUITES))
     parser.add_argument("--ranks", nargs="*", type=int, default=list(RANKS))
     parser.add_argument("--no-torchrec", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3, help="Neo planning runs per case (min time)")
+    parser.add_argument("--repeats", type=int, default=5, help="Neo planning runs per case (min time)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")

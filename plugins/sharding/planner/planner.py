@@ -123,7 +123,8 @@ class NeoPlanner(Planner):
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
             f"greedy {greedy_max * 1e3:.3f} ms -> refined {float(search.loads.max()) * 1e3:.3f} ms "
-            f"({search.moves} moves); lower bound {search.lower_bound() * 1e3:.3f} ms"
+            f"({search.moves} moves, {search.restarts} restarts); "
+            f"lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
         return result

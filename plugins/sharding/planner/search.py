@@ -124,6 +124,8 @@ class Search:
         self.tolerance = 0.005  # relative near-tie band of the greedy score
         self.by_memory = False  # place on the emptiest ranks (retry when memory is tight)
         self.memory_prices = (0.0, 0.0)  # (lam, mu) where the memory bound peaks (memory_bound)
+        self.restarts = 0  # bound-guided restarts run by the last solve
+        self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
 
     # ---- placing one option --------------------------------------------------------
     def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
@@ -322,6 +324,7 @@ class Search:
         tol0 = self.tolerance
         masks, plans = {(base.tobytes(), tol0)}, {first_plan}
         restarts = 0
+        self.best_restart = 0
         # Memory-priced restarts, when memory binds (the memory bound's multipliers are > 0):
         # the greedy weighs each option's total plus its device and host bytes at those prices
         # (times ``factor``), so memory-hungry fast options give way where memory is scarce,
@@ -392,6 +395,8 @@ class Search:
             peak = float(self.loads.max())
             if peak < best * (1 - 1e-9):
                 best, snap = peak, self.snapshot()
+                self.best_restart = restarts
+        self.restarts = restarts
         self.restore(snap)
         return first
 
