@@ -95,6 +95,14 @@ def build_options(
     return opts
 
 
+def capped(base: np.ndarray, shard: np.ndarray, bound: float, cap: float | None) -> np.ndarray:
+    """Options whose shard time is at most ``cap x bound`` (all of a table's, where none is)."""
+    if cap is None:
+        return base
+    allowed = base & (shard <= bound * cap)
+    return np.where(allowed.any(axis=0), allowed, base)
+
+
 class Search:
     """Greedy placement plus refinement over the options of every table."""
 
@@ -340,26 +348,9 @@ class Search:
             for cap, factor in ((1.0, 1.0), (1.0, 0.85), (None, 1.0), (None, 0.85)):
                 if best <= bound * (1 + slack):
                     break
-                usable = base
-                if cap is not None:
-                    allowed = base & (shard <= bound * cap)
-                    usable = np.where(allowed.any(axis=0), allowed, base)
-                self.usable, self.total = usable, true_total + factor * extra
-                self.reset()
-                try:
-                    self.greedy()
-                except PlanningError:
-                    continue
-                finally:
-                    self.usable, self.total = base, true_total
-                plan = self.plan_key()
-                if plan in plans:
-                    continue
-                plans.add(plan)
-                if refine:
-                    self.refine(time_budget_s / 4, target=target)
-                peak = float(self.loads.max())
-                if peak < best * (1 - 1e-9):
+                usable = capped(base, shard, bound, cap)
+                peak = self._restart(usable, true_total + factor * extra, tol0, True, plans, refine, time_budget_s / 4, target)
+                if peak is not None and peak < best * (1 - 1e-9):
                     best, snap = peak, self.snapshot()
         runs = [(cap, tol0) for cap in caps]
         runs += [(cap, tol) for tol in tolerances for cap in (None, *caps)]
@@ -370,35 +361,49 @@ class Search:
                 break
             if tol != tol0 and best <= bound * (1 + wide_slack):
                 break
-            usable = base
-            if cap is not None:
-                allowed = base & (shard <= bound * cap)
-                usable = np.where(allowed.any(axis=0), allowed, base)
+            usable = capped(base, shard, bound, cap)
             if (usable.tobytes(), tol) in masks:
                 continue
             masks.add((usable.tobytes(), tol))
             restarts += 1
-            self.usable, self.tolerance = usable, tol
-            self.reset()
-            try:
-                self._greedy()
-            except PlanningError:
-                continue
-            finally:
-                self.usable, self.tolerance = base, tol0
-            plan = self.plan_key()
-            if plan in plans:
-                continue
-            plans.add(plan)
-            if refine:
-                self.refine(time_budget_s / 4, target=target)
-            peak = float(self.loads.max())
-            if peak < best * (1 - 1e-9):
+            peak = self._restart(usable, self.total, tol, False, plans, refine, time_budget_s / 4, target)
+            if peak is not None and peak < best * (1 - 1e-9):
                 best, snap = peak, self.snapshot()
                 self.best_restart = restarts
         self.restarts = restarts
         self.restore(snap)
         return first
+
+    def _restart(
+        self,
+        usable: np.ndarray,
+        total: np.ndarray,
+        tolerance: float,
+        memory_retry: bool,
+        plans: set[bytes],
+        refine: bool,
+        budget_s: float,
+        target: float,
+    ) -> float | None:
+        """A greedy from scratch with these options, totals and near-tie band (then refined
+        with the true ones); its slowest rank, or None if it failed or repeats a plan in
+        ``plans``. ``memory_retry``: retry packing by memory if the greedy runs out of it."""
+        base = (self.usable, self.total, self.tolerance)
+        self.usable, self.total, self.tolerance = usable, total, tolerance
+        self.reset()
+        try:
+            self.greedy() if memory_retry else self._greedy()
+        except PlanningError:
+            return None
+        finally:
+            self.usable, self.total, self.tolerance = base
+        plan = self.plan_key()
+        if plan in plans:
+            return None
+        plans.add(plan)
+        if refine:
+            self.refine(budget_s, target=target)
+        return float(self.loads.max())
 
     def refine(self, time_budget_s: float = 5.0, max_moves: int = 100000, target: float = 0.0) -> None:
         """Lower the slowest rank by re-placing or swapping its tables until stuck (or until
