@@ -13,7 +13,8 @@ For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T) and
 - plan with TorchRec's planner (default proposers) in a child process, with TorchRec's own
   ``timeout_seconds`` set to ``--torchrec-timeout``: past it TorchRec stops proposing and
   keeps the best plan so far (marked ``>``; 0: no limit); the child is killed after
-  ``--torchrec-kill``.
+  ``--torchrec-kill``;
+- score TorchRec's plan with Neo's cost model too (``neo/tr under Neo's model``).
 """
 
 from __future__ import annotations
@@ -138,6 +139,8 @@ def bench_case(
                 row["neo_torchrec_estimator"]["torchrec_score_ms"] / tr["bound_ms"]
             )
             row["speedup"] = tr["time_s"] / neo["time_s"]
+        if "neo_model_step_ms" in tr:  # both plans under Neo's cost model
+            row["neo_over_torchrec_neo_model"] = neo["step_ms"] / tr["neo_model_step_ms"]
     elif "cache_load_factor" in extra:
         row["torchrec"] = {"skipped": "cached (UVM) tables: not compared"}
     return row
@@ -160,6 +163,8 @@ def print_row(row: dict[str, Any]) -> None:
         note = f"torchrec cut at its {tr['timeout_s']:.0f} s limit after {tr['proposals']} proposals"
     elif tr.get("proposals"):
         note = f"torchrec finished: {tr['proposals']} proposals"
+    if "neo_over_torchrec_neo_model" in row:
+        note += f"; neo/tr under Neo's model {row['neo_over_torchrec_neo_model']:.3f}"
     tr_s = (cut + _fmt(tr.get("time_s"), ".1f")) if "time_s" in tr else "-"
     speed = (cut + _fmt(row.get("speedup"), ".0f") + "x") if "speedup" in row else "-"
     print(

@@ -143,6 +143,13 @@ def torchrec_plan_and_score(
         tr_planners.log_planning_result = original
     best = planner._best_plan or []
     out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size))}
+    try:  # the other way round: TorchRec's plan under Neo's cost model
+        from neo_plugins.sharding.planner.score import score_assignments
+
+        scored = score_assignments(tables, assignments_of(best), context, planner="torchrec")
+        out["neo_model_step_ms"] = scored.predicted_step_time * 1e3
+    except Exception as exc:  # a shard shape Neo does not offer: reported, not fatal
+        out["neo_model_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     per_proposer = json.loads(logged.get("proposals_per_proposer", "{}"))
     out["timed_out"] = any(bool(v.get("timed_out")) for v in per_proposer.values())
     out["proposals"] = int(logged.get("num_proposals", 0))
@@ -164,6 +171,23 @@ def torchrec_plan_and_score(
         single[so.name] = min(single.get(so.name, float("inf")), big)
     out["bound_ms"] = max(sum(total.values()) / topo.world_size, max(single.values()))
     return out
+
+
+def assignments_of(options: Sequence[Any]) -> list[Any]:
+    """Neo ``TableAssignment``s of TorchRec sharding options whose shards have ranks."""
+    from neo_core.sharding import TableAssignment
+
+    return [
+        TableAssignment(
+            name=so.name,
+            sharding_type=ShardingType(so.sharding_type).value,
+            compute_kernel=so.compute_kernel,
+            ranks=[int(sh.rank) for sh in so.shards],
+            shard_shapes=[(int(sh.size[0]), int(sh.size[1])) for sh in so.shards],
+            why="TorchRec planner",
+        )
+        for so in options
+    ]
 
 
 def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext) -> None:
