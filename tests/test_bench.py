@@ -1,0 +1,36 @@
+"""bench/planner.py end to end on its smallest case: it prints the ratios and writes them as JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT, subprocess_env
+
+COLUMNS = ("neo/tr", "neo[TR]/tr", "neo/LB", "neo[TR]/LB", "tr/LB", "speedup")
+
+
+def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/planner.py", "--suites", "mlperf_dcnv2", "--ranks", "8",
+         "--repeats", "1", "--out", str(out)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    header, line = proc.stdout.splitlines()[:2]
+    assert all(column in header for column in COLUMNS), header
+    assert line.split()[:2] == ["mlperf_dcnv2", "8"], line
+    [row] = json.loads(out.read_text())
+    tr = row["torchrec"]
+    assert "score_ms" in tr and not tr["timed_out"], tr  # TorchRec finishes on 26 tables in seconds
+    # the ratios are what they say: plans scored by TorchRec's estimator, over TorchRec's plan
+    assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / tr["score_ms"]
+    # neither Neo plan is worse than TorchRec's under TorchRec's own estimator
+    assert row["neo_over_torchrec"] <= 1.0 and row["neo_tr_est_over_torchrec"] <= 1.0, row
+    # bounds are bounds: nothing below them, Neo within 1.10x of its own
+    assert 1.0 <= row["neo"]["vs_bound"] <= 1.10, row["neo"]
+    assert row["neo_torchrec_estimator"]["vs_bound"] >= 1.0 and row["torchrec_vs_bound"] >= 1.0, row
+    # the progress bar goes to stderr, leaving stdout to the table
+    assert "planner bench" in proc.stderr
