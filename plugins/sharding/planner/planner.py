@@ -117,14 +117,18 @@ class NeoPlanner(Planner):
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
         greedy_max = search.solve(self.refine, self.time_budget_s)
+        # fewer sharding types where their collectives' latency outweighs the balance they
+        # buy: up to 6 restricted solves on small models (each costs about one solve), none
+        # from 600 tables up, where latency is a small share of the step
+        subsets = search.fewer_types(min(6, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
             f"greedy {greedy_max * 1e3:.3f} ms -> refined {float(search.loads.max()) * 1e3:.3f} ms "
-            f"({search.moves} moves, {search.restarts} restarts); "
-            f"lower bound {search.lower_bound() * 1e3:.3f} ms"
+            f"({search.moves} moves, {search.restarts} restarts, {subsets} type subsets); "
+            f"load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
         return result

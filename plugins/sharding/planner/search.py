@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 
@@ -496,6 +497,118 @@ class Search:
         self._apply(i, oi, rj, +1.0)
         self._apply(j, oj, ri, +1.0)
         return True
+
+    # ---- fixed collective latency ----------------------------------------------------
+    def types_used(self) -> set[str]:
+        """Sharding types (TorchRec names) of the current plan."""
+        return {self.opts[o].sharding_type.value for o in self.choice if o >= 0}
+
+    def step(self) -> float:
+        """Predicted step of the current plan: slowest rank plus the fixed collective latency
+        of the sharding types it uses (``CostModel.latency_time``)."""
+        return float(self.loads.max()) + self.model.latency_time(self.types_used())
+
+    def _of_types(self, types: set[str] | frozenset[str]) -> np.ndarray:
+        """The usable mask restricted to options of these sharding types."""
+        keep = np.array([o.sharding_type.value in types for o in self.opts])
+        return self.usable & keep[:, None]
+
+    def _bound_over(self, usable: np.ndarray, cheap: bool = False) -> float:
+        """``lower_bound`` (``cheap``: ``flat_bound``) over a restricted option mask, inf if a
+        table is left without an option; the search's own mask, cached bound and memory
+        prices are kept."""
+        if not usable.any(axis=0).all():
+            return float("inf")
+        saved = (self.usable, getattr(self, "_bound_cache", None), self.memory_prices)
+        self.usable = usable
+        try:
+            return self.flat_bound() if cheap else self.lower_bound()
+        finally:
+            self.usable, self._bound_cache, self.memory_prices = saved
+
+    def present_types(self) -> list[str]:
+        """Sharding types (TorchRec names) that some table can use, sorted."""
+        return sorted({o.sharding_type.value for j, o in enumerate(self.opts) if self.usable[j].any()})
+
+    def fewer_types(self, max_solves: int, refine: bool = True, time_budget_s: float = 5.0) -> int:
+        """After ``solve``: plans over fewer sharding types, where their collectives cost more
+        than the balance they buy.
+
+        Each sharding type in a plan adds fixed-latency collectives (three all-to-alls; one
+        all-reduce for DP) that the load balance does not see. Every proper subset ``S`` of
+        the types gets a cheap bound, ``flat_bound`` over its options plus ``latency(S)``;
+        the subsets whose bound is below the current step are solved in bound order (the
+        whole ``solve``, restricted to ``S``), at most ``max_solves`` of them, and the plan
+        with the lowest predicted step (``step``) is kept. Deterministic; returns the number
+        of subsets solved.
+        """
+        latency = self.model.latency_time
+        if max_solves <= 0 or latency({ShardingType.TABLE_WISE.value}) <= 0:
+            return 0
+        best, keep = self.step(), self.snapshot()
+        restarts = (self.restarts, self.best_restart)
+        present = self.present_types()
+        candidates = []
+        for size in range(1, len(present)):
+            for combo in combinations(present, size):
+                usable = self._of_types(set(combo))
+                value = self._bound_over(usable, cheap=True) + latency(set(combo))
+                if value < best * (1 - 1e-9):
+                    candidates.append((value, combo, usable))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        base, cache, prices = self.usable, getattr(self, "_bound_cache", None), self.memory_prices
+        solved = 0
+        for value, _, usable in candidates:
+            if solved >= max_solves or value >= best * (1 - 1e-9):
+                break
+            solved += 1
+            self.usable = usable
+            self.reset()
+            try:
+                self.solve(refine, time_budget_s)
+                step = self.step()
+            except PlanningError:
+                step = float("inf")
+            finally:
+                self.usable, self._bound_cache, self.memory_prices = base, cache, prices
+            if step < best * (1 - 1e-9):
+                best, keep = step, self.snapshot()
+        self.restarts, self.best_restart = restarts
+        self.restore(keep)
+        return solved
+
+    def step_bound(self, max_evals: int = 16) -> float:
+        """A bound on the predicted step (slowest rank plus collective latency) of every plan.
+
+        A plan whose options all have sharding types in ``S`` has a slowest rank of at least
+        ``lower_bound`` over those options, and pays ``latency(S)`` at least; so the minimum
+        over ``S`` of both summed bounds every plan. Subsets are visited largest first: a
+        subset's load bound is at least its supersets', so subsets whose supersets' bound plus
+        their own latency cannot beat the best are not computed; past ``max_evals`` computed
+        subsets the rest count with the larger of that and ``flat_bound`` (cheaper, still valid).
+        """
+        present = self.present_types()
+        latency = self.model.latency_time
+        full = frozenset(present)
+        floor = {full: self.lower_bound()}
+        best = floor[full] + latency(set(full))
+        evals = 0
+        for size in range(len(present) - 1, 0, -1):
+            for combo in combinations(present, size):
+                subset = frozenset(combo)
+                sup = max(floor[subset | {x}] for x in full - subset)
+                lat = latency(set(subset))
+                floor[subset] = sup
+                if sup + lat >= best:
+                    continue
+                usable = self._of_types(subset)
+                if evals < max_evals:
+                    evals += 1
+                    floor[subset] = max(sup, self._bound_over(usable))
+                else:
+                    floor[subset] = max(sup, self._bound_over(usable, cheap=True))
+                best = min(best, floor[subset] + lat)
+        return best
 
     # ---- bounds and messages -------------------------------------------------------
     def min_total(self) -> np.ndarray:
