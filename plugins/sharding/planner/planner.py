@@ -118,9 +118,9 @@ class NeoPlanner(Planner):
         check_capacity(search, arrays)
         greedy_max = search.solve(self.refine, self.time_budget_s)
         # fewer sharding types where their collectives' latency outweighs the balance they
-        # buy: up to 6 restricted solves on small models (each costs about one solve), none
-        # from 600 tables up, where latency is a small share of the step
-        subsets = search.fewer_types(min(6, 600 // len(tables)), self.refine, self.time_budget_s)
+        # buy: up to 3 restricted solves (each costs up to one solve), none from 600 tables
+        # up, where latency is a small share of the step
+        subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         elapsed = time.perf_counter() - start
