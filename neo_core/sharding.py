@@ -220,8 +220,17 @@ class PlanResult:
         if len(self.tables) > max_tables:
             lines.append(f"  ... {len(self.tables) - max_tables} more tables in plan.json")
         has_bytes = any(r.comm_bytes for r in self.ranks)
+        kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
+        has_host = any(r.host_memory for r in self.ranks)
         lines.append(
-            f"  {'rank':<6} {'memory':>10} {'capacity':>10} {'compute':>10} {'comm':>10} {'total':>10}"
+            f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
+            "device's size" + ("; 'host' is host memory (weights and optimizer of cached tables)" if has_host else "")
+        )
+        lines.append(
+            f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)
+            + f" {'memory':>10} {'capacity':>10}"
+            + (f" {'host':>10} {'host cap':>10}" if has_host else "")
+            + f" {'compute':>10} {'comm':>10} {'total':>10}"
             + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
         )
         for r in self.ranks:
@@ -233,8 +242,12 @@ class PlanResult:
                     f" {_bytes(r.comm_bytes.get('intra_node', 0.0)):>10}"
                     f" {_bytes(r.comm_bytes.get('inter_node', 0.0)):>10}"
                 )
+            by_kind = "".join(f"{_bytes(r.memory.get(k, 0.0)):>11}" for k in kinds)
+            host = ""
+            if has_host:
+                host = f" {_bytes(sum(r.host_memory.values())):>10} {_bytes(r.host_memory_capacity or 0):>10}"
             lines.append(
-                f"  {r.rank:<6} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10} "
+                f"  {r.rank:<6} {by_kind} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10}{host} "
                 f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms{sent}"
             )
         if has_bytes:

@@ -190,6 +190,14 @@ def test_cache_places_tables_in_host_memory_when_device_is_too_small():
     for rep in result.ranks:
         assert rep.memory_total <= rep.memory_capacity
         assert sum(rep.host_memory.values()) <= rep.host_memory_capacity
+    # the report shows device memory by kind and host memory, per rank
+    text = result.format_text().splitlines()
+    header = next(line for line in text if line.strip().startswith("rank"))
+    for column in ("weights", "optimizer", "cache", "reserve", "memory", "host"):
+        assert column in header.split(), (column, header)
+    assert "host cap" in header
+    cached = next(line for line in text if "fused_uvm_caching" in line)
+    assert "host memory behind device cache" in cached and " x " in cached  # shards x time per shard
 
 
 def test_slow_inter_node_links_move_traffic_inside_nodes():

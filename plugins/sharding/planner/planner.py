@@ -227,13 +227,19 @@ def _why(opt: Option, search: Search, i: int) -> str:
     rows, dim = int(t.rows[i]), int(t.dims[i])
     whole = rows * dim * model.e
     st = opt.sharding_type
-    tot = float(search.total[search.choice[i], i])
+    def cost(o: int) -> str:  # shards x time per shard (what a rank carries) = total
+        other = search.opts[o]
+        return (
+            f"{other.num_shards} x {other.shard_time[i] * 1e3:.3f} ms "
+            f"= {float(search.total[o, i]) * 1e3:.3f} ms"
+        )
+
     alt = np.where(search.usable[:, i], search.total[:, i], np.inf)
     alt[search.choice[i]] = np.inf
     j = int(np.argmin(alt))
     cmp = ""
-    if np.isfinite(alt[j]):
-        cmp = f"; next {search.opts[j].label} {alt[j] * 1e3:.3f} ms total"
+    if np.isfinite(alt[j]):  # the slowest rank decides, not the total: show both
+        cmp = f"; least-total alternative {search.opts[j].label} {cost(j)}"
     size = f"{whole / GiB:.2f} GiB" if whole >= GiB / 10 else f"{whole / 2**20:.1f} MiB"
     reason = {
         ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
@@ -246,7 +252,7 @@ def _why(opt: Option, search: Search, i: int) -> str:
     }[st]
     if opt.placement == CACHED:
         reason += ", host memory behind device cache"
-    return f"{size}, {reason}; {tot * 1e3:.3f} ms total{cmp}"
+    return f"{size}, {reason}; {cost(int(search.choice[i]))}{cmp}"
 
 
 def build_result(

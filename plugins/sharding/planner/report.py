@@ -8,7 +8,8 @@ from neo_core.sharding import PlanResult
 
 
 def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Path:
-    """Stacked bars of each rank's predicted time by kind (ms), with device memory use on top."""
+    """Stacked bars of each rank's predicted time by kind (ms), with memory use on top (device,
+    and host where cached tables use it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,8 +33,17 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax.set_ylabel("predicted time per step (ms)")
     ax.legend(fontsize=7, ncol=4, loc="lower right")
     use = np.array([r.memory_total / r.memory_capacity if r.memory_capacity else 0.0 for r in ranks])
-    ax_mem.bar(x, use * 100, width=0.85, color="gray")
-    ax_mem.set_ylabel("device mem %")
+    host = np.array(
+        [sum(r.host_memory.values()) / r.host_memory_capacity if r.host_memory_capacity else 0.0 for r in ranks]
+    )
+    if host.any():  # cached tables: device and host memory side by side
+        ax_mem.bar(x - 0.21, use * 100, width=0.42, color="gray", label="device")
+        ax_mem.bar(x + 0.21, host * 100, width=0.42, color="tab:brown", label="host")
+        ax_mem.legend(fontsize=7, loc="lower right")
+        ax_mem.set_ylabel("memory %")
+    else:
+        ax_mem.bar(x, use * 100, width=0.85, color="gray")
+        ax_mem.set_ylabel("device mem %")
     ax_mem.set_ylim(0, 100)
     ax_mem.set_title(
         f"{result.planner}: {len(result.ranks)} ranks, step {result.predicted_step_time * 1e3:.3f} ms, "
