@@ -79,11 +79,21 @@ class TableSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("Every table needs a non-empty name.")
-        if not isinstance(self.num_embeddings, int) or self.num_embeddings < 1:
+        from numbers import Integral
+
+        for key in ("num_embeddings", "embedding_dim"):  # numpy integers too, stored as int
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise ConfigError(
+                    f"Table {self.name!r} has {key} {value!r} of type {type(value).__name__}; "
+                    "it must be a whole number (an int)."
+                )
+            object.__setattr__(self, key, int(value))
+        if self.num_embeddings < 1:
             raise ConfigError(
                 f"Table {self.name!r} has {self.num_embeddings!r} rows; a table needs at least 1 row."
             )
-        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
+        if self.embedding_dim < 1:
             raise ConfigError(
                 f"Table {self.name!r} has embedding_dim {self.embedding_dim!r}; it must be a "
                 "positive integer."

@@ -172,19 +172,61 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     cols = np.arange(len(t))
     need_dev, need_host = dev[order, cols], host[order, cols]
     never = ~search.usable.any(axis=0)
+    cached = search.model.cache_load_factor is not None
+    if cached:  # the cache is on: less of each cached table in device memory is the lever
+        cache_fix = "lower the cache load_factor"
+    elif search.model.context.topology.compute_device == "cuda":
+        cache_fix = (
+            'hold tables in host memory behind a cache (cache=CachePolicy("lru", load_factor=0.05), '
+            "or cache_load_factor in the plan model)"
+        )
+    else:
+        cache_fix = ""
     if never.any():
         i = int(np.flatnonzero(never)[0])
-        opts = [o for o in search.opts if o.valid[i]]
-        per_shard = min(float(o.cost.mem_device[i]) for o in opts) if opts else float("inf")
-        short = per_shard - cap_dev
         others = int(never.sum()) - 1
+        more = f" ({others} more tables also do not fit)" if others > 0 else ""
+        size = f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])})"
+        opts = [o for o in search.opts if o.valid[i]]
+        if not opts:
+            raise PlanningError(
+                f"{size} has no sharding option among the allowed sharding types on this "
+                f"topology{more}; allow another sharding type (e.g. TW or RW)."
+            )
+        # The option closest to fitting: a shard fits a rank when its device bytes fit the
+        # usable device memory and its host bytes (cached placement) fit the host memory.
+        def over(o: Option) -> tuple[float, float]:
+            return max(0.0, float(o.cost.mem_device[i]) - cap_dev), max(0.0, float(o.cost.mem_host[i]) - cap_host)
+
+        def closeness(o: Option) -> tuple[float, float]:  # relative overshoot, then bytes
+            d, h = over(o)
+            return max(d / max(cap_dev, 1.0), h / max(cap_host, 1.0)), d + h
+
+        best = min(opts, key=closeness)
+        short_dev, short_host = over(best)
+        shard_dev, shard_host = float(best.cost.mem_device[i]), float(best.cost.mem_host[i])
+        needs = f"{shard_dev / GiB:.2f} GiB of device memory"
+        if shard_host > 0:
+            needs += f" and {shard_host / GiB:.2f} GiB of host memory"
+        shorts, fixes = [], []
+        if short_dev > 0:
+            shorts.append(
+                f"{short_dev:,.0f} bytes ({short_dev / GiB:.2f} GiB) over the {cap_dev / GiB:.2f} GiB "
+                "of device memory usable"
+            )
+            fixes.append("device memory")
+        if short_host > 0:
+            shorts.append(
+                f"{short_host:,.0f} bytes ({short_host / GiB:.2f} GiB) over the {cap_host / GiB:.2f} GiB "
+                "of host memory"
+            )
+            fixes.append("host memory")
+        fix = f"add ranks or {' and '.join(fixes)}"
+        if short_dev > 0 and cache_fix:
+            fix += f", {cache_fix}"
         raise PlanningError(
-            f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])}) is larger than the "
-            f"whole cluster allows: its smallest shard needs {per_shard / GiB:.2f} GiB per rank, "
-            f"{short:,.0f} bytes ({short / GiB:.2f} GiB) over the {cap_dev / GiB:.2f} GiB usable "
-            f"on each of {W} ranks"
-            + (f" ({others} more tables also do not fit)" if others > 0 else "")
-            + "; add ranks or memory, use a cache, or shrink the table."
+            f"{size} is larger than the whole cluster allows: its smallest shard needs {needs} per "
+            f"rank, {' and '.join(shorts)} on each of {W} ranks{more}; {fix}, or shrink the table."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed
@@ -201,7 +243,9 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         raise PlanningError(
             f"Device memory is short: the tables need {total_dev / GiB:,.1f} GiB of device memory"
             f"{where}, but {W} ranks offer {D / GiB:,.1f} GiB usable: {short:,.0f} bytes "
-            f"({short / GiB:,.1f} GiB) short; largest: {names}."
+            f"({short / GiB:,.1f} GiB) short; largest: {names}; add ranks or device memory, "
+            + (f"{cache_fix}, " if cache_fix else "")
+            + "or shrink the tables."
         )
     host_need = 0.0
     finite = np.isfinite(host) & np.isfinite(dev)

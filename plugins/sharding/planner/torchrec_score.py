@@ -76,10 +76,13 @@ def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: Plannin
     chosen = []
     for so in options:
         a = by_name[so.name]
-        ranks = a.ranks if len(so.shards) == len(a.ranks) else a.ranks[: len(so.shards)]
-        if len(ranks) != len(so.shards):
-            raise ValueError(f"{so.name}: {len(so.shards)} TorchRec shards vs ranks {a.ranks}")
-        for shard, r in zip(so.shards, ranks):
+        if len(so.shards) != len(a.ranks):  # same type and column width: the counts must agree
+            raise ValueError(
+                f"Table {so.name!r}: TorchRec enumerates {len(so.shards)} shards for "
+                f"{a.sharding_type} but the plan places {len(a.ranks)} (ranks {list(a.ranks)}); "
+                "the plan does not match this TorchRec version's sharding, so it cannot be scored."
+            )
+        for shard, r in zip(so.shards, a.ranks):
             shard.rank = r
         chosen.append(so)
     return max(rank_perf(chosen, topo.world_size))

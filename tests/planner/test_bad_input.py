@@ -1,0 +1,113 @@
+"""Bad input and capacity errors: each message names the table, what is wrong and the fix."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from neo_core.api import plan_tables
+from neo_core.cache import CachePolicy
+from neo_core.errors import ConfigError, PlanningError
+from neo_core.sharding import TableSpec
+from neo_core.topology import GiB, Topology
+
+GB = 1e9
+
+
+def cluster(mem_gib: float = 16.0, host_gib: float = 64.0) -> Topology:
+    """Two nodes of four GPUs."""
+    return Topology(
+        name="test",
+        num_nodes=2,
+        devices_per_node=4,
+        compute_device="cuda",
+        device_memory=int(mem_gib * GiB),
+        host_memory=int(host_gib * GiB),
+        device_memory_bw=1500 * GB,
+        host_memory_bw=50 * GB,
+        host_to_device_bw=32 * GB,
+        intra_node_bw=300 * GB,
+        inter_node_bw=25 * GB,
+    )
+
+
+def shortfalls(message: str) -> list[float]:
+    """The byte counts a capacity message reports as over or short."""
+    return [float(b.replace(",", "")) for b in re.findall(r"(-?[\d,]+) bytes", message)]
+
+
+def test_cached_huge_table_blames_host_memory_with_a_positive_shortfall():
+    # 2e9 rows x 128 fp32: 120 GiB per rank even split 8 ways; a 1% cache fits the devices,
+    # the 64 GiB of host memory per rank does not
+    huge = TableSpec("huge", 2_000_000_000, 128, 1.0)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([huge], cluster(), 256, cache=CachePolicy("lru", load_factor=0.01))
+    msg = str(err.value)
+    assert "'huge'" in msg and "2,000,000,000 rows" in msg
+    assert "over the 64.00 GiB of host memory" in msg
+    assert "of device memory usable" not in msg  # the device holds its cache share
+    short = shortfalls(msg)
+    assert len(short) == 1 and short[0] > 0
+    assert "(-" not in msg
+    assert "add ranks or host memory" in msg and "shrink the table" in msg
+
+
+def test_uncached_huge_table_blames_device_memory_and_names_the_cache():
+    huge = TableSpec("huge", 2_000_000_000, 128, 1.0)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([huge], cluster(), 256)
+    msg = str(err.value)
+    assert "'huge'" in msg and "over the 13.60 GiB of device memory usable on each of 8 ranks" in msg
+    assert "GiB of host memory" not in msg  # nothing of it lives in host memory
+    assert all(b > 0 for b in shortfalls(msg)) and shortfalls(msg)
+    assert 'CachePolicy("lru", load_factor=' in msg and "cache_load_factor" in msg
+
+
+def test_device_short_message_names_the_fix():
+    tables = [TableSpec(f"d{i}", 100_000_000, 128, 1.0) for i in range(4)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256)
+    msg = str(err.value)
+    assert msg.startswith("Device memory is short") and "d0" in msg
+    assert "add ranks or device memory" in msg and "shrink the tables." in msg
+    assert 'cache (cache=CachePolicy("lru", load_factor=0.05)' in msg
+    # with a cache already on, the lever is its load factor
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256, cache=CachePolicy("lru", load_factor=0.9))
+    msg = str(err.value)
+    assert msg.startswith("Device memory is short") and "lower the cache load_factor" in msg
+
+
+def test_numpy_integers_are_accepted_as_plain_ints():
+    spec = TableSpec("t", np.int64(10), np.int32(16))
+    assert spec == TableSpec("t", 10, 16)
+    assert type(spec.num_embeddings) is int and type(spec.embedding_dim) is int
+    assert spec.num_parameters == 160
+
+
+@pytest.mark.parametrize(
+    ("rows", "dim", "field", "kind"),
+    [
+        (10.5, 16, "num_embeddings", "float"),
+        ("10", 16, "num_embeddings", "str"),
+        (True, 16, "num_embeddings", "bool"),
+        (10, 16.0, "embedding_dim", "float"),
+        (10, np.float64(16), "embedding_dim", "float64"),
+    ],
+)
+def test_non_integral_sizes_are_rejected_naming_table_and_field(rows, dim, field, kind):
+    with pytest.raises(ConfigError) as err:
+        TableSpec("tbl", rows, dim)
+    msg = str(err.value)
+    assert "'tbl'" in msg and field in msg and f"of type {kind}" in msg
+    assert "whole number" in msg
+    assert "at least 1 row" not in msg
+
+
+def test_zero_and_negative_sizes_keep_their_messages():
+    with pytest.raises(ConfigError, match=r"'z' has 0 rows; a table needs at least 1 row"):
+        TableSpec("z", np.int64(0), 16)
+    with pytest.raises(ConfigError, match=r"'n' has embedding_dim -4; it must be a positive integer"):
+        TableSpec("n", 10, np.int16(-4))
