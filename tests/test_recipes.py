@@ -1,4 +1,5 @@
-"""recipes/train.py end to end: bad input is one sentence, plugins are selectable, sweeps run."""
+"""recipes/train.py and recipes/plan.py end to end: bad input is one sentence, plugins are
+selectable, sweeps run."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from tests.conftest import ROOT, subprocess_env
 
 CONF = ROOT / "conf"
 RECIPE = ROOT / "recipes" / "train.py"
+PLAN_RECIPE = ROOT / "recipes" / "plan.py"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 HUGE_TABLE = ("data.rows=[100000000000]", "data.num_sparse=1")
 
@@ -58,7 +60,7 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+trainer.max_step=3",), NeoError, ("trainer.max_step", "Did you mean 'max_steps'?")),
         (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean 'learning_rate'?")),
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean 'embedding_dim'?")),
-        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "add ranks or memory")),
+        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "add ranks or device memory")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
     ],
     ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec"],
@@ -89,6 +91,49 @@ def test_recipe_unknown_plugin_is_one_line_without_traceback(tmp_path: Path) -> 
 def test_recipe_misspelled_key_without_plus_suggests_the_right_one(tmp_path: Path) -> None:
     proc = run_recipe("trainer.max_step=3", "trainer=smoke", f"hydra.run.dir={tmp_path}")
     assert_one_sentence(proc, "trainer.max_step", "max_steps")
+
+
+# --- recipes/plan.py: an unknown option names the key, the value and the group's choices ------
+
+
+def run_plan(*overrides: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PLAN_RECIPE), *overrides], cwd=ROOT, env=subprocess_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def choices(group: str) -> str:
+    """The options ``group=`` offers: YAML files plus built-in plugins (each is an option)."""
+    names = {p.stem for p in (CONF / group).glob("*.yaml")}
+    if group != "plan_model":
+        names.update(load_plugins(autoload=False).registry(group).names())
+    return ", ".join(sorted(names))
+
+
+@pytest.mark.parametrize(
+    ("override", "fragments"),
+    [
+        ("plan_model=nope", ("Unknown plan_model option 'nope'; choose one of " + choices("plan_model") + ".",)),
+        ("model=zionex12t", ("Unknown model option 'zionex12t' (did you mean 'zionex_12t'?)", choices("plan_model"))),
+        ("cache=lfru", ("Unknown cache option 'lfru'", "choose one of " + choices("cache") + ".")),
+        ("sharding=neo,neoo", ("Unknown sharding option 'neoo' (did you mean 'neo'?)", choices("sharding"))),
+    ],
+    ids=["plan_model", "model-alias", "cache", "sweep-list"],
+)
+def test_plan_recipe_unknown_option_is_one_sentence_with_choices(tmp_path: Path, override: str, fragments) -> None:
+    proc = run_plan("+topology=zionex", override, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, *fragments)
+    assert "Config search path" not in proc.stderr  # Hydra's own report did not follow
+    assert not list(tmp_path.iterdir())  # stopped before planning
+
+
+def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
+    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "26 tables" in proc.stdout and "predicted step" in proc.stdout
+    assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
 
 
 # --- third-party plugin selected from the command line ---------------------------------------
