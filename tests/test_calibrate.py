@@ -1,0 +1,104 @@
+"""`neo calibrate`: the stored figures are plausible and the `local` topology plans with them."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from neo_core.api import plan_tables
+from neo_core.cli import main as neo_main
+from neo_core.sharding import TableSpec
+from neo_plugins.sharding.planner import calibrate
+from neo_plugins.topology.local import CALIBRATED_EXTRAS, CALIBRATED_KEYS, local_topology
+
+pytestmark = pytest.mark.slow  # spawns gloo ranks three times (about 15 s on 2 cores)
+
+# Plausible ranges for a CPU machine running 2 gloo ranks; a figure outside one is a unit or
+# formula mistake (bytes vs bits, seconds vs milliseconds, a time where a rate belongs).
+BANDWIDTH = (1e7, 1e12)  # bytes/s: 10 MB/s to 1 TB/s
+PER_ID = (0.0, 1e-5)  # seconds per id; fitted intercepts are clamped at zero on a noisy machine
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "device_memory_bw": BANDWIDTH,
+    "host_memory_bw": BANDWIDTH,
+    "host_to_device_bw": BANDWIDTH,
+    "intra_node_bw": BANDWIDTH,
+    "inter_node_bw": BANDWIDTH,
+    "allreduce_bw": BANDWIDTH,
+    "reduce_scatter_bw": BANDWIDTH,
+    "all_gather_bw": BANDWIDTH,
+    "lookup_fwd_id_s": PER_ID,
+    "lookup_bwd_id_s": PER_ID,
+    "bucketize_id_s": (1e-12, 1e-5),
+    "collective_latency_s": (1e-7, 1.0),
+    "gloo_latency_s": (1e-7, 1.0),
+    "torchrec_step_small_s": (1e-5, 10.0),
+    "torchrec_step_large_s": (1e-5, 10.0),
+    "lookup_rate_ids_per_s": (1e5, 1e11),
+    "lookup_concurrency_slowdown": (0.2, 50.0),
+}
+TABLES = [TableSpec(f"t{i}", 200_000 * (i + 1), 64, 8.0) for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any], float]]:
+    """Run `neo calibrate --output` once; the in-process measurements use smaller sizes."""
+    path = tmp_path_factory.mktemp("calibration") / "calibration.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibrate, "memory_bandwidth", functools.partial(calibrate.memory_bandwidth, mib=64))
+        patch.setattr(calibrate, "lookup_rate", functools.partial(calibrate.lookup_rate, rows=200_000, batch=1024))
+        patch.setattr(calibrate, "lookup_costs", functools.partial(calibrate.lookup_costs, rows=100_000, batch=1024))
+        started = time.time()
+        assert neo_main(["calibrate", "--output", str(path)]) == 0
+    yield path, json.loads(path.read_text()), started
+
+
+def test_stored_figures_are_positive_finite_and_plausible(calibration) -> None:
+    path, data, started = calibration
+    assert set(data) == {*PLAUSIBLE, "measured_at"}
+    assert set(CALIBRATED_KEYS + CALIBRATED_EXTRAS) <= set(data)  # everything the topology reads
+    assert started <= data["measured_at"] <= time.time()
+    for key, (low, high) in PLAUSIBLE.items():
+        value = data[key]
+        assert isinstance(value, float) and math.isfinite(value), (key, value)
+        assert low <= value <= high, f"{key}={value} outside [{low}, {high}]"
+    for key in ("lookup_fwd_id_s", "lookup_bwd_id_s"):  # the per-id part may be zero, not both
+        assert data[key] >= 0
+    assert data["lookup_fwd_id_s"] + data["lookup_bwd_id_s"] > 0
+    # a step with 1024 x 16 ids per rank takes longer than one with 16 ids
+    assert data["torchrec_step_large_s"] > data["torchrec_step_small_s"]
+    # one machine: the "host" copy and the "intra/inter-node" all-to-all are the same measurement
+    assert data["host_to_device_bw"] == data["host_memory_bw"]
+    assert data["inter_node_bw"] == data["intra_node_bw"]
+
+
+def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pytest.MonkeyPatch) -> None:
+    path, data, _ = calibration
+    uncalibrated = local_topology()  # conftest points NEO_CALIBRATION at a missing file
+    assert set(uncalibrated.assumed) == set(CALIBRATED_KEYS)
+    baseline = plan_tables(TABLES, "local", 1024).predicted_step_time
+
+    monkeypatch.setenv("NEO_CALIBRATION", str(path))
+    topo = local_topology()
+    assert topo.assumed == ()
+    assert set(topo.sources) == {k for k in CALIBRATED_KEYS + CALIBRATED_EXTRAS if data[k]}
+    assert all(str(path) in source for source in topo.sources.values())
+    for key in topo.sources:
+        assert getattr(topo, key) == data[key], key
+    measured = plan_tables(TABLES, "local", 1024).predicted_step_time
+    assert math.isfinite(measured) and measured > 0
+    assert measured != baseline
+
+    # Every term of the predicted step comes from the file: a machine half as fast everywhere
+    # (bandwidths halved, per-id costs and latencies doubled) predicts about twice the step.
+    slower = {k: v / 2 if k.endswith("_bw") else v * 2 if k.endswith("_s") else v for k, v in data.items()}
+    slow_path = path.with_name("slower.json")
+    slow_path.write_text(json.dumps(slower))
+    monkeypatch.setenv("NEO_CALIBRATION", str(slow_path))
+    assert plan_tables(TABLES, "local", 1024).predicted_step_time == pytest.approx(2 * measured, rel=0.2)
