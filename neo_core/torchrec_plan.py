@@ -66,7 +66,10 @@ def build_sharding_plan(
                     f"Table {name!r} in {where} has no assignment in the {result.planner!r} plan; "
                     "plan again with every table of the model."
                 )
-            generators[name] = _generator(assignment, topology.world_size, topology.devices_per_node)
+            generator = _generator(assignment, topology.world_size, topology.devices_per_node)
+            if assignment.compute_kernel == "fused_uvm_caching":
+                generator = _with_cache(generator, context.cache.cache_params())
+            generators[name] = generator
         plan[path] = construct_module_sharding_plan(
             child,
             generators,
@@ -168,6 +171,18 @@ def _with_kernel(generator: Any, kernel: str) -> Any:
     def generate(param: Any, local_size: int, world_size: int, device_type: str, sharder: Any) -> Any:
         sharding = generator(param, local_size, world_size, device_type, sharder)
         sharding.compute_kernel = kernel
+        return sharding
+
+    return generate
+
+
+def _with_cache(generator: Any, cache_params: Any) -> Any:
+    """Give a cached table the cache the planner sized (load factor, algorithm); without it
+    FBGEMM would build its default cache (20% of rows), not the one the plan's memory counts."""
+
+    def generate(param: Any, local_size: int, world_size: int, device_type: str, sharder: Any) -> Any:
+        sharding = generator(param, local_size, world_size, device_type, sharder)
+        sharding.cache_params = cache_params
         return sharding
 
     return generate

@@ -233,7 +233,7 @@ def test_unknown_plugin_name(hydra_conf) -> None:
         ("trainer.dense_optimizer=lamb", "trainer.dense_optimizer='lamb' is unknown; choose adagrad, adam or sgd."),
         ("+trainer.backend=mpi", "trainer.backend='mpi' is unknown; choose gloo or nccl."),
         ("~cache", "Config group 'cache' is missing; add cache=<name>"),
-        ("cache.name=null", "cache.name is missing; pick one of: none"),
+        ("cache.name=null", "cache.name is missing; pick one of: lfu, lru, none"),
     ],
 )
 def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) -> None:

@@ -28,7 +28,7 @@ BUILTINS = {
     "topology": ["local", "zionex"],
     "sharding": ["neo", "torchrec"],
     "kernel": ["dense", "fused"],
-    "cache": ["none"],
+    "cache": ["lfu", "lru", "none"],
     "compression": ["bf16", "fp16", "none"],
     "model": ["dcnv2", "dlrm"],
     "data": ["synthetic"],
@@ -240,7 +240,7 @@ def test_installed_plugin_is_discovered_with_its_distribution(installed) -> None
     with pytest.warns(PluginLoadWarning, match="'broken' failed to load"):
         plugins = load_plugins()
     cache = plugins.registry("cache")
-    assert cache.names() == ["my_policy", "none"]
+    assert cache.names() == ["lfu", "lru", "my_policy", "none"]
     assert cache.get("my_policy").provider == "neo-example-plugin"
     assert plugins.registry("topology").get("tiny_cluster").provider == "neo-example-plugin"
     assert plugins.create("cache", "my_policy", {"load_factor": 0.5}).algorithm == "lfu"
@@ -336,3 +336,13 @@ def test_every_hook_registers_into_its_kind(register_plugin) -> None:
     for group in aliases:
         assert instantiate(group, getattr(run, group)) is not None
     assert instantiate("topology", run.topology).world_size == 128
+
+
+def test_builtin_cache_policies_lru_and_lfu() -> None:
+    plugins = load_plugins(autoload=False)
+    lru = plugins.create("cache", "lru", {"load_factor": 0.1})
+    assert (lru.name, lru.algorithm, lru.load_factor) == ("lru", "lru", 0.1)
+    assert plugins.create("cache", "lfu", {}).algorithm == "lfu"
+    for bad in (0.0, 1.5, float("nan"), "0.2"):
+        with pytest.raises(ConfigError, match=r"cache\.load_factor=.* must lie in \(0, 1\]"):
+            plugins.create("cache", "lru", {"load_factor": bad})

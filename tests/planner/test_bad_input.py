@@ -62,7 +62,7 @@ def test_uncached_huge_table_blames_device_memory_and_names_the_cache():
     assert "'huge'" in msg and "over the 13.60 GiB of device memory usable on each of 8 ranks" in msg
     assert "GiB of host memory" not in msg  # nothing of it lives in host memory
     assert all(b > 0 for b in shortfalls(msg)) and shortfalls(msg)
-    assert 'CachePolicy("lru", load_factor=' in msg and "cache_load_factor" in msg
+    assert "cache=lru cache.load_factor=" in msg
 
 
 def test_device_short_message_names_the_fix():
@@ -72,7 +72,7 @@ def test_device_short_message_names_the_fix():
     msg = str(err.value)
     assert msg.startswith("Device memory is short") and "d0" in msg
     assert "add ranks or device memory" in msg and "shrink the tables." in msg
-    assert 'cache (cache=CachePolicy("lru", load_factor=0.05)' in msg
+    assert "cache (cache=lru cache.load_factor=0.05)" in msg
     # with a cache already on, the lever is its load factor
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(), 256, cache=CachePolicy("lru", load_factor=0.9))

@@ -123,6 +123,11 @@ class NeoPlanner(Planner):
         subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
+        if context.cache.load_factor is not None and model.cache_load_factor is None:
+            result.notes.append(
+                f"cache {context.cache.name} not used: {context.topology.compute_device} ranks have no device "
+                "memory apart from host memory, so every table stays in place"
+            )
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
@@ -176,10 +181,7 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     if cached:  # the cache is on: less of each cached table in device memory is the lever
         cache_fix = "lower the cache load_factor"
     elif search.model.context.topology.compute_device == "cuda":
-        cache_fix = (
-            'hold tables in host memory behind a cache (cache=CachePolicy("lru", load_factor=0.05), '
-            "or cache_load_factor in the plan model)"
-        )
+        cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
     else:
         cache_fix = ""
     if never.any():
