@@ -68,6 +68,12 @@ def build_sharding_plan(
                 )
             generator = _generator(assignment, topology.world_size, topology.devices_per_node)
             if assignment.compute_kernel == "fused_uvm_caching":
+                if context.cache.load_factor is None:
+                    raise PlanningError(
+                        f"Table {name!r} is planned behind a device cache (fused_uvm_caching) but cache "
+                        f"{context.cache.name!r} has no load_factor; plan and train with the same cache "
+                        "(e.g. cache=lru cache.load_factor=0.2)."
+                    )
                 generator = _with_cache(generator, context.cache.cache_params())
             generators[name] = generator
         plan[path] = construct_module_sharding_plan(

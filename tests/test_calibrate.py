@@ -97,7 +97,9 @@ def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pyt
 
     # Every term of the predicted step comes from the file: a machine half as fast everywhere
     # (bandwidths halved, per-id costs and latencies doubled) predicts about twice the step.
-    slower = {k: v / 2 if k.endswith("_bw") else v * 2 if k.endswith("_s") else v for k, v in data.items()}
+    slower = {
+        k: v / 2 if k.endswith(("_bw", "_per_s")) else v * 2 if k.endswith("_s") else v for k, v in data.items()
+    }
     slow_path = path.with_name("slower.json")
     slow_path.write_text(json.dumps(slower))
     monkeypatch.setenv("NEO_CALIBRATION", str(slow_path))

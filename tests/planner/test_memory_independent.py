@@ -20,9 +20,9 @@ and shard shapes of each table; shard sizes and placements of the TorchRec
   host memory has no reserve.
 
 Every rank must fit, and the recomputation must agree with the planner's own report, which
-catches accounting drift in either direction. The TorchRec plan must hold the same shards; the
-cache it builds is checked at the load factor TorchRec would actually use (an expected failure
-today: the plan passes none, so FBGEMM's default applies).
+catches accounting drift in either direction. The TorchRec plan must hold the same shards, and
+the caches it builds are checked at the load factor TorchRec actually uses (the plan's
+``cache_params``, else the sharder's fused params, else FBGEMM's default of 20%).
 """
 
 from __future__ import annotations

@@ -419,3 +419,76 @@ def test_fewer_sharding_types_where_collective_latency_outweighs_balance():
     assert result.predicted_step_time < load_only.step() * 0.95
     bound = planner.last_search.step_bound()
     assert bound <= result.predicted_step_time <= 1.10 * bound
+
+
+def _placements(opt, W: int, L: int, N: int) -> list[list[int]]:
+    """Every rank set an option's shards may take (all seven types' units)."""
+    from itertools import combinations
+
+    from neo_plugins.sharding.planner.search import ALL, ANY_K, NODE_ALL, NODE_K, NODES_K, SINGLE
+
+    if opt.unit == SINGLE:
+        return [[r] for r in range(W)]
+    if opt.unit == ANY_K:
+        return [list(c) for c in combinations(range(W), opt.k)]
+    if opt.unit == ALL:
+        return [list(range(W))]
+    if opt.unit == NODE_ALL:
+        return [list(range(n * L, (n + 1) * L)) for n in range(N)]
+    if opt.unit == NODE_K:
+        return [[n * L + x for x in c] for n in range(N) for c in combinations(range(L), opt.k)]
+    assert opt.unit == NODES_K
+    return [[n * L + x for n in c for x in range(L)] for c in combinations(range(N), opt.k)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_step_bound_and_fewer_types_on_two_nodes_by_brute_force(seed):
+    """Two nodes of two ranks (TWRW, TWCW and GRID included), memory enforced, sometimes a
+    cache: the step bound never exceeds the best plan that fits, and the fewer-types pass
+    never makes the plan worse and leaves the search's masks, bound cache and counters as
+    they were."""
+    from itertools import product
+
+    from neo_plugins.sharding.planner.cost import CostModel, CostParams, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    rng = np.random.default_rng(300 + seed)
+    tables = [
+        TableSpec(f"t{i}", int(rng.integers(10, 3_000_000)), int(rng.choice([16, 32, 64, 128])),
+                  float(rng.uniform(1, 30)))
+        for i in range(3)
+    ]
+    cache = CachePolicy("lru", load_factor=0.1) if seed % 2 else None  # then devices of 200 MiB
+    ctx = make_context(cluster(2, 2, 0.2 if cache else 40.0, 5.0), 1024, cache=cache)
+    model = CostModel(ctx, CostParams(collective_latency_s=float(rng.choice([5e-6, 2e-5, 1e-4]))))
+    arrays = TableArrays.from_specs(tables)
+    search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+    types = {o.sharding_type for j, o in enumerate(search.opts) if search.usable[j].any()}
+    assert {ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD} <= types
+    choices = []
+    for i in range(len(tables)):
+        mine = []
+        for o, opt in enumerate(search.opts):
+            if search.usable[o, i]:
+                for ranks in _placements(opt, search.W, search.L, search.N):
+                    v = np.zeros((3, search.W))
+                    np.add.at(v[0], ranks, opt.shard_time[i])
+                    np.add.at(v[1], ranks, opt.cost.mem_device[i])
+                    np.add.at(v[2], ranks, opt.cost.mem_host[i])
+                    mine.append((v, opt.sharding_type.value))
+        choices.append(mine)
+    best = np.inf
+    for combo in product(*choices):
+        tot = sum(c[0] for c in combo)
+        if (tot[1] <= search.cap_dev).all() and (tot[2] <= search.cap_host).all():
+            best = min(best, float(tot[0].max()) + model.latency_time({c[1] for c in combo}))
+    assert np.isfinite(best)
+    assert search.step_bound() <= best * (1 + 1e-9)
+    search.solve()
+    before, usable, cached = search.step(), search.usable.copy(), search._bound_cache
+    state = (search.memory_prices, search.restarts, search.best_restart)
+    search.fewer_types(max_solves=6, share=0.0)
+    assert best * (1 - 1e-9) <= search.step() <= before * (1 + 1e-12)
+    assert np.array_equal(search.usable, usable) and search._bound_cache is cached
+    assert (search.memory_prices, search.restarts, search.best_restart) == state
+    assert (search.mem_dev <= search.cap_dev * (1 + 1e-12)).all()

@@ -117,9 +117,12 @@ class NeoPlanner(Planner):
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
         greedy_max = search.solve(self.refine, self.time_budget_s)
+        refined, moves = float(search.loads.max()), search.moves
+        step, types = search.step(), search.types_used()
         # fewer sharding types where their collectives' latency outweighs the balance they
-        # buy: up to 3 restricted solves (each costs up to one solve), none from 600 tables
-        # up, where latency is a small share of the step
+        # buy: up to 3 restricted solves (each costs up to one solve, with its own time
+        # budget), fewer as tables grow and none above 600 tables, where latency is a small
+        # share of the step
         subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
@@ -131,11 +134,20 @@ class NeoPlanner(Planner):
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
-            f"greedy {greedy_max * 1e3:.3f} ms -> refined {float(search.loads.max()) * 1e3:.3f} ms "
-            f"({search.moves} moves, {search.restarts} restarts, {subsets} type subsets); "
-            f"load lower bound {search.lower_bound() * 1e3:.3f} ms"
+            f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> refined {refined * 1e3:.3f} ms "
+            f"({moves} moves, {search.restarts} restarts); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
+        if search.types_used() != types:
+            names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
+            dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
+            result.notes.append(
+                f"fewer sharding types ({subsets} subsets solved): {names} only, without {dropped}; "
+                f"load {refined * 1e3:.3f} -> {float(search.loads.max()) * 1e3:.3f} ms, collective latency "
+                f"{model.latency_time(types) * 1e3:.3f} -> {model.latency_time(search.types_used()) * 1e3:.3f} ms, "
+                f"step {step * 1e3:.3f} -> {search.step() * 1e3:.3f} ms; the why-lines' alternatives include "
+                "the types left out"
+            )
         return result
 
     def sharders(self, context: PlanningContext) -> list[Any]:

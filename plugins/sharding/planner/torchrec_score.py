@@ -15,21 +15,38 @@ from typing import Any
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
 
 
-def meta_module(tables: Sequence[TableSpec]) -> Any:
-    """An EmbeddingBagCollection on the meta device (no table memory)."""
+def meta_module(tables: Sequence[TableSpec], context: PlanningContext | None = None) -> Any:
+    """An EmbeddingBagCollection on the meta device (no table memory); FP16 weights when the
+    context's kernel stores 2 bytes per element, as Neo's memory model then counts."""
     from neo_core.models import embedding_bag_collection
 
-    return embedding_bag_collection(tables, device="meta")
+    ebc = embedding_bag_collection(tables, device="meta")
+    if context is None or context.kernel.weight_bytes != 2:
+        return ebc
+    from torchrec.modules.embedding_configs import DataType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = ebc.embedding_bag_configs()
+    for config in configs:
+        config.data_type = DataType.FP16
+    return EmbeddingBagCollection(tables=configs, device=ebc.device)
 
 
-def constraints(tables: Sequence[TableSpec], result: PlanResult | None = None) -> dict[str, Any]:
-    """Pooling factors for every table; with ``result``, its type, kernel and column width pinned."""
+def constraints(
+    tables: Sequence[TableSpec], result: PlanResult | None = None, context: PlanningContext | None = None
+) -> dict[str, Any]:
+    """Pooling factors for every table; with ``result``, its type, kernel and column width
+    pinned; with a ``context`` whose cache has a load factor, that cache for cached kernels
+    (TorchRec would otherwise size caches at its default 20% of rows)."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
     pinned = {a.name: a for a in result.tables} if result else {}
+    load = context.cache.load_factor if context is not None else None
     out = {}
     for t in tables:
         kwargs: dict[str, Any] = {"pooling_factors": [t.pooling_factor] * len(t.feature_names)}
+        if load:
+            kwargs["cache_params"] = _cache_params(load)
         a = pinned.get(t.name)
         if a is not None:
             kwargs["sharding_types"] = [a.sharding_type]
@@ -64,14 +81,14 @@ def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: Plannin
     from neo_plugins.sharding.sharders import make_sharders
 
     topo = context.topology.to_torchrec()
-    cons = constraints(tables, result)
+    cons = constraints(tables, result, context)
     enum = EmbeddingEnumerator(
         topo,
         context.batch_size_per_rank,
         cons,
         estimator=[EmbeddingPerfEstimator(topo, cons), EmbeddingStorageEstimator(topo, cons)],
     )
-    options = enum.enumerate(meta_module(tables), make_sharders(context))
+    options = enum.enumerate(meta_module(tables, context), make_sharders(context))
     by_name = {a.name: a for a in result.tables}
     chosen = []
     for so in options:
@@ -117,8 +134,8 @@ def torchrec_plan_and_score(
     from neo_plugins.sharding.sharders import make_sharders
 
     topo = context.topology.to_torchrec()
-    cons = constraints(tables)
-    module = meta_module(tables)
+    cons = constraints(tables, context=context)
+    module = meta_module(tables, context)
     sharders = make_sharders(context)
     kwargs: dict[str, Any] = {}
     if proposers == "greedy":
@@ -244,7 +261,7 @@ def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], c
                 topo, context.batch_size_per_rank, cons, estimator=[EmbeddingPerfEstimator(topo, cons)]
             )
             position = {tables[i].name: i for i in idx}
-            for so in enum.enumerate(meta_module([tables[i] for i in idx]), sharders):
+            for so in enum.enumerate(meta_module([tables[i] for i in idx], context), sharders):
                 i = position[so.name]
                 if len(so.shards) != opt.num_shards or found[i]:
                     continue
