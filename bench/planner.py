@@ -3,7 +3,8 @@
     .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 60]
         [--suites mlperf_dcnv2 ...] [--ranks 8 16 ...] [--repeats 5] [--no-torchrec]
 
-For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T) and rank count
+For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T with FP16 weights
+in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and rank count
 (8, 16, 64, 128 on ZionEX-shaped nodes of 8, global batch 65536):
 - plan with Neo (its own cost model; planning time: the fastest of ``--repeats`` runs), give
   its predicted step time over its lower bound, and score the plan with TorchRec's estimator
@@ -110,13 +111,17 @@ def bench_case(
     # bound on the predicted step, collective latency included (Search.step_bound)
     neo["lower_bound_ms"] = planner.last_search.step_bound() * 1e3
     neo["vs_bound"] = neo["step_ms"] / neo["lower_bound_ms"]
-    if "cache_load_factor" not in extra:
-        try:
-            neo["torchrec_score_ms"] = score_plan(tables, result, ctx)
-        except Exception as exc:
-            neo["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        neo["torchrec_score_ms"] = score_plan(tables, result, ctx)
+    except Exception as exc:
+        neo["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["neo"] = neo
-    if torchrec and "cache_load_factor" not in extra:
+    if torchrec and "cache_load_factor" in extra:
+        # cached (UVM) suite: TorchRec's planner gets the same cache and weight precision
+        # (torchrec_score.constraints, meta_module); Neo's search over TorchRec's estimator
+        # is not run (over 800 tables it would take minutes)
+        row["torchrec"] = run_torchrec(suite, world, timeout, kill_after)
+    elif torchrec:
         # Neo's search over TorchRec's estimator: its prediction is TorchRec's score of the plan
         # (tests/planner/test_torchrec_estimator.py); one run, timed
         start = time.perf_counter()
@@ -132,21 +137,19 @@ def bench_case(
         row["neo_torchrec_estimator"]["vs_bound"] = (
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
-        tr = run_torchrec(suite, world, timeout, kill_after)
-        row["torchrec"] = tr
-        if "score_ms" in tr and "torchrec_score_ms" in neo:
-            row["neo_over_torchrec"] = neo["torchrec_score_ms"] / tr["score_ms"]
-            row["neo_tr_est_over_torchrec"] = row["neo_torchrec_estimator"]["torchrec_score_ms"] / tr["score_ms"]
-            row["torchrec_vs_bound"] = tr["score_ms"] / tr["bound_ms"]
-            row["neo_vs_torchrec_bound"] = neo["torchrec_score_ms"] / tr["bound_ms"]
-            row["neo_tr_est_vs_torchrec_bound"] = (
-                row["neo_torchrec_estimator"]["torchrec_score_ms"] / tr["bound_ms"]
-            )
-            row["speedup"] = tr["time_s"] / neo["time_s"]
-        if "neo_model_step_ms" in tr:  # both plans under Neo's cost model
-            row["neo_over_torchrec_neo_model"] = neo["step_ms"] / tr["neo_model_step_ms"]
-    elif "cache_load_factor" in extra:
-        row["torchrec"] = {"skipped": "cached (UVM) tables: not compared"}
+        row["torchrec"] = run_torchrec(suite, world, timeout, kill_after)
+    tr = row.get("torchrec", {})
+    if "score_ms" in tr and "torchrec_score_ms" in neo:
+        row["neo_over_torchrec"] = neo["torchrec_score_ms"] / tr["score_ms"]
+        row["torchrec_vs_bound"] = tr["score_ms"] / tr["bound_ms"]
+        row["neo_vs_torchrec_bound"] = neo["torchrec_score_ms"] / tr["bound_ms"]
+        if "neo_torchrec_estimator" in row:
+            neo_tr = row["neo_torchrec_estimator"]["torchrec_score_ms"]
+            row["neo_tr_est_over_torchrec"] = neo_tr / tr["score_ms"]
+            row["neo_tr_est_vs_torchrec_bound"] = neo_tr / tr["bound_ms"]
+        row["speedup"] = tr["time_s"] / neo["time_s"]
+    if "neo_model_step_ms" in tr:  # both plans under Neo's cost model
+        row["neo_over_torchrec_neo_model"] = neo["step_ms"] / tr["neo_model_step_ms"]
     return row
 
 
@@ -162,7 +165,7 @@ def format_row(row: dict[str, Any]) -> str:
     if "does_not_fit" in neo:
         note = "does not fit: " + neo["does_not_fit"][:90]
     elif "skipped" in tr or "error" in tr:
-        note = "torchrec: " + tr.get("skipped", tr.get("error", ""))[:90]
+        note = "torchrec: " + " ".join(tr.get("skipped", tr.get("error", "")).split())[:120]
     elif cut:
         note = f"torchrec cut at its {tr['timeout_s']:.0f} s limit after {tr['proposals']} proposals"
     elif tr.get("proposals"):
