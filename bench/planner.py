@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 60]
         [--suites mlperf_dcnv2 ...] [--ranks 8 16 ...] [--repeats 5] [--no-torchrec]
+        [--torchrec-cached]
 
 For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T with FP16 weights
 in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and rank count
@@ -88,7 +89,13 @@ def run_torchrec(suite: str, world: int, timeout: float, kill_after: float) -> d
 
 
 def bench_case(
-    suite: str, world: int, timeout: float, torchrec: bool, repeats: int = 5, kill_after: float = 600.0
+    suite: str,
+    world: int,
+    timeout: float,
+    torchrec: bool,
+    repeats: int = 5,
+    kill_after: float = 600.0,
+    torchrec_cached: bool = False,
 ) -> dict[str, Any]:
     from neo_plugins.sharding.planner.torchrec_score import score_plan
 
@@ -116,7 +123,9 @@ def bench_case(
     except Exception as exc:
         neo["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["neo"] = neo
-    if torchrec and "cache_load_factor" in extra:
+    if torchrec and "cache_load_factor" in extra and not torchrec_cached:
+        row["torchrec"] = {"skipped": "skipped for time (about 4 min: 800 tables); --torchrec-cached runs it"}
+    elif torchrec and "cache_load_factor" in extra:
         # cached (UVM) suite: TorchRec's planner gets the same cache and weight precision
         # (torchrec_score.constraints, meta_module); Neo's search over TorchRec's estimator
         # is not run (over 800 tables it would take minutes)
@@ -195,6 +204,10 @@ def main() -> None:
     parser.add_argument("--suites", nargs="*", default=list(DEFAULT_SUITES), choices=list(SUITES))
     parser.add_argument("--ranks", nargs="*", type=int, default=list(RANKS))
     parser.add_argument("--no-torchrec", action="store_true")
+    parser.add_argument(
+        "--torchrec-cached", action="store_true",
+        help="also run TorchRec's planner on the cached 12T suite (about 4 min more; off to stay under 15 min)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="Neo planning runs per case (min time)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
@@ -210,7 +223,9 @@ def main() -> None:
     for suite, world in progress:
         progress.set_postfix_str(f"{suite} @ {world} ranks")
         run_tr = not args.no_torchrec and suite not in killed
-        row = bench_case(suite, world, args.torchrec_timeout, run_tr, args.repeats, args.torchrec_kill)
+        row = bench_case(
+            suite, world, args.torchrec_timeout, run_tr, args.repeats, args.torchrec_kill, args.torchrec_cached
+        )
         if suite in killed and "torchrec" not in row:
             row["torchrec"] = {"skipped": "not run: killed at fewer ranks (larger worlds take longer)"}
         if "killed" in row.get("torchrec", {}).get("skipped", ""):
