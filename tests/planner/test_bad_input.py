@@ -11,26 +11,7 @@ from neo_core.api import plan_tables
 from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import TableSpec
-from neo_core.topology import GiB, Topology
-
-GB = 1e9
-
-
-def cluster(mem_gib: float = 16.0, host_gib: float = 64.0) -> Topology:
-    """Two nodes of four GPUs."""
-    return Topology(
-        name="test",
-        num_nodes=2,
-        devices_per_node=4,
-        compute_device="cuda",
-        device_memory=int(mem_gib * GiB),
-        host_memory=int(host_gib * GiB),
-        device_memory_bw=1500 * GB,
-        host_memory_bw=50 * GB,
-        host_to_device_bw=32 * GB,
-        intra_node_bw=300 * GB,
-        inter_node_bw=25 * GB,
-    )
+from tests.planner import cluster
 
 
 def shortfalls(message: str) -> list[float]:

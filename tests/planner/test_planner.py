@@ -13,28 +13,10 @@ from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import ShardingType, TableSpec
-from neo_core.topology import GiB, Topology
 from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.report import save_all
 from neo_plugins.sharding.planner.tables import mlperf_dcnv2, production_like, zionex_12t
-
-GB = 1e9
-
-
-def cluster(nodes: int = 2, per_node: int = 4, mem_gib: float = 16.0, inter_gbps: float = 25.0) -> Topology:
-    return Topology(
-        name="test",
-        num_nodes=nodes,
-        devices_per_node=per_node,
-        compute_device="cuda",
-        device_memory=int(mem_gib * GiB),
-        host_memory=int(64 * GiB),
-        device_memory_bw=1500 * GB,
-        host_memory_bw=50 * GB,
-        host_to_device_bw=32 * GB,
-        intra_node_bw=300 * GB,
-        inter_node_bw=inter_gbps * GB,
-    )
+from tests.planner import cluster
 
 
 def mixed_tables() -> list[TableSpec]:
