@@ -6,6 +6,8 @@
    under every rank's memory capacity.
 3. Refinement: tables on the slowest rank are re-placed (any option) or swapped with a
    table-wise table elsewhere while that strictly lowers the slowest rank.
+4. Restarts (``solve``), then fewer sharding types where their collectives' fixed latency
+   outweighs the balance they buy (``fewer_types``); ``step_bound`` bounds the result.
 Everything is deterministic: ties go to the lowest option index and the lowest rank.
 """
 
