@@ -41,12 +41,12 @@ def constraints(
     from torchrec.distributed.planner.types import ParameterConstraints
 
     pinned = {a.name: a for a in result.tables} if result else {}
-    load = context.cache.load_factor if context is not None else None
+    cache = context.cache.cache_params() if context is not None else None
     out = {}
     for t in tables:
         kwargs: dict[str, Any] = {"pooling_factors": [t.pooling_factor] * len(t.feature_names)}
-        if load:
-            kwargs["cache_params"] = _cache_params(load)
+        if cache is not None:
+            kwargs["cache_params"] = cache
         a = pinned.get(t.name)
         if a is not None:
             kwargs["sharding_types"] = [a.sharding_type]
@@ -252,7 +252,7 @@ def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], c
             if opt.sharding_type in multi:
                 kwargs["min_partition"] = t.embedding_dim // opt.k
             if opt.placement == CACHED and context.cache.load_factor:
-                kwargs["cache_params"] = _cache_params(context.cache.load_factor)
+                kwargs["cache_params"] = context.cache.cache_params()
             cons[t.name] = ParameterConstraints(**kwargs)
         time = np.zeros_like(opt.cost.time)
         found = np.zeros(len(tables), dtype=bool)
@@ -273,9 +273,3 @@ def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], c
         opt.cost.time = time * 1e-3
         opt.valid = opt.valid & found
         opt.shard_time = opt.cost.time.sum(axis=1)
-
-
-def _cache_params(load_factor: float) -> Any:
-    from torchrec.distributed.types import CacheParams
-
-    return CacheParams(load_factor=load_factor)
