@@ -60,7 +60,7 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+trainer.max_step=3",), NeoError, ("trainer.max_step", "Did you mean 'max_steps'?")),
         (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean 'learning_rate'?")),
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean 'embedding_dim'?")),
-        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "add ranks or device memory")),
+        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable", "add ranks or memory")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
     ],
     ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -61,6 +62,21 @@ def test_device_short_message_names_the_fix():
     assert msg.startswith("Device memory is short") and "lower the cache load_factor" in msg
 
 
+def test_cpu_ranks_are_told_about_ram_not_device_memory():
+    cpu = replace(cluster(), compute_device="cpu")
+    tables = [TableSpec(f"d{i}", 100_000_000, 128, 1.0) for i in range(4)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cpu, 256)
+    msg = str(err.value)
+    assert msg.startswith("Memory is short") and "each CPU rank's share of RAM" in msg
+    assert "device" not in msg and "cache" not in msg  # no device, and a cache has no effect on CPU
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("huge", 2_000_000_000, 128, 1.0)], cpu, 256)
+    msg = str(err.value)
+    assert "of memory (each CPU rank's share of RAM) usable on each of 8 ranks" in msg
+    assert "device" not in msg and "add ranks or memory" in msg
+
+
 def test_numpy_integers_are_accepted_as_plain_ints():
     spec = TableSpec("t", np.int64(10), np.int32(16))
     assert spec == TableSpec("t", 10, 16)
@@ -92,3 +108,25 @@ def test_zero_and_negative_sizes_keep_their_messages():
         TableSpec("z", np.int64(0), 16)
     with pytest.raises(ConfigError, match=r"'n' has embedding_dim -4; it must be a positive integer"):
         TableSpec("n", 10, np.int16(-4))
+
+
+def test_host_reserve_is_kept_back_and_reported():
+    # 8 cached tables of 400M x 16 fp32 (23.8 GiB weights + 1.5 GiB optimizer each, 202 GiB):
+    # the 8 devices hold at most 108.8 GiB, so host memory must hold over 90 GiB; a 90% host
+    # reserve leaves 51.2 GiB of the 8 x 64 GiB
+    tables = [TableSpec(f"h{i}", 400_000_000, 16, 2.0) for i in range(8)]
+    lru = CachePolicy("lru", load_factor=0.01)
+    result = plan_tables(tables, cluster(), 256, cache=lru, host_reserve_fraction=0.5)
+    cap = 64 * 2**30
+    for r in result.ranks:
+        if r.host_memory:
+            assert r.host_memory["reserve"] == 0.5 * cap and r.host_memory_capacity == cap
+            assert sum(r.host_memory.values()) <= cap
+    assert any(r.host_memory for r in result.ranks)
+    assert any("50% of host memory" in n for n in result.notes)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256, cache=lru, host_reserve_fraction=0.9)
+    msg = str(err.value)
+    assert msg.startswith("Host memory is short") and "GiB usable:" in msg and "h0" in msg
+    with pytest.raises(ConfigError, match=r"sharding.host_reserve_fraction=1.5 must lie in \[0, 1\)"):
+        plan_tables(tables, cluster(), 256, cache=lru, host_reserve_fraction=1.5)

@@ -61,6 +61,7 @@ class CostParams:
     """Knobs of the cost model that are not properties of a plugin."""
 
     reserve_fraction: float = 0.15  # of device memory, kept for dense model, activations, workspace
+    host_reserve_fraction: float = 0.0  # of host memory, kept for the process, data loading, pinned buffers
     index_bytes: int = 8  # bytes per id in the input all-to-all (int64 ids)
     output_bytes: int = 4  # bytes per pooled-embedding element written by the lookup kernel
     access_bytes: int | None = None  # memory access granularity; None: 32 on cuda, 64 on cpu
@@ -165,6 +166,7 @@ class CostModel:
         self.capacity_device = float(topo.device_memory)
         self.reserve = self.params.reserve_fraction * self.capacity_device
         self.capacity_host = float(topo.host_memory)
+        self.host_reserve = self.params.host_reserve_fraction * self.capacity_host
         load = context.cache.load_factor
         self.cache_load_factor = load if topo.compute_device == "cuda" else None
 

@@ -60,6 +60,7 @@ class NeoPlanner(Planner):
         self,
         sharding_types: Sequence[str] | None = None,
         reserve_fraction: float = 0.15,
+        host_reserve_fraction: float = 0.0,
         col_shard_counts: Sequence[int] = (2, 4, 8),
         min_col_width: int = 16,
         refine: bool = True,
@@ -71,6 +72,10 @@ class NeoPlanner(Planner):
     ) -> None:
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
+        if not 0.0 <= host_reserve_fraction < 1.0:
+            raise ConfigError(
+                f"sharding.host_reserve_fraction={host_reserve_fraction} must lie in [0, 1)."
+            )
         if estimator not in ESTIMATORS:
             raise ConfigError(
                 f"sharding.estimator={estimator!r} is not known; choose one of {', '.join(ESTIMATORS)}."
@@ -85,6 +90,7 @@ class NeoPlanner(Planner):
         )
         self.params = CostParams(
             reserve_fraction=reserve_fraction,
+            host_reserve_fraction=host_reserve_fraction,
             index_bytes=index_bytes,
             collective_latency_s=collective_latency_s,
         )
@@ -189,10 +195,15 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     cols = np.arange(len(t))
     need_dev, need_host = dev[order, cols], host[order, cols]
     never = ~search.usable.any(axis=0)
+    on_gpu = search.model.context.topology.compute_device == "cuda"
+    # CPU ranks hold their tables in RAM: the topology's "device memory" is each rank's share
+    mem = "device memory" if on_gpu else "memory (each CPU rank's share of RAM)"
+    mem_short = "device memory" if on_gpu else "memory"
     cached = search.model.cache_load_factor is not None
+    host_usable = " usable" if search.model.host_reserve else ""
     if cached:  # the cache is on: less of each cached table in device memory is the lever
         cache_fix = "lower the cache load_factor"
-    elif search.model.context.topology.compute_device == "cuda":
+    elif on_gpu:
         cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
     else:
         cache_fix = ""
@@ -219,20 +230,20 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         best = min(opts, key=closeness)
         short_dev, short_host = over(best)
         shard_dev, shard_host = float(best.cost.mem_device[i]), float(best.cost.mem_host[i])
-        needs = f"{shard_dev / GiB:.2f} GiB of device memory"
+        needs = f"{shard_dev / GiB:.2f} GiB of {mem_short}"
         if shard_host > 0:
             needs += f" and {shard_host / GiB:.2f} GiB of host memory"
         shorts, fixes = [], []
         if short_dev > 0:
             shorts.append(
                 f"{short_dev:,.0f} bytes ({short_dev / GiB:.2f} GiB) over the {cap_dev / GiB:.2f} GiB "
-                "of device memory usable"
+                f"of {mem} usable"
             )
-            fixes.append("device memory")
+            fixes.append(mem_short)
         if short_host > 0:
             shorts.append(
                 f"{short_host:,.0f} bytes ({short_host / GiB:.2f} GiB) over the {cap_host / GiB:.2f} GiB "
-                "of host memory"
+                f"of host memory{host_usable}"
             )
             fixes.append("host memory")
         fix = f"add ranks or {' and '.join(fixes)}"
@@ -255,9 +266,9 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         names = ", ".join(f"{t.names[i]} ({need_dev[i] / GiB:.1f} GiB)" for i in biggest)
         where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
         raise PlanningError(
-            f"Device memory is short: the tables need {total_dev / GiB:,.1f} GiB of device memory"
+            f"{mem_short.capitalize()} is short: the tables need {total_dev / GiB:,.1f} GiB of {mem}"
             f"{where}, but {W} ranks offer {D / GiB:,.1f} GiB usable: {short:,.0f} bytes "
-            f"({short / GiB:,.1f} GiB) short; largest: {names}; add ranks or device memory, "
+            f"({short / GiB:,.1f} GiB) short; largest: {names}; add ranks or {mem_short}, "
             + (f"{cache_fix}, " if cache_fix else "")
             + "or shrink the tables."
         )
@@ -274,7 +285,7 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         raise PlanningError(
             f"Host memory is short: with device memory filled ({D / GiB:,.1f} GiB usable on {W} "
             f"ranks), the tables still need at least {host_need / GiB:,.1f} GiB of host memory, but "
-            f"{W} ranks offer {H / GiB:,.1f} GiB: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
+            f"{W} ranks offer {H / GiB:,.1f} GiB{host_usable}: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
             f"largest in host memory: {names}; add ranks or host memory, or shrink the tables."
         )
 
@@ -387,6 +398,8 @@ def build_result(
         rep.comm_bytes = {"intra_node": float(sent[r, 0]), "inter_node": float(sent[r, 1])}
         if host["weights"].any():
             rep.host_memory = {k: float(v[r]) for k, v in host.items()}
+            if model.host_reserve:
+                rep.host_memory["reserve"] = model.host_reserve
             rep.host_memory_capacity = model.capacity_host
         reports.append(rep)
     topo = context.topology.to_dict()
@@ -403,6 +416,11 @@ def build_result(
         f"{context.compressor.backward_precision}), cache {context.cache.name}"
         + (f" (load factor {context.cache.load_factor})" if context.cache.load_factor else "")
         + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
+        + (
+            f", {model.params.host_reserve_fraction:.0%} of host memory"
+            if model.params.host_reserve_fraction
+            else ""
+        )
     )
     counts: dict[str, int] = {}
     for a in assignments:

@@ -113,7 +113,7 @@ class Search:
         self.model, self.t, self.opts = model, t, options
         self.W, self.L, self.N = model.W, model.L, model.N
         self.cap_dev = model.capacity_device - model.reserve
-        self.cap_host = model.capacity_host
+        self.cap_host = model.capacity_host - model.host_reserve
         n = len(t)
         self.loads = np.zeros(self.W)
         self.mem_dev = np.zeros(self.W)
