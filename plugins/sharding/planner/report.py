@@ -31,7 +31,8 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax.axhline(result.predicted_step_time * 1e3, color="k", lw=0.8, ls="--", label="slowest rank")
     ax.set_xlabel("rank")
     ax.set_ylabel("predicted time per step (ms)")
-    ax.legend(fontsize=7, ncol=4, loc="lower right")
+    # legends right of the axes: bars fill the whole plot area
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     use = np.array([r.memory_total / r.memory_capacity if r.memory_capacity else 0.0 for r in ranks])
     host = np.array(
         [sum(r.host_memory.values()) / r.host_memory_capacity if r.host_memory_capacity else 0.0 for r in ranks]
@@ -39,7 +40,7 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     if host.any():  # cached tables: device and host memory side by side
         ax_mem.bar(x - 0.21, use * 100, width=0.42, color="gray", label="device")
         ax_mem.bar(x + 0.21, host * 100, width=0.42, color="tab:brown", label="host")
-        ax_mem.legend(fontsize=7, loc="lower right")
+        ax_mem.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
         ax_mem.set_ylabel("memory %")
     else:
         ax_mem.bar(x, use * 100, width=0.85, color="gray")
@@ -47,7 +48,8 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax_mem.set_ylim(0, 100)
     ax_mem.set_title(
         f"{result.planner}: {len(result.ranks)} ranks, step {result.predicted_step_time * 1e3:.3f} ms, "
-        f"imbalance {result.imbalance:.2f}",
+        f"imbalance {result.imbalance:.2f}"
+        + (f" (first {len(ranks)} ranks shown)" if len(ranks) < len(result.ranks) else ""),
         fontsize=9,
     )
     fig.tight_layout()
