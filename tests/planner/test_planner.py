@@ -152,6 +152,31 @@ def test_deterministic():
     assert [(x.sharding_type, x.ranks) for x in a.tables] == [(x.sharding_type, x.ranks) for x in b.tables]
 
 
+def test_plans_do_not_depend_on_the_machines_speed(monkeypatch):
+    # MLPerf on 64 ZionEX ranks runs all 16 bound-guided restarts: the case a wall-clock
+    # stop would cut short on a slow machine. A clock 50x fast stands in for a slow machine.
+    import types
+
+    import neo_plugins.sharding.planner.search as search_module
+
+    ctx = make_context({"name": "zionex", "num_nodes": 8}, 1024, kernel=EmbeddingKernel("f", "fused"))
+    planner = NeoPlanner()
+    ref = planner.plan(mlperf_dcnv2(), ctx)
+    assert planner.last_search.restarts == 16 and planner.last_search.clock_stops == 0
+    real = time.perf_counter
+    t0 = real()
+    monkeypatch.setattr(search_module, "time", types.SimpleNamespace(perf_counter=lambda: t0 + 50 * (real() - t0)))
+    slow = planner.plan(mlperf_dcnv2(), ctx)
+    assert [(x.sharding_type, x.ranks) for x in slow.tables] == [(x.sharding_type, x.ranks) for x in ref.tables]
+    assert planner.last_search.clock_stops == 0
+    assert not any("wall-clock" in n for n in slow.notes)
+    # a budget the machine cannot meet: the safety stop fires and the plan says so
+    rushed = NeoPlanner(time_budget_s=1e-6).plan(mlperf_dcnv2(), ctx)
+    assert any("wall-clock safety stop reached" in n and "time_budget_s=1e-06" in n for n in rushed.notes)
+    with pytest.raises(ConfigError, match=r"sharding.time_budget_s=0 must be a positive"):
+        NeoPlanner(time_budget_s=0)
+
+
 def test_plugins_change_the_estimate():
     tables = mixed_tables()
     base = plan_tables(tables, cluster(), 1024)

@@ -64,7 +64,7 @@ class NeoPlanner(Planner):
         col_shard_counts: Sequence[int] = (2, 4, 8),
         min_col_width: int = 16,
         refine: bool = True,
-        time_budget_s: float = 5.0,
+        time_budget_s: float = 30.0,
         collective_latency_s: float | None = None,
         index_bytes: int = 8,
         table_sharding_types: Mapping[str, Sequence[str]] | None = None,
@@ -97,6 +97,8 @@ class NeoPlanner(Planner):
         self.col_shard_counts = tuple(int(k) for k in col_shard_counts)
         self.min_col_width = int(min_col_width)
         self.refine = refine
+        if not time_budget_s > 0:
+            raise ConfigError(f"sharding.time_budget_s={time_budget_s} must be a positive number of seconds.")
         self.time_budget_s = float(time_budget_s)
         # per-table restriction (table name -> allowed types), on top of ``sharding_types``
         self.table_types = {
@@ -144,6 +146,12 @@ class NeoPlanner(Planner):
             f"({moves} moves, {search.restarts} restarts); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
+        if search.clock_stops:
+            result.notes.append(
+                f"wall-clock safety stop reached {search.clock_stops} time(s) (sharding.time_budget_s="
+                f"{self.time_budget_s:g}): this plan may differ on a faster or slower machine; raise "
+                "time_budget_s for a plan that depends on the input alone"
+            )
         if search.types_used() != types:
             names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))

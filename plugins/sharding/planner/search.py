@@ -129,6 +129,9 @@ class Search:
         fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
+        # wall-clock safety stops that fired (refinement deadlines, restarts not started):
+        # only then can the plan depend on the machine's speed
+        self.clock_stops = 0
         self.node_index = np.arange(self.N)
         self.shard_times = ot  # (O, T) seconds per shard
         self.time_scale = max(float(self.min_total().sum()) / self.W, 1e-30)
@@ -300,7 +303,7 @@ class Search:
     def solve(
         self,
         refine: bool = True,
-        time_budget_s: float = 5.0,
+        time_budget_s: float = 30.0,
         caps: tuple[float, ...] = (1.0, 1.05, 1.1, 1.2, 1.35, 1.6),
         slack: float = 0.02,
         tolerances: tuple[float, ...] = (0.02, 0.05),
@@ -318,7 +321,8 @@ class Search:
         near-tie bands of the greedy (``tolerances``): the plans differ in which near-equal
         option each table takes, and the best is kept. Restarts stop once the plan is within
         ``slack`` of the bound, after ``max_restarts`` greedy runs (skipped duplicates do not
-        count), or after half the time budget; candidate order and choice are deterministic.
+        count); candidate order and choice are deterministic. A wall-clock safety stop ends
+        the restarts once ``time_budget_s`` has passed (counted in ``clock_stops``).
         """
         start = time.perf_counter()
         bound = self.lower_bound()
@@ -358,7 +362,10 @@ class Search:
         runs = [(cap, tol0) for cap in caps]
         runs += [(cap, tol) for tol in tolerances for cap in (None, *caps)]
         for cap, tol in runs:
-            if time.perf_counter() - start > time_budget_s / 2 or best <= bound * (1 + slack):
+            if best <= bound * (1 + slack):
+                break
+            if time.perf_counter() - start > time_budget_s:  # safety stop only
+                self.clock_stops += 1
                 break
             if restarts >= max_restarts:
                 break
@@ -408,12 +415,15 @@ class Search:
             self.refine(budget_s, target=target)
         return float(self.loads.max())
 
-    def refine(self, time_budget_s: float = 5.0, max_moves: int = 100000, target: float = 0.0) -> None:
+    def refine(self, time_budget_s: float = 30.0, max_moves: int = 100000, target: float = 0.0) -> None:
         """Lower the slowest rank by re-placing or swapping its tables until stuck (or until
         it is at most ``target``, e.g. just above the lower bound)."""
         deadline = time.perf_counter() + time_budget_s
         eps = 1e-12
-        while self.moves < max_moves and time.perf_counter() < deadline:
+        while self.moves < max_moves:
+            if time.perf_counter() >= deadline:  # safety stop only
+                self.clock_stops += 1
+                return
             r = int(np.argmax(self.loads))
             cur = float(self.loads[r])
             if cur <= max(target, 0.0):
@@ -536,7 +546,7 @@ class Search:
         self,
         max_solves: int,
         refine: bool = True,
-        time_budget_s: float = 5.0,
+        time_budget_s: float = 30.0,
         share: float = 0.10,
         max_restarts: int = 4,
     ) -> int:
