@@ -129,6 +129,7 @@ class Search:
         fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
+        self._all_ranks = np.ones(self.W, dtype=bool)
         # wall-clock safety stops that fired (refinement deadlines, restarts not started):
         # only then can the plan depend on the machine's speed
         self.clock_stops = 0
@@ -146,15 +147,21 @@ class Search:
         """Best ranks for option ``o`` of table ``i``: (peak load after, ranks) or None."""
         opt = self.opts[o]
         T = opt.shard_time[i]
-        feas = (self.mem_dev + opt.cost.mem_device[i] <= self.cap_dev) & (
-            self.mem_host + opt.cost.mem_host[i] <= self.cap_host
-        )
-        if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
-            key = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])
-            key = key + 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
+        add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
+        if (
+            not self.by_memory
+            and self.mem_dev.max() + add_dev <= self.cap_dev
+            and self.mem_host.max() + add_host <= self.cap_host
+        ):  # fits on every rank (the common case): ranks in load order, nothing masked
+            feas, sel = self._all_ranks, self.loads
         else:
-            key = self.loads
-        sel = np.where(feas, key, np.inf)
+            feas = (self.mem_dev + add_dev <= self.cap_dev) & (self.mem_host + add_host <= self.cap_host)
+            if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
+                key = self.utilisation(add_dev, add_host)
+                key = key + 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
+            else:
+                key = self.loads
+            sel = np.where(feas, key, np.inf)
         unit = opt.unit
         if unit == ALL:
             return (float(self.loads.max() + T), np.arange(self.W)) if feas.all() else None
