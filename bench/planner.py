@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import logging
 import multiprocessing as mp
@@ -106,12 +107,16 @@ def bench_case(
     planner = NeoPlanner()
     times = []
     for _ in range(max(1, repeats)):  # planning time: the fastest of ``repeats`` runs
+        gc.collect()  # as timeit: no collection of the previous cases' garbage inside the timing
+        gc.disable()
         start = time.perf_counter()
         try:
             result = planner.plan(tables, ctx)
         except PlanningError as exc:
             row["neo"] = {"does_not_fit": str(exc), "time_s": time.perf_counter() - start}
             return row
+        finally:
+            gc.enable()
         times.append(time.perf_counter() - start)
     neo = {"time_s": min(times), "times_s": times, "step_ms": result.predicted_step_time * 1e3}
     assert planner.last_search is not None
