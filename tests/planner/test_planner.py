@@ -177,6 +177,29 @@ def test_plans_do_not_depend_on_the_machines_speed(monkeypatch):
         NeoPlanner(time_budget_s=0)
 
 
+def test_greedy_runs_that_repeat_an_earlier_plan_stop_early_with_the_same_result(monkeypatch):
+    # MLPerf on 128 ranks: several restarts retrace an earlier greedy; cutting them short
+    # (Search._greedy) must leave the plan exactly as running each to the end
+    import itertools
+
+    from neo_plugins.sharding.planner.search import Search
+
+    ctx = make_context({"name": "zionex", "num_nodes": 16}, 512, kernel=EmbeddingKernel("f", "fused"))
+    planner = NeoPlanner()
+    cut = planner.plan(mlperf_dcnv2(), ctx)
+    assert planner.last_search.repeats_cut > 0
+    fresh = itertools.count()
+    real = Search._inputs_ahead
+    # every run's digests made unique: no step is ever recognised, every greedy runs to the end
+    monkeypatch.setattr(
+        Search, "_inputs_ahead", lambda self, *a: [d + str(next(fresh)).encode() for d in real(self, *a)]
+    )
+    full = planner.plan(mlperf_dcnv2(), ctx)
+    assert planner.last_search.repeats_cut == 0
+    assert [(x.sharding_type, x.ranks) for x in full.tables] == [(x.sharding_type, x.ranks) for x in cut.tables]
+    assert full.predicted_step_time == cut.predicted_step_time
+
+
 def test_plugins_change_the_estimate():
     tables = mixed_tables()
     base = plan_tables(tables, cluster(), 1024)

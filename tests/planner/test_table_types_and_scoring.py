@@ -34,3 +34,17 @@ def test_score_assignments_matches_planner_and_sees_imbalance() -> None:
     assert again.predicted_step_time == pytest.approx(planned.predicted_step_time)
     one_rank = [TableAssignment(t.name, "table_wise", "fused", [0]) for t in TABLES]
     assert score_assignments(TABLES, one_rank, ctx).predicted_step_time > planned.predicted_step_time
+
+
+def test_score_assignments_counts_column_shards_stacked_on_one_rank() -> None:
+    # TorchRec's planner may put two column shards of a table on the same rank: both count
+    ctx = cpu_context(1, 2)
+    tables = [TableSpec("t0", 100_000, 64, 8.0)]
+    spread = score_assignments(tables, [TableAssignment("t0", "column_wise", "fused", [0, 1])], ctx)
+    stacked = score_assignments(tables, [TableAssignment("t0", "column_wise", "fused", [0, 0])], ctx)
+    (s0, s1), (k0, k1) = spread.ranks, stacked.ranks
+    assert k0.memory["weights"] == pytest.approx(s0.memory["weights"] + s1.memory["weights"])
+    assert k1.memory["weights"] == 0.0 and k1.time["compute_fwd"] == 0.0
+    for kind in ("compute_fwd", "compute_bwd", "comm_fwd"):
+        assert k0.time[kind] == pytest.approx(s0.time[kind] + s1.time[kind])
+    assert stacked.predicted_step_time > spread.predicted_step_time

@@ -63,7 +63,8 @@ def score_assignments(
                 f"Table {spec.name!r}: {st.short} with {k} column shard(s) is not an option on this topology."
             )
         ranks = np.arange(search.W) if st in (ShardingType.DATA_PARALLEL, ShardingType.ROW_WISE) else None
-        search._apply(i, match[0], ranks if ranks is not None else np.array(a.ranks, dtype=np.int64), +1.0)
+        ranks = ranks if ranks is not None else np.array(a.ranks, dtype=np.int64)
+        search._apply(i, match[0], ranks, +1.0, distinct=False)  # TorchRec may stack column shards
     result = build_result(planner, search, tables, context)
     result.notes.append("scored fixed assignments (not searched)")
     return result

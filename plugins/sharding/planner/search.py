@@ -13,6 +13,7 @@ Everything is deterministic: ties go to the lowest option index and the lowest r
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -106,6 +107,10 @@ def capped(base: np.ndarray, shard: np.ndarray, bound: float, cap: float | None)
     return np.where(allowed.any(axis=0), allowed, base)
 
 
+class _Repeat(Exception):
+    """A greedy run reached a step an earlier run of the same solve took (``_greedy``)."""
+
+
 class Search:
     """Greedy placement plus refinement over the options of every table."""
 
@@ -129,6 +134,12 @@ class Search:
         fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
+        self._pre: list | None = None  # _sorted_loads of the current loads
+        self._all_rank_ids = np.arange(self.W)
+        # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
+        # that reaches one of them would repeat an earlier plan, and stops there
+        self.greedy_steps: set[bytes] = set()
+        self.repeats_cut = 0
         self._all_ranks = np.ones(self.W, dtype=bool)
         # wall-clock safety stops that fired (refinement deadlines, restarts not started):
         # only then can the plan depend on the machine's speed
@@ -153,7 +164,7 @@ class Search:
             and self.mem_dev.max() + add_dev <= self.cap_dev
             and self.mem_host.max() + add_host <= self.cap_host
         ):  # fits on every rank (the common case): ranks in load order, nothing masked
-            feas, sel = self._all_ranks, self.loads
+            return self._place_unmasked(opt.unit, opt.k, float(opt.shard_time[i]))
         else:
             feas = (self.mem_dev + add_dev <= self.cap_dev) & (self.mem_host + add_host <= self.cap_host)
             if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
@@ -197,17 +208,65 @@ class Search:
         ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
         return float(peaks[nodes].max() + T), ranks
 
-    def _apply(self, i: int, o: int, ranks: np.ndarray, sign: float) -> None:
+    def _sorted_loads(self, nodes: bool) -> tuple:
+        """The loads in the orders every unmasked placement reads, computed once per state of
+        ``loads`` (a greedy step or a re-insertion tries many options on the same loads):
+        rank order and, with ``nodes``, per-node rank order and sorted loads, node maxima and
+        node order (all stable sorts, so ties go to the lower index as ``argmin`` and
+        ``argsort`` do)."""
+        pre = self._pre
+        if pre is None:
+            pre = self._pre = [np.argsort(self.loads, kind="stable"), float(self.loads.max()), None]
+        if nodes and pre[2] is None:
+            grid = self.loads.reshape(self.N, self.L)
+            gorder = np.argsort(grid, axis=1, kind="stable")
+            gsorted = np.take_along_axis(grid, gorder, axis=1)
+            keys = gsorted[:, -1]
+            pre[2] = (gorder, gsorted, keys, np.argsort(keys, kind="stable"))
+        return pre
+
+    def _place_unmasked(self, unit: str, k: int, T: float) -> tuple[float, np.ndarray]:
+        """``place`` where the option fits on every rank: the same ranks and peak, read off
+        ``_sorted_loads`` instead of sorting the loads for every option."""
+        if unit == ALL:
+            return self._sorted_loads(False)[1] + T, self._all_rank_ids
+        if unit == SINGLE:
+            r = int(self._sorted_loads(False)[0][0])
+            return float(self.loads[r] + T), np.array([r])
+        if unit == ANY_K:
+            idx = self._sorted_loads(False)[0][:k]
+            return float(self.loads[idx[-1]] + T), np.sort(idx)
+        gorder, gsorted, keys, norder = self._sorted_loads(True)[2]
+        if unit == NODE_K:
+            node = int(np.argmin(gsorted[:, k - 1]))
+            return float(gsorted[node, k - 1] + T), np.sort(gorder[node, :k]) + node * self.L
+        if unit == NODE_ALL:
+            node = int(norder[0])
+            return float(keys[node] + T), np.arange(node * self.L, (node + 1) * self.L)
+        nodes = norder[:k]  # NODES_K
+        ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
+        return float(keys[nodes[-1]] + T), ranks
+
+    def _apply(self, i: int, o: int, ranks: np.ndarray, sign: float, distinct: bool = True) -> None:
+        """Add (``sign`` +1) or remove (-1) option ``o`` of table ``i`` on ``ranks``. The search
+        places an option's shards on distinct ranks (``place``); a plan from elsewhere may put
+        two shards on one rank (``distinct=False``: each counts)."""
         opt = self.opts[o]
-        np.add.at(self.loads, ranks, sign * opt.shard_time[i])
-        np.add.at(self.mem_dev, ranks, sign * opt.cost.mem_device[i])
-        np.add.at(self.mem_host, ranks, sign * opt.cost.mem_host[i])
+        self._pre = None
+        if distinct:
+            self.loads[ranks] += sign * opt.shard_time[i]
+            self.mem_dev[ranks] += sign * opt.cost.mem_device[i]
+            self.mem_host[ranks] += sign * opt.cost.mem_host[i]
+        else:
+            np.add.at(self.loads, ranks, sign * opt.shard_time[i])
+            np.add.at(self.mem_dev, ranks, sign * opt.cost.mem_device[i])
+            np.add.at(self.mem_host, ranks, sign * opt.cost.mem_host[i])
         if sign > 0:
             self.choice[i], self.ranks[i] = o, ranks
-            for r in set(ranks.tolist()):
+            for r in ranks.tolist():
                 self.on_rank[r].add(i)
         else:
-            for r in set(ranks.tolist()):
+            for r in ranks.tolist():
                 self.on_rank[r].discard(i)
 
     def best_option(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
@@ -258,6 +317,7 @@ class Search:
 
     def reset(self) -> None:
         self.loads[:] = 0.0
+        self._pre = None
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
@@ -285,12 +345,44 @@ class Search:
             size = np.where(self.usable, foot, np.inf).min(axis=0)
         order = np.lexsort((np.arange(len(self.t)), -size))
         rest = float(min_total.sum())
-        for i in order:
+        track = not self.by_memory
+        if track:
+            ahead, steps = self._inputs_ahead(order, min_total), []
+            done = hashlib.blake2b(digest_size=16)
+        for k, i in enumerate(order):
             rest -= float(min_total[i])
+            if track:
+                step = done.digest() + ahead[k] + np.float64(rest).tobytes()
+                if step in self.greedy_steps:  # this greedy goes on as an earlier one did
+                    self.greedy_steps.update(steps)
+                    raise _Repeat
+                steps.append(step)
             found = self.best_option(int(i), max(rest, 0.0))
             if found is None:
                 raise PlanningError(self.no_fit_message(int(i)))
             self._apply(int(i), found[0], found[1], +1.0)
+            if track:
+                done.update(np.int64([i, found[0]]).tobytes() + np.asarray(found[1], dtype=np.int64).tobytes())
+        if track:
+            self.greedy_steps.update(steps)
+
+    def _inputs_ahead(self, order: np.ndarray, min_total: np.ndarray) -> list[bytes]:
+        """Per greedy step ``k``, a digest of everything the steps from ``k`` on read besides
+        the placements made so far: the tables still to place in order, their usable options,
+        summed costs and bounds, and the near-tie band. A greedy step with the same digest,
+        the same placements before it and the same bound of the rest decides as an earlier
+        one did, and so does every step after it: the greedy repeats that plan."""
+        ahead = [b""] * len(order)
+        h = np.float64(self.tolerance).tobytes()
+        for k in range(len(order) - 1, -1, -1):
+            i = int(order[k])
+            h = hashlib.blake2b(
+                h + np.int64(i).tobytes() + self.usable[:, i].tobytes() + self.total[:, i].tobytes()
+                + np.float64(min_total[i]).tobytes(),
+                digest_size=16,
+            ).digest()
+            ahead[k] = h
+        return ahead
 
     def plan_key(self) -> bytes:
         """The current choice and ranks of every table, as bytes (to recognise a plan)."""
@@ -305,6 +397,7 @@ class Search:
     def restore(self, snap: tuple) -> None:
         loads, dev, host, choice, ranks, on_rank = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
+        self._pre = None
         self.choice, self.ranks, self.on_rank = choice.copy(), list(ranks), [set(x) for x in on_rank]
 
     def solve(
@@ -332,6 +425,7 @@ class Search:
         the restarts once ``time_budget_s`` has passed (counted in ``clock_stops``).
         """
         start = time.perf_counter()
+        self.greedy_steps = set()
         bound = self.lower_bound()
         target = bound * (1 + 1e-4)  # refining closer than 0.01% of the bound is not worth it
         self.greedy()
@@ -411,6 +505,9 @@ class Search:
         try:
             self.greedy() if memory_retry else self._greedy()
         except PlanningError:
+            return None
+        except _Repeat:  # its plan would be one in ``plans``: skipped as such
+            self.repeats_cut += 1
             return None
         finally:
             self.usable, self.total, self.tolerance = base
