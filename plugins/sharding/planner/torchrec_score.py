@@ -9,6 +9,7 @@ and column width pinned per table, and each shard gets the rank the Neo plan gav
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -121,7 +122,9 @@ def torchrec_plan_and_score(
     Returns ``score_ms`` (max-rank perf), ``bound_ms`` (TorchRec's own lower bound: the
     larger of (sum over tables of the cheapest option's summed shard perf) / world size and
     the largest single-shard perf any table must have), ``timed_out`` (the proposers hit
-    ``timeout_s``), ``proposals`` and ``search_s`` (the proposers' time, as TorchRec logs it).
+    ``timeout_s``), ``proposals``, ``search_s`` (the proposers' time, as TorchRec logs it) and
+    ``plan_s`` (the whole ``EmbeddingShardingPlanner.plan`` call, wall clock: the planning time
+    to compare; building the meta-device module before it and scoring after it are not in it).
     """
     import torchrec.distributed.planner.planners as tr_planners
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -157,12 +160,14 @@ def torchrec_plan_and_score(
         original(*args, **meta)
 
     tr_planners.log_planning_result = capture
+    start = time.perf_counter()
     try:
         planner.plan(module, sharders)
     finally:
+        plan_s = time.perf_counter() - start
         tr_planners.log_planning_result = original
     best = planner._best_plan or []
-    out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size))}
+    out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size)), "plan_s": plan_s}
     try:  # the other way round: TorchRec's plan under Neo's cost model
         from neo_plugins.sharding.planner.score import score_assignments
 
