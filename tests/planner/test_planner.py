@@ -177,27 +177,58 @@ def test_plans_do_not_depend_on_the_machines_speed(monkeypatch):
         NeoPlanner(time_budget_s=0)
 
 
-def test_greedy_runs_that_repeat_an_earlier_plan_stop_early_with_the_same_result(monkeypatch):
-    # MLPerf on 128 ranks: several restarts retrace an earlier greedy; cutting them short
-    # (Search._greedy) must leave the plan exactly as running each to the end
+@pytest.mark.parametrize(
+    ("tables", "nodes", "batch"), [(mlperf_dcnv2, 16, 512), (lambda: production_like(200), 2, 4096)]
+)
+def test_remembered_greedy_work_leaves_plans_unchanged(monkeypatch, tables, nodes, batch):
+    # Restarts retrace earlier greedy runs: a run that reaches a step an earlier one took stops
+    # (its plan would repeat), and a decision taken before in the same state is reused
+    # (Search._greedy, best_option). Both must leave the plan exactly as working it all out.
     import itertools
+    import types
 
-    from neo_plugins.sharding.planner.search import Search
+    import neo_plugins.sharding.planner.search as search_module
 
-    ctx = make_context({"name": "zionex", "num_nodes": 16}, 512, kernel=EmbeddingKernel("f", "fused"))
+    ctx = make_context({"name": "zionex", "num_nodes": nodes}, batch, kernel=EmbeddingKernel("f", "fused"))
     planner = NeoPlanner()
-    cut = planner.plan(mlperf_dcnv2(), ctx)
-    assert planner.last_search.repeats_cut > 0
+    kept = planner.plan(tables(), ctx)
+    assert planner.last_search.repeats_cut > 0 and planner.last_search.decided_hits > 0
     fresh = itertools.count()
-    real = Search._inputs_ahead
-    # every run's digests made unique: no step is ever recognised, every greedy runs to the end
-    monkeypatch.setattr(
-        Search, "_inputs_ahead", lambda self, *a: [d + str(next(fresh)).encode() for d in real(self, *a)]
-    )
-    full = planner.plan(mlperf_dcnv2(), ctx)
-    assert planner.last_search.repeats_cut == 0
-    assert [(x.sharding_type, x.ranks) for x in full.tables] == [(x.sharding_type, x.ranks) for x in cut.tables]
-    assert full.predicted_step_time == cut.predicted_step_time
+
+    class Unique:  # a digest never seen before: nothing is recognised, everything is redone
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def update(self, data):
+            pass
+
+        def digest(self):
+            return next(fresh).to_bytes(16, "little")
+
+    monkeypatch.setattr(search_module, "hashlib", types.SimpleNamespace(blake2b=Unique))
+    redone = planner.plan(tables(), ctx)
+    assert planner.last_search.repeats_cut == 0 and planner.last_search.decided_hits == 0
+    assert [(x.sharding_type, x.ranks) for x in redone.tables] == [(x.sharding_type, x.ranks) for x in kept.tables]
+    assert redone.predicted_step_time == kept.predicted_step_time
+
+
+def test_a_remembered_decision_is_not_reused_when_its_option_is_gone():
+    # best_option remembers decisions by state; a restart whose mask drops the option taken
+    # (or adds one that would be visited) must decide afresh, and an unchanged mask reuses it
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    model, arrays = CostModel(make_context("zionex", 512)), TableArrays.from_specs(mlperf_dcnv2())
+    search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+    i = int(np.argmax(search.min_total()))
+    o, _ = search.best_option(i, 0.0)
+    assert search.best_option(i, 0.0)[0] == o and search.decided_hits == 1
+    base = search.usable
+    search.usable = base.copy()
+    search.usable[o, i] = False
+    assert search.best_option(i, 0.0)[0] != o and search.decided_hits == 1
+    search.usable = base  # back: the first decision again (remembered)
+    assert search.best_option(i, 0.0)[0] == o and search.decided_hits == 2
 
 
 def test_plugins_change_the_estimate():

@@ -139,6 +139,9 @@ class Search:
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
         # that reaches one of them would repeat an earlier plan, and stops there
         self.greedy_steps: set[bytes] = set()
+        # greedy decisions of this solve (best_option): by state, table, rest bound and band
+        self.decided: dict[bytes, list[tuple[bytes, float, tuple[int, np.ndarray] | None]]] = {}
+        self.decided_hits = 0
         self.repeats_cut = 0
         self._all_ranks = np.ones(self.W, dtype=bool)
         # wall-clock safety stops that fired (refinement deadlines, restarts not started):
@@ -284,9 +287,25 @@ class Search:
             )
             order = np.argsort(low, kind="stable")
             cand, low = cand[order], low[order]
+            key = hashlib.blake2b(
+                self.loads.tobytes() + self.mem_dev.tobytes() + self.mem_host.tobytes()
+                + np.float64([i, rest_lb, self.tolerance]).tobytes(),
+                digest_size=16,
+            ).digest()
+            for seen, last, result in self.decided.get(key, ()):
+                # the same options visited in the same order, and the next one (if any) past
+                # where the visit stopped: the same choice (totals are part of ``seen``)
+                n = len(seen) // 16
+                if cand[:n].tobytes() + self.total[cand[:n], i].tobytes() == seen and (
+                    len(cand) == n or low[n] > last
+                ):
+                    self.decided_hits += 1
+                    return result
         best_score = np.inf
+        visited = len(cand)
         for n, o in enumerate(cand):
             if low is not None and low[n] > best_score * (1.0 + self.tolerance):
+                visited = n
                 break
             placed = self.place(int(o), i)
             if placed is None:
@@ -300,12 +319,15 @@ class Search:
                 score = float(util) + 1e-3 * score / self.time_scale
             found.append((score, tot, int(o), ranks))
             best_score = min(best_score, score)
-        if not found:
-            return None
-        # near-ties (within tolerance) go to the option with the least summed cost
-        floor = min(f[0] for f in found) * (1.0 + self.tolerance)
-        best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
-        return best[2], best[3]
+        result = None
+        if found:  # near-ties (within tolerance) go to the option with the least summed cost
+            floor = min(f[0] for f in found) * (1.0 + self.tolerance)
+            best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
+            result = best[2], best[3]
+        if low is not None:  # remembered for greedy runs that reach the same state (restarts)
+            seen = cand[:visited].tobytes() + self.total[cand[:visited], i].tobytes()
+            self.decided.setdefault(key, []).append((seen, best_score * (1.0 + self.tolerance), result))
+        return result
 
     # ---- the two phases ------------------------------------------------------------
     def utilisation(self, add_dev: float = 0.0, add_host: float = 0.0) -> np.ndarray:
@@ -425,7 +447,7 @@ class Search:
         the restarts once ``time_budget_s`` has passed (counted in ``clock_stops``).
         """
         start = time.perf_counter()
-        self.greedy_steps = set()
+        self.greedy_steps, self.decided = set(), {}
         bound = self.lower_bound()
         target = bound * (1 + 1e-4)  # refining closer than 0.01% of the bound is not worth it
         self.greedy()
