@@ -135,7 +135,9 @@ class Search:
         self.usable = valid & fits  # (O, T)
         self.moves = 0
         self._pre: list | None = None  # _sorted_loads of the current loads
+        self._mem_max: tuple[float, float] | None = None  # _fullest of the current memory
         self._all_rank_ids = np.arange(self.W)
+        self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
         # that reaches one of them would repeat an earlier plan, and stops there
         self.greedy_steps: set[bytes] = set()
@@ -162,10 +164,9 @@ class Search:
         opt = self.opts[o]
         T = opt.shard_time[i]
         add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
+        fullest = self._fullest()
         if (
-            not self.by_memory
-            and self.mem_dev.max() + add_dev <= self.cap_dev
-            and self.mem_host.max() + add_host <= self.cap_host
+            not self.by_memory and fullest[0] + add_dev <= self.cap_dev and fullest[1] + add_host <= self.cap_host
         ):  # fits on every rank (the common case): ranks in load order, nothing masked
             return self._place_unmasked(opt.unit, opt.k, float(opt.shard_time[i]))
         else:
@@ -211,6 +212,12 @@ class Search:
         ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
         return float(peaks[nodes].max() + T), ranks
 
+    def _fullest(self) -> tuple[float, float]:
+        """The most device and host memory any rank holds, once per state (as ``_sorted_loads``)."""
+        if self._mem_max is None:
+            self._mem_max = (float(self.mem_dev.max()), float(self.mem_host.max()))
+        return self._mem_max
+
     def _sorted_loads(self, nodes: bool) -> tuple:
         """The loads in the orders every unmasked placement reads, computed once per state of
         ``loads`` (a greedy step or a re-insertion tries many options on the same loads):
@@ -247,15 +254,14 @@ class Search:
             node = int(norder[0])
             return float(keys[node] + T), np.arange(node * self.L, (node + 1) * self.L)
         nodes = norder[:k]  # NODES_K
-        ranks = (nodes[:, None] * self.L + np.arange(self.L)[None, :]).reshape(-1)
-        return float(keys[nodes[-1]] + T), ranks
+        return float(keys[nodes[-1]] + T), self._node_ranks[nodes].reshape(-1)
 
     def _apply(self, i: int, o: int, ranks: np.ndarray, sign: float, distinct: bool = True) -> None:
         """Add (``sign`` +1) or remove (-1) option ``o`` of table ``i`` on ``ranks``. The search
         places an option's shards on distinct ranks (``place``); a plan from elsewhere may put
         two shards on one rank (``distinct=False``: each counts)."""
         opt = self.opts[o]
-        self._pre = None
+        self._pre = self._mem_max = None
         if distinct:
             self.loads[ranks] += sign * opt.shard_time[i]
             self.mem_dev[ranks] += sign * opt.cost.mem_device[i]
@@ -339,7 +345,7 @@ class Search:
 
     def reset(self) -> None:
         self.loads[:] = 0.0
-        self._pre = None
+        self._pre = self._mem_max = None
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
@@ -419,7 +425,7 @@ class Search:
     def restore(self, snap: tuple) -> None:
         loads, dev, host, choice, ranks, on_rank = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
-        self._pre = None
+        self._pre = self._mem_max = None
         self.choice, self.ranks, self.on_rank = choice.copy(), list(ranks), [set(x) for x in on_rank]
 
     def solve(
