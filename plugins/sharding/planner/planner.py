@@ -316,7 +316,11 @@ def _why(opt: Option, search: Search, i: int) -> str:
     j = int(np.argmin(alt))
     cmp = ""
     if np.isfinite(alt[j]):  # the slowest rank decides, not the total: show both
-        cmp = f"; least-total alternative {search.opts[j].label} {cost(j)}"
+        if alt[j] >= search.total[search.choice[i], i]:
+            cmp = f"; the least total (next: {search.opts[j].label} {cost(j)})"
+        else:
+            larger = search.opts[j].shard_time[i] > opt.shard_time[i]
+            cmp = f"; least total would be {search.opts[j].label} {cost(j)}" + (", larger shards" if larger else "")
     size = f"{whole / GiB:.2f} GiB" if whole >= GiB / 10 else f"{whole / 2**20:.1f} MiB"
     reason = {
         ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
