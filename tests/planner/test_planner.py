@@ -553,3 +553,26 @@ def test_step_bound_and_fewer_types_on_two_nodes_by_brute_force(seed):
     assert np.array_equal(search.usable, usable) and search._bound_cache is cached
     assert (search.memory_prices, search.restarts, search.best_restart) == state
     assert (search.mem_dev <= search.cap_dev * (1 + 1e-12)).all()
+
+
+def test_why_says_which_option_has_the_least_total_time():
+    # MLPerf on 128 ranks: big tables take grid shards for balance though table-wise would
+    # cost less in total; small ones replicate, the least total of their options
+    import re
+
+    result = plan_tables(mlperf_dcnv2(), "zionex", 512)
+    why = {a.name: (ShardingType(a.sharding_type).short, a.why) for a in result.tables}
+    for name, (_short, text) in why.items():
+        m = re.search(
+            r"(\d+) x ([\d.]+) ms = ([\d.]+) ms; (the least total \(next:|least total would be)"
+            r" \S+ (\d+) x ([\d.]+) ms = ([\d.]+) ms",
+            text,
+        )
+        assert m, f"{name}: {text}"
+        mine, other = float(m.group(3)), float(m.group(7))
+        if m.group(4).startswith("the least"):
+            assert mine <= other, text
+        else:
+            assert other < mine and ("larger shards" in text) == (float(m.group(6)) > float(m.group(2))), text
+    assert "least total would be TW" in why["cat_0"][1] and why["cat_0"][0] == "GRID"
+    assert "the least total" in why["cat_5"][1] and why["cat_5"][0] == "DP"
