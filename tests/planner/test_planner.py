@@ -231,6 +231,32 @@ def test_a_remembered_decision_is_not_reused_when_its_option_is_gone():
     assert search.best_option(i, 0.0)[0] == o and search.decided_hits == 2
 
 
+def test_a_greedy_after_solve_runs_to_the_end_and_a_second_solve_repeats_the_first():
+    # What a solve remembers (greedy steps taken, decisions) is its own: a greedy called
+    # after it places every table as a fresh search's greedy does, and solving again gives
+    # the same plan
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    model, arrays = CostModel(make_context({"name": "zionex", "num_nodes": 16}, 512)), TableArrays.from_specs(mlperf_dcnv2())
+
+    def search():
+        return Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+
+    fresh = search()
+    fresh.greedy()
+    used = search()
+    used.solve(time_budget_s=60.0)
+    assert used.repeats_cut > 0  # the solve did cut restarts that retraced its own greedy runs
+    solved = used.plan_key()
+    used.reset()
+    used.greedy()
+    assert (used.choice >= 0).all() and used.plan_key() == fresh.plan_key()
+    used.reset()
+    used.solve(time_budget_s=60.0)
+    assert used.plan_key() == solved
+
+
 def test_plugins_change_the_estimate():
     tables = mixed_tables()
     base = plan_tables(tables, cluster(), 1024)

@@ -139,8 +139,9 @@ class Search:
         self._all_rank_ids = np.arange(self.W)
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
-        # that reaches one of them would repeat an earlier plan, and stops there
-        self.greedy_steps: set[bytes] = set()
+        # that reaches one of them would repeat an earlier plan, and stops there. None outside
+        # ``solve``: a greedy called on its own always runs to the end
+        self.greedy_steps: set[bytes] | None = None
         # greedy decisions of this solve (best_option): by state, table, rest bound and band
         self.decided: dict[bytes, list[tuple[bytes, float, tuple[int, np.ndarray] | None]]] = {}
         self.decided_hits = 0
@@ -373,7 +374,7 @@ class Search:
             size = np.where(self.usable, foot, np.inf).min(axis=0)
         order = np.lexsort((np.arange(len(self.t)), -size))
         rest = float(min_total.sum())
-        track = not self.by_memory
+        track = self.greedy_steps is not None and not self.by_memory
         if track:
             ahead, steps = self._inputs_ahead(order, min_total), []
             done = hashlib.blake2b(digest_size=16)
@@ -454,6 +455,22 @@ class Search:
         """
         start = time.perf_counter()
         self.greedy_steps, self.decided = set(), {}
+        try:
+            return self._solve(start, refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts)
+        finally:  # what this solve remembered is its own: a later greedy or solve starts clean
+            self.greedy_steps, self.decided = None, {}
+
+    def _solve(
+        self,
+        start: float,
+        refine: bool,
+        time_budget_s: float,
+        caps: tuple[float, ...],
+        slack: float,
+        tolerances: tuple[float, ...],
+        wide_slack: float,
+        max_restarts: int,
+    ) -> float:
         bound = self.lower_bound()
         target = bound * (1 + 1e-4)  # refining closer than 0.01% of the bound is not worth it
         self.greedy()
