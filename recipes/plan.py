@@ -4,7 +4,8 @@
     python recipes/plan.py +topology=zionex model=production_like topology.inter_node_bw_gbps=2.5
 
 ``model=`` names a table set in conf/plan_model/; an unknown option of any group is reported
-with that group's choices. Writes plan.json, plan.txt and plan.png to the run folder and
+with that group's choices, and an unknown key (``sharding.estimtor=``, ``plan_model.params.x=``)
+with its close match; plain ``key=value`` overrides need no ``+``. Writes plan.json, plan.txt and plan.png to the run folder and
 prints the plan. A model that cannot fit is reported by table and bytes.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import user_errors
+from neo_core.cli import force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -73,8 +75,32 @@ def _model_alias(argv: list[str]) -> list[str]:
     return out
 
 
+# plan.yaml's keys, and a plan model's (conf/plan_model/*.yaml)
+TOP_KEYS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model", "batch_size_per_rank", "output_dir")
+MODEL_KEYS = ("generator", "params", "global_batch", "weight_bytes", "cache_load_factor")
+
+
+def check_keys(cfg: dict[str, Any]) -> None:
+    """Reject a key plan.yaml or the plan model does not have, naming it and its close match.
+
+    Plain dotted overrides reach here as ``++key=value`` (``force_add_overrides``), so a typo
+    is reported by Neo instead of being added silently or refused by Hydra in several lines.
+    Plugin keys are checked when each plugin is resolved.
+    """
+    from neo_core.errors import ConfigError
+
+    for where, node, known in (("", cfg, TOP_KEYS), ("plan_model.", cfg.get("plan_model") or {}, MODEL_KEYS)):
+        for key in node:
+            if key not in known and key != "hydra":
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" Did you mean {where}{close[0]}?" if close else ""
+                raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {', '.join(known)}.")
+
+
 def run(cfg: dict[str, Any]) -> Any:
     """Plan the configured table set; returns the PlanResult."""
+    check_keys(cfg)
+    logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve
     from neo_core.cache import CachePolicy
     from neo_plugins.sharding.planner.report import save_all
@@ -83,7 +109,9 @@ def run(cfg: dict[str, Any]) -> Any:
     model = cfg["plan_model"]
     tables = make_tables(model["generator"], **(model.get("params") or {}))
     topology = resolve("topology", cfg["topology"])
-    batch = cfg.get("batch_size_per_rank") or max(1, int(model.get("global_batch", 65536)) // topology.world_size)
+    batch = cfg.get("batch_size_per_rank")
+    if batch is None:
+        batch = max(1, int(model.get("global_batch", 65536)) // topology.world_size)
     kernel = resolve("kernel", cfg["kernel"])
     if model.get("weight_bytes"):
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
@@ -111,5 +139,5 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
-    sys.argv = [sys.argv[0], *_model_alias(sys.argv[1:])]
+    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]))]
     main()

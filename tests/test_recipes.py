@@ -129,6 +129,34 @@ def test_plan_recipe_unknown_option_is_one_sentence_with_choices(tmp_path: Path,
     assert not list(tmp_path.iterdir())  # stopped before planning
 
 
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (("sharding.estimtor=torchrec",), ("sharding.estimtor", "Did you mean sharding.estimator?")),
+        (("topolgy.num_nodes=2",), ("Unknown key topolgy.", "Did you mean topology?")),
+        (("model=production_like", "plan_model.params.num_tabels=10"),
+         ("'num_tabels'", "'production_like'", "Did you mean 'num_tables'?")),
+        (("batch_size_per_rank=0",), ("batch_size_per_rank must be a positive integer, got 0.",)),
+    ],
+    ids=["plugin-key", "top-level-key", "generator-parameter", "zero-batch"],
+)
+def test_plan_recipe_bad_key_or_value_is_one_sentence_naming_it(tmp_path: Path, overrides, fragments) -> None:
+    # plain dotted overrides, as a user types them: Neo names the key, not Hydra's struct error
+    proc = run_plan("+topology=zionex", *overrides, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, *fragments)
+    assert "not in struct" not in proc.stderr
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
+    proc = run_plan("+topology=zionex", "topology.num_nodes=2", "sharding.refine=false",
+                    f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 node(s) x 8 cuda rank(s) = 16 ranks" in proc.stdout, proc.stdout[:2000]
+    assert json.loads((tmp_path / "plan.json").read_text())["topology"]["world_size"] == 16
+
+
 def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -12,6 +12,7 @@ from neo_core.api import plan_tables
 from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import TableSpec
+from neo_plugins.sharding.planner.tables import make_tables
 from tests.planner import cluster
 
 
@@ -130,3 +131,30 @@ def test_host_reserve_is_kept_back_and_reported():
     assert msg.startswith("Host memory is short") and "GiB usable:" in msg and "h0" in msg
     with pytest.raises(ConfigError, match=r"sharding.host_reserve_fraction=1.5 must lie in \[0, 1\)"):
         plan_tables(tables, cluster(), 256, cache=lru, host_reserve_fraction=1.5)
+
+
+# --- table generators (recipes/plan.py's plan_model.params) ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "fragments"),
+    [
+        ({"num_tabels": 10}, ("Unknown parameter 'num_tabels'", "Did you mean 'num_tables'?", "seed")),
+        ({"num_tables": "abc"}, ("'num_tables'", "must be an integer, got 'abc'",)),
+        ({"num_tables": 2.0}, ("'num_tables'", "must be an integer, got 2.0",)),
+        ({"mean_pooling": "x"}, ("'mean_pooling'", "must be a number",)),
+        ({"dims": 16}, ("'dims'", "must be a list",)),
+    ],
+    ids=["misspelled", "string-for-int", "float-for-int", "string-for-float", "scalar-for-list"],
+)
+def test_table_generator_parameters_are_checked_by_name_and_kind(params, fragments) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_tables("production_like", **params)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+
+
+def test_table_generator_accepts_its_parameters() -> None:
+    tables = make_tables("production_like", num_tables=7, mean_pooling=3, dims=[16, 32], dim_weights=[1, 1],
+                         total_parameters=None)
+    assert len(tables) == 7 and {t.embedding_dim for t in tables} <= {16, 32}

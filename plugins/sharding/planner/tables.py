@@ -5,6 +5,9 @@ All generators are deterministic (a fixed numpy seed) and allocate no table memo
 
 from __future__ import annotations
 
+import difflib
+import inspect
+
 import numpy as np
 
 from neo_core.errors import ConfigError
@@ -91,4 +94,31 @@ def make_tables(generator: str, **params: object) -> list[TableSpec]:
         raise ConfigError(
             f"Unknown table generator {generator!r}; choose one of {', '.join(sorted(GENERATORS))}."
         )
-    return GENERATORS[generator](**params)  # type: ignore[operator]
+    func = GENERATORS[generator]
+    signature = inspect.signature(func).parameters
+    known = list(signature)
+    for key, value in params.items():
+        if key not in signature:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"Unknown parameter {key!r} of table generator {generator!r}.{hint} "
+                f"Its parameters: {', '.join(known) or '(none)'}."
+            )
+        _check_kind(generator, key, value, signature[key].default)
+    return func(**params)  # type: ignore[operator]
+
+
+def _check_kind(generator: str, key: str, value: object, default: object) -> None:
+    """A generator parameter must be of its default's kind (integer, number, list; None: number)."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, int):
+        ok, kind = is_number and isinstance(value, int), "an integer"
+    elif isinstance(default, float) or default is None:
+        ok, kind = is_number or value is None, "a number"
+    elif isinstance(default, tuple):
+        ok, kind = isinstance(value, (list, tuple)), "a list"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"Parameter {key!r} of table generator {generator!r} must be {kind}, got {value!r}.")
