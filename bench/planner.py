@@ -27,9 +27,11 @@ import gc
 import json
 import logging
 import multiprocessing as mp
+import os
 import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -199,6 +201,23 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject arguments that would plan a different cluster than asked, or fail after work."""
+    for world in args.ranks:
+        if world < 1 or (world > 8 and world % 8):
+            parser.error(f"--ranks {world}: use 1 to 8 ranks (one node) or a multiple of 8 (nodes of 8)")
+    for name in ("torchrec_timeout", "torchrec_kill"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more seconds")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: must be at least 1")
+    # the JSON is rewritten after every case: find a bad path before the first one runs
+    out = Path(args.out)
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir() or not folder.is_dir() or not os.access(out if out.exists() else folder, os.W_OK):
+        parser.error(f"--out {args.out}: cannot be written (is its folder there and writable?)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench_planner.json")
@@ -208,8 +227,11 @@ def main() -> None:
     parser.add_argument(
         "--torchrec-kill", type=float, default=600.0, help="kill TorchRec's child process after (s)"
     )
-    parser.add_argument("--suites", nargs="*", default=list(DEFAULT_SUITES), choices=list(SUITES))
-    parser.add_argument("--ranks", nargs="*", type=int, default=list(RANKS))
+    parser.add_argument("--suites", nargs="+", default=list(DEFAULT_SUITES), choices=list(SUITES))
+    parser.add_argument(
+        "--ranks", nargs="+", type=int, default=list(RANKS),
+        help="world sizes: up to 8 (one node) or multiples of 8 (ZionEX-shaped nodes of 8)",
+    )
     parser.add_argument("--no-torchrec", action="store_true")
     parser.add_argument(
         "--torchrec-cached", action="store_true",
@@ -217,6 +239,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=5, help="Neo planning runs per case (min time)")
     args = parser.parse_args()
+    check_args(parser, args)
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     rows = []

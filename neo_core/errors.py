@@ -17,3 +17,7 @@ class PluginError(NeoError):
 
 class PlanningError(NeoError):
     """No valid sharding plan exists for the given tables and topology."""
+
+
+class CalibrationError(NeoError):
+    """A measurement of this machine failed or could not be stored."""

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, subprocess_env
 
 COLUMNS = ("neo/tr", "neo[TR]/tr", "neo/LB", "neo[TR]/LB", "tr/LB", "speedup")
@@ -34,3 +36,26 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert row["neo_torchrec_estimator"]["vs_bound"] >= 1.0 and row["torchrec_vs_bound"] >= 1.0, row
     # the progress bar goes to stderr, leaving stdout to the table
     assert "planner bench" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--ranks", "12"), "--ranks 12: use 1 to 8 ranks (one node) or a multiple of 8"),
+        (("--ranks", "0"), "--ranks 0:"),
+        (("--torchrec-timeout", "-5"), "--torchrec-timeout -5.0: must be 0 or more seconds"),
+        (("--repeats", "0"), "--repeats 0: must be at least 1"),
+        (("--out", "/nonexistent-folder/bench.json"), "--out /nonexistent-folder/bench.json: cannot be written"),
+    ],
+    ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out"],
+)
+def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment):
+    # a rank count that is no whole number of 8-rank nodes would plan another cluster than the
+    # row says; an unwritable --out would fail only after the first case had run
+    proc = subprocess.run(
+        [sys.executable, "bench/planner.py", "--suites", "mlperf_dcnv2", *args],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert fragment in proc.stderr.splitlines()[-1], proc.stderr
+    assert "planner bench" not in proc.stderr  # no case started

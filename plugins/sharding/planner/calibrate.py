@@ -19,9 +19,12 @@ import os
 import socket
 import time
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import torch
+
+from neo_core.errors import CalibrationError
 
 
 def _best(fn: Any, repeat: int = 5) -> float:
@@ -154,8 +157,8 @@ def _collectives(rank: int, world: int, port: int, out: Any) -> None:
     ar = _best(lambda: dist.all_reduce(big))
     lat = _best(lambda: dist.all_to_all_single(tiny_out, tiny), repeat=20)
     part = torch.empty(big.numel() // world)
-    rs = _best(lambda: dist.reduce_scatter_tensor(part, big))
-    ag = _best(lambda: dist.all_gather_into_tensor(recv, part))
+    rs = _best(lambda: dist.reduce_scatter_single(part, big))
+    ag = _best(lambda: dist.all_gather_single(recv, part))
     if rank == 0:
         sent = big.numel() * 4 * (world - 1) / world
         out.put({
@@ -274,7 +277,19 @@ def _spawn(target: Any, world: int) -> dict[str, Any]:
     procs = [ctx.Process(target=target, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=300)
+    deadline = time.monotonic() + 300
+    while True:  # a rank that fails leaves the others waiting: stop them and say which
+        try:
+            result = queue.get(timeout=1.0)
+            break
+        except Empty:
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                    p.join()
+                what = f"rank {failed[0]} exited with code {procs[failed[0]].exitcode}" if failed else "no result in 300 s"
+                raise CalibrationError(f"calibration step {target.__name__.strip('_')} on {world} ranks failed: {what}.") from None
     for p in procs:
         p.join()
     return result
@@ -353,11 +368,24 @@ def main(out: str | None = None) -> None:
         help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
     )
     args = parser.parse_args([] if out is not None else None)
-    if args.nice:
-        os.nice(-args.nice)  # inherited by the spawned ranks; PermissionError without root
-    data = calibrate(args.ranks)
+    # the collectives split an 8 MiB buffer evenly over the ranks
+    if args.ranks < 2 or args.ranks & (args.ranks - 1):
+        parser.error(f"--ranks {args.ranks}: use a power of two, at least 2 (the collectives need 2 or more ranks)")
+    if args.nice < 0:
+        parser.error(f"--nice {args.nice}: give how far above normal priority, 0 or more")
     path = Path(out or args.out) if (out or args.out) else calibration_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # before measuring, so the measurements are not lost to a bad path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
+            raise PermissionError
+    except OSError:
+        raise CalibrationError(f"cannot write the calibration to {path}; choose another path.") from None
+    if args.nice:
+        try:
+            os.nice(-args.nice)  # inherited by the spawned ranks
+        except PermissionError:
+            parser.error(f"--nice {args.nice} needs root (raising priority); run without --nice")
+    data = calibrate(args.ranks)
     path.write_text(json.dumps(data, indent=2) + "\n")
     for k, v in data.items():
         print(f"{k:>24}: {v / 1e9:.3f} GB/s" if k.endswith("_bw") else f"{k:>24}: {v:.6g}")
@@ -365,4 +393,7 @@ def main(out: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from neo_core.cli import user_errors
+
+    with user_errors():
+        main()
