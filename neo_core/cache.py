@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from neo_core.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class CachePolicy:
@@ -18,6 +20,21 @@ class CachePolicy:
     load_factor: float | None = None
     algorithm: str = "lru"  # FBGEMM CacheAlgorithm name: "lru" or "lfu"
     prefetch_pipeline: bool = False
+
+    def __post_init__(self) -> None:
+        lf = self.load_factor
+        if lf is not None and (
+            isinstance(lf, bool) or not isinstance(lf, (int, float)) or not 0.0 < lf <= 1.0  # NaN fails too
+        ):
+            raise ConfigError(
+                f"cache.load_factor={lf!r} (cache {self.name!r}) must lie in (0, 1]: the share of a cached "
+                "table's rows held in device memory; use cache=none for no cache."
+            )
+        if self.algorithm.lower() not in ("lru", "lfu"):
+            raise ConfigError(
+                f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "
+                "implements; choose lru or lfu."
+            )
 
     def cache_params(self) -> Any:
         """TorchRec ``CacheParams`` for tables placed behind the cache, or None."""

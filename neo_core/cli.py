@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
-from neo_core.errors import NeoError
+from neo_core.errors import ConfigError, NeoError
 
 
 @contextlib.contextmanager
@@ -32,19 +33,82 @@ def user_errors() -> Iterator[None]:
         raise
 
 
-def force_add_overrides(argv: Sequence[str]) -> list[str]:
-    """Turn plain ``group.key=value`` overrides into ``++group.key=value``.
+# Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``
+# (the documented form) works; ``topology=zionex`` is taken to mean the same.
+APPENDED_GROUPS = ("topology",)
+
+
+def force_add_overrides(argv: Sequence[str], groups: Collection[str] = ()) -> list[str]:
+    """Turn plain ``group.key=value`` and ``key=value`` overrides into ``++...`` ones.
 
     Hydra rejects a key the composed config lacks ("not in struct") before Neo sees it; with
     ``++`` every key reaches Neo's validation, which names a misspelled key and its close
-    match, and accepts any parameter of a plugin selected by name only.
+    match, and accepts any parameter of a plugin selected by name only. ``key=value`` where
+    ``key`` is one of ``groups`` (the config's group folders) selects an option and is left
+    to Hydra, except an appended group (``topology=zionex`` becomes ``+topology=zionex``).
     """
     out = []
     for arg in argv:
         key, eq, _ = arg.partition("=")
-        plain = eq and "." in key and not key.startswith(("-", "+", "~", "hydra."))
-        out.append(f"++{arg}" if plain else arg)
+        if not eq or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
+            out.append(arg)
+        elif key in APPENDED_GROUPS:
+            out.append(f"+{arg}")
+        elif "." in key or key not in groups:
+            out.append(f"++{arg}")
+        else:
+            out.append(arg)
     return out
+
+
+def option_names(conf: str | os.PathLike[str], group: str) -> list[str]:
+    """Every option ``group=<name>`` selects: YAML files in conf/<group>/ and registered plugins."""
+    from pathlib import Path
+
+    from hydra.core.config_store import ConfigStore
+
+    names = {p.stem for p in (Path(conf) / group).glob("*.yaml")}
+    try:
+        names.update(n.removesuffix(".yaml") for n in ConfigStore.instance().list(group))
+    except OSError:  # no plugin of this group lacks a YAML file
+        pass
+    return sorted(names)
+
+
+def check_group_options(
+    argv: Sequence[str],
+    conf: str | os.PathLike[str],
+    groups: Collection[str],
+    aliases: Mapping[str, str] | None = None,
+    nullable: Collection[str] = (),
+) -> None:
+    """Reject ``group=<option>`` for an option the group lacks, naming the key and the choices.
+
+    Hydra's own message for this spans several lines and is followed by its search path; for
+    ``group=null`` it is a traceback. ``nullable`` groups (e.g. ``experiment``) take null.
+    """
+    aliases = aliases or {}
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("+")
+        group = aliases.get(key, key)
+        if not eq or group not in groups or any(c in value for c in "()[]{}$*?"):
+            continue  # not a group selection, or a sweep expression Hydra expands itself
+        choices = option_names(conf, group)
+        if value in ("", "null") and group not in nullable:
+            raise ConfigError(f"{key} needs an option; choose one of {', '.join(choices)}.")
+        for option in value.split(","):
+            if option and option != "null" and option not in choices:
+                close = difflib.get_close_matches(option, choices, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.")
+
+
+def config_groups(conf: str | os.PathLike[str]) -> list[str]:
+    """The config group folders of a Hydra config directory."""
+    from pathlib import Path
+
+    return sorted(p.name for p in Path(conf).iterdir() if p.is_dir())
 
 
 def list_plugins() -> str:

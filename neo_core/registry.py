@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -12,6 +13,28 @@ from neo_core.errors import ConfigError, PluginError
 
 T = TypeVar("T")
 
+
+
+def check_kind(key: str, value: Any, default: Any) -> None:
+    """Reject ``value`` for ``key`` unless it is of its default's kind.
+
+    A bool default takes true/false; an int default a whole number; a float default (or a
+    default of None) any finite-or-not real number or null; a tuple or list default a list.
+    Other defaults (strings, mappings, none given) are left to the plugin.
+    """
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = real and isinstance(value, numbers.Integral), "a whole number"
+    elif isinstance(default, float):
+        ok, kind = real, "a number"
+    elif isinstance(default, (tuple, list)):
+        ok, kind = isinstance(value, (tuple, list)), "a list, e.g. [a, b]"
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"{key} must be {kind}, got {value!r}.")
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
@@ -121,6 +144,8 @@ class Registry(Generic[T]):
                         f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} "
                         f"Its keys: {known}."
                     )
+            for key, value in params.items():
+                check_kind(f"{self.group}.{key}", value, accepted[key])
             missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
             if missing:
                 raise ConfigError(

@@ -77,9 +77,9 @@ class TableSpec:
     hot_fraction: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise ConfigError("Every table needs a non-empty name.")
-        from numbers import Integral
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"Every table needs a non-empty name (a string); got {self.name!r}.")
+        from numbers import Integral, Real
 
         for key in ("num_embeddings", "embedding_dim"):  # numpy integers too, stored as int
             value = getattr(self, key)
@@ -98,6 +98,17 @@ class TableSpec:
                 f"Table {self.name!r} has embedding_dim {self.embedding_dim!r}; it must be a "
                 "positive integer."
             )
+        if self.num_embeddings >= 2**62:  # ids are int64; the cost model multiplies rows by bytes
+            raise ConfigError(
+                f"Table {self.name!r} has {self.num_embeddings:,} rows; ids are 64-bit, so a table "
+                "holds fewer than 2**62 rows."
+            )
+        for key in ("pooling_factor", "hot_fraction"):
+            value = getattr(self, key)
+            if (value is not None or key == "pooling_factor") and (
+                isinstance(value, bool) or not isinstance(value, Real)
+            ):
+                raise ConfigError(f"Table {self.name!r} has {key} {value!r}; it must be a number.")
         if not self.pooling_factor > 0 or math.isinf(self.pooling_factor):
             raise ConfigError(
                 f"Table {self.name!r} has pooling_factor {self.pooling_factor!r}; it must be "
@@ -107,6 +118,8 @@ class TableSpec:
             raise ConfigError(
                 f"Table {self.name!r} has hot_fraction {self.hot_fraction!r}; it must lie in (0, 1]."
             )
+        if isinstance(self.feature_names, str):  # one name, not its characters
+            object.__setattr__(self, "feature_names", (self.feature_names,))
         if not self.feature_names:
             object.__setattr__(self, "feature_names", (f"f_{self.name}",))
 

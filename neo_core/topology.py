@@ -9,6 +9,8 @@ measurements or published numbers are listed in ``assumed`` so reports can mark 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +18,15 @@ from neo_core.errors import ConfigError
 
 GiB = 1024**3
 GB = 1e9
+
+
+def _is_number(value: Any) -> bool:
+    """A real number (not a bool, not NaN)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,9 @@ class Topology:
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"topology.{key} must be at least 1, got {getattr(self, key)}.")
+            value = getattr(self, key)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"topology.{key} must be a whole number, at least 1; got {value!r}.")
         for key in (
             "device_memory",
             "host_memory",
@@ -58,8 +70,25 @@ class Topology:
             "intra_node_bw",
             "inter_node_bw",
         ):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"topology.{key} must be positive, got {getattr(self, key)}.")
+            value = getattr(self, key)
+            if not _is_number(value) or not 0 < value < math.inf:
+                raise ConfigError(f"topology.{key} must be a positive finite number, got {value!r}.")
+        # calibrated figures: seconds per id or collective may be 0, bandwidths must be positive
+        optional = {
+            "collective_latency_s": 0.0, "lookup_fwd_id_s": 0.0, "lookup_bwd_id_s": 0.0,
+            "bucketize_id_s": 0.0, "reduce_scatter_bw": None, "all_gather_bw": None, "allreduce_bw": None,
+        }
+        for key, least in optional.items():
+            value = getattr(self, key)
+            if value is None:
+                continue
+            in_range = _is_number(value) and value < math.inf and (value >= least if least is not None else value > 0)
+            if not in_range:
+                need = "0 or more" if least is not None else "positive"
+                raise ConfigError(
+                    f"topology.{key} must be a finite number, {need}, got {value!r} "
+                    "(from the topology's settings or its calibration file)."
+                )
         if self.compute_device not in ("cpu", "cuda"):
             raise ConfigError(
                 f"topology.compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}."

@@ -21,7 +21,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import force_add_overrides, user_errors
+from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -30,37 +30,9 @@ GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model"
 ALIASES = {"model": "plan_model"}
 
 
-def option_names(group: str) -> list[str]:
-    """Every option ``group=<name>`` selects: YAML files in conf/<group>/ and registered plugins."""
-    from hydra.core.config_store import ConfigStore
-
-    names = {p.stem for p in (CONF / group).glob("*.yaml")}
-    try:
-        names.update(n.removesuffix(".yaml") for n in ConfigStore.instance().list(group))
-    except OSError:  # no plugin of this group lacks a YAML file
-        pass
-    return sorted(names)
-
-
 def check_options(argv: list[str]) -> None:
-    """Reject ``group=<option>`` for an option the group lacks, naming the key and the choices.
-
-    Hydra's own message for this spans several lines and is followed by its search path.
-    """
-    from neo_core.errors import ConfigError
-
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        key = key.lstrip("+")
-        group = ALIASES.get(key, key)
-        if not eq or group not in GROUPS or any(c in value for c in "()[]{}$*?"):
-            continue  # not a group selection, or a sweep expression Hydra expands itself
-        choices = option_names(group)
-        for option in value.split(","):
-            if option and option != "null" and option not in choices:
-                close = difflib.get_close_matches(option, choices, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.")
+    """Reject ``group=<option>`` for an option the group lacks, naming the key and the choices."""
+    check_group_options(argv, CONF, GROUPS, ALIASES)
 
 
 def _model_alias(argv: list[str]) -> list[str]:
@@ -97,6 +69,23 @@ def check_keys(cfg: dict[str, Any]) -> None:
                 raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {', '.join(known)}.")
 
 
+def check_model_values(model: dict[str, Any]) -> None:
+    """A plan model's own figures: stored bytes per weight, its cache share, its global batch."""
+    from neo_core.errors import ConfigError
+
+    checks = {
+        "weight_bytes": (lambda v: v in (1, 2, 4), "1 (int8), 2 (fp16/bf16) or 4 (fp32)"),
+        "cache_load_factor": (lambda v: 0 < v <= 1, "a number in (0, 1]: the share of rows held in device memory"),
+        "global_batch": (lambda v: isinstance(v, int) and v >= 1, "a whole number, at least 1"),
+    }
+    for key, (ok, what) in checks.items():
+        value = model.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
+
+
 def run(cfg: dict[str, Any]) -> Any:
     """Plan the configured table set; returns the PlanResult."""
     check_keys(cfg)
@@ -107,16 +96,17 @@ def run(cfg: dict[str, Any]) -> Any:
     from neo_plugins.sharding.planner.tables import make_tables
 
     model = cfg["plan_model"]
+    check_model_values(model)
     tables = make_tables(model["generator"], **(model.get("params") or {}))
     topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
     if batch is None:
         batch = max(1, int(model.get("global_batch", 65536)) // topology.world_size)
     kernel = resolve("kernel", cfg["kernel"])
-    if model.get("weight_bytes"):
+    if model.get("weight_bytes") is not None:
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
     cache = resolve("cache", cfg["cache"])
-    if model.get("cache_load_factor") and cache.load_factor is None:
+    if model.get("cache_load_factor") is not None and cache.load_factor is None:
         cache = CachePolicy("lru", load_factor=float(model["cache_load_factor"]))
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
     planner = resolve("sharding", cfg["sharding"])
@@ -139,5 +129,5 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
-    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]))]
+    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]), config_groups(CONF))]
     main()

@@ -14,10 +14,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import force_add_overrides, user_errors
+from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
+# train.yaml's config groups (topology is added with +topology=<option>)
+GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "data", "trainer", "experiment")
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
@@ -32,5 +34,6 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
-    sys.argv = [sys.argv[0], *force_add_overrides(sys.argv[1:])]
+        check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
+    sys.argv = [sys.argv[0], *force_add_overrides(sys.argv[1:], config_groups(CONF))]
     sys.exit(main())

@@ -45,13 +45,15 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
         (("--ranks", "0"), "--ranks 0:"),
         (("--torchrec-timeout", "-5"), "--torchrec-timeout -5.0: must be 0 or more seconds"),
         (("--repeats", "0"), "--repeats 0: must be at least 1"),
-        (("--out", "/nonexistent-folder/bench.json"), "--out /nonexistent-folder/bench.json: cannot be written"),
+        (("--out", "{file}/bench.json"), "/file/bench.json: cannot be written"),
     ],
     ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out"],
 )
-def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment):
+def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp_path):
     # a rank count that is no whole number of 8-rank nodes would plan another cluster than the
-    # row says; an unwritable --out would fail only after the first case had run
+    # row says; an unwritable --out (here: under a file) would fail only after the first case
+    (tmp_path / "file").write_text("")
+    args = [a.format(file=tmp_path / "file") for a in args]
     proc = subprocess.run(
         [sys.executable, "bench/planner.py", "--suites", "mlperf_dcnv2", *args],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,

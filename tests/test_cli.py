@@ -10,7 +10,7 @@ import pytest
 
 from neo_core import hookimpl
 from neo_core.cache import CachePolicy
-from neo_core.cli import list_plugins, main, user_errors
+from neo_core.cli import check_group_options, force_add_overrides, list_plugins, main, user_errors
 from neo_core.errors import ConfigError
 from tests.conftest import ROOT, subprocess_env
 
@@ -105,3 +105,38 @@ def test_installed_plugin_is_listed_by_both_entry_commands(plugin_site) -> None:
     assert "unset NEO_STRICT_PLUGINS" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_plain_overrides_reach_neo_and_group_selections_stay_with_hydra() -> None:
+    groups = ("sharding", "trainer", "topology")
+    argv = [
+        "sharding=torchrec",  # a group option: Hydra selects it
+        "trainer.max_step=3",  # a key: ++ so a typo reaches Neo's check, not Hydra's struct error
+        "seeed=1",  # a top-level key, misspelled: the same
+        "topology=zionex",  # the group the recipes append: same as +topology=zionex
+        "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
+    ]
+    assert force_add_overrides(argv, groups) == [
+        "sharding=torchrec", "++trainer.max_step=3", "++seeed=1", "+topology=zionex",
+        "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("cache=lfru", "Unknown cache option 'lfru' (did you mean 'lru'?); choose one of lfu, lru, none."),
+        ("sharding=null", "sharding needs an option; choose one of neo, torchrec."),
+        ("kernel=", "kernel needs an option; choose one of dense, fused."),
+    ],
+)
+def test_a_group_option_is_checked_against_the_config_folder(arg: str, message: str) -> None:
+    groups = ("sharding", "kernel", "cache", "experiment")
+    with pytest.raises(ConfigError) as err:
+        check_group_options([arg], ROOT / "conf", groups, nullable=("experiment",))
+    # plugins registered by other tests may add choices (each registered plugin is an option)
+    head, _, names = message.partition("choose one of ")
+    assert str(err.value).startswith(head + "choose one of "), str(err.value)
+    assert set(names.rstrip(".").split(", ")) <= set(str(err.value).rstrip(".").split("choose one of ")[1].split(", "))
+    check_group_options(["experiment=null", "cache=lru,lfu", "sharding=neo"], ROOT / "conf", groups,
+                        nullable=("experiment",))

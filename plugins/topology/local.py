@@ -45,6 +45,11 @@ def calibration_path() -> Path:
 
 def load_calibration(path: Path | None = None) -> dict[str, Any]:
     """Measured bandwidths (bytes/s) keyed by Topology field name; empty if never calibrated."""
+    if path is not None and not path.is_file():  # named by topology.calibration: must be there
+        raise ConfigError(
+            f"topology.calibration={str(path)!r} is not a file; run `neo calibrate --output {path}` "
+            "or leave topology.calibration unset."
+        )
     path = path or calibration_path()
     if not path.is_file():
         return {}
@@ -53,7 +58,12 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
-    return {k: float(v) for k, v in data.items() if k in keep and v}
+    bad = [k for k, v in data.items() if k in keep and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+    if bad:
+        raise ConfigError(
+            f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run calibration."
+        )
+    return {k: float(v) for k, v in data.items() if k in keep}
 
 
 def _total_ram() -> int:
@@ -81,7 +91,7 @@ def local_topology(
     measured = load_calibration(Path(calibration) if calibration else None)
     if device == "cuda":
         count = torch.cuda.device_count()
-        ranks = world_size or count
+        ranks = count if world_size is None else world_size
         if ranks > count:
             raise ConfigError(f"topology.world_size={ranks} but only {count} CUDA device(s) are visible.")
         props = torch.cuda.get_device_properties(0)
@@ -94,7 +104,9 @@ def local_topology(
             "inter_node_bw": 10 * GB,
         }
     else:
-        ranks = world_size or 2
+        ranks = 2 if world_size is None else world_size
+        if ranks < 1:
+            raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
         device_memory = int(ram * memory_fraction / ranks)
         defaults = {
             "device_memory_bw": 5 * GB,

@@ -8,6 +8,7 @@ body: they are commonly reported values and are marked as assumed.
 
 from __future__ import annotations
 
+from neo_core.errors import ConfigError
 from neo_core.topology import GB, GiB, Topology
 
 PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
@@ -26,6 +27,8 @@ def zionex_topology(
     inter_node_bw_gbps: float = 25.0,
 ) -> Topology:
     """ZionEX cluster (16 nodes x 8 A100, one 200 Gb/s RoCE NIC per GPU); bandwidths in GB/s."""
+    if devices_per_node < 1:  # node figures are shared by its devices below
+        raise ConfigError(f"topology.devices_per_node must be at least 1, got {devices_per_node}.")
     return Topology(
         name="zionex",
         num_nodes=num_nodes,

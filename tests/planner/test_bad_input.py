@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 
@@ -12,7 +13,10 @@ from neo_core.api import plan_tables
 from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import TableSpec
+from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.tables import make_tables
+from neo_plugins.topology.local import local_topology
+from neo_plugins.topology.zionex import zionex_topology
 from tests.planner import cluster
 
 
@@ -140,8 +144,8 @@ def test_host_reserve_is_kept_back_and_reported():
     ("params", "fragments"),
     [
         ({"num_tabels": 10}, ("Unknown parameter 'num_tabels'", "Did you mean 'num_tables'?", "seed")),
-        ({"num_tables": "abc"}, ("'num_tables'", "must be an integer, got 'abc'",)),
-        ({"num_tables": 2.0}, ("'num_tables'", "must be an integer, got 2.0",)),
+        ({"num_tables": "abc"}, ("'num_tables'", "must be a whole number, got 'abc'",)),
+        ({"num_tables": 2.0}, ("'num_tables'", "must be a whole number, got 2.0",)),
         ({"mean_pooling": "x"}, ("'mean_pooling'", "must be a number",)),
         ({"dims": 16}, ("'dims'", "must be a list",)),
     ],
@@ -158,3 +162,104 @@ def test_table_generator_accepts_its_parameters() -> None:
     tables = make_tables("production_like", num_tables=7, mean_pooling=3, dims=[16, 32], dim_weights=[1, 1],
                          total_parameters=None)
     assert len(tables) == 7 and {t.embedding_dim for t in tables} <= {16, 32}
+
+
+# --- planner, topology, cache and table arguments: kind and range, each error naming its key ----
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"collective_latency_s": -1.0}, "sharding.collective_latency_s must be a finite number of seconds, 0 or more"),
+        ({"collective_latency_s": float("nan")}, "sharding.collective_latency_s"),
+        ({"index_bytes": -8}, "sharding.index_bytes must be 4 (int32 ids) or 8 (int64 ids), got -8."),
+        ({"col_shard_counts": [0]}, "sharding.col_shard_counts must be a list of column-shard counts of 2 or more"),
+        ({"col_shard_counts": None}, "sharding.col_shard_counts"),
+        ({"min_col_width": -5}, "sharding.min_col_width must be a whole multiple of 4"),
+        ({"sharding_types": []}, "sharding.sharding_types must be a non-empty list"),
+        ({"sharding_types": "TW"}, "sharding.sharding_types must be a non-empty list of sharding types, e.g. [TW, RW]; got 'TW'."),
+        ({"table_sharding_types": ["t0"]}, "sharding.table_sharding_types must map table names to lists of types"),
+        ({"table_sharding_types": {"t0": []}}, "sharding.table_sharding_types.t0 must be a non-empty list"),
+        ({"reserve_fraction": "0.1"}, "sharding.reserve_fraction must be a number in [0, 1), got '0.1'."),
+        ({"time_budget_s": float("inf")}, "sharding.time_budget_s must be a positive finite number"),
+    ],
+)
+def test_planner_arguments_are_checked_by_kind_and_range(kwargs, fragment) -> None:
+    with pytest.raises(ConfigError) as err:
+        NeoPlanner(**kwargs)
+    assert fragment in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"num_nodes": True}, "topology.num_nodes must be a whole number, at least 1; got True."),
+        ({"num_nodes": 2.5}, "topology.num_nodes must be a whole number"),
+        ({"inter_node_bw": math.inf}, "topology.inter_node_bw must be a positive finite number, got inf."),
+        ({"device_memory": math.nan}, "topology.device_memory must be a positive finite number"),
+        ({"collective_latency_s": -1.0}, "topology.collective_latency_s must be a finite number, 0 or more"),
+        ({"allreduce_bw": -1.0}, "topology.allreduce_bw must be a finite number, positive"),
+        ({"lookup_fwd_id_s": -1e-3}, "topology.lookup_fwd_id_s"),
+    ],
+)
+def test_topology_figures_are_checked_by_kind_and_range(changes, fragment) -> None:
+    with pytest.raises(ConfigError) as err:
+        cluster().replace(**changes)
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_topology_plugins_check_their_arguments_before_dividing_by_them(tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"topology.devices_per_node must be at least 1, got 0."):
+        zionex_topology(devices_per_node=0)
+    with pytest.raises(ConfigError, match=r"topology.world_size must be at least 1, got 0."):
+        local_topology(world_size=0, compute_device="cpu")
+    missing = tmp_path / "calibration.json"  # a named calibration must exist: a typo is not "none"
+    with pytest.raises(ConfigError, match=r"topology.calibration=.* is not a file; run `neo calibrate --output"):
+        local_topology(compute_device="cpu", calibration=str(missing))
+    missing.write_text('{"collective_latency_s": -1}')
+    with pytest.raises(ConfigError, match=r"topology.collective_latency_s .* calibration file"):
+        local_topology(compute_device="cpu", calibration=str(missing))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"load_factor": -1.0}, "cache.load_factor=-1.0 (cache 'lru') must lie in (0, 1]"),
+        ({"load_factor": float("nan")}, "must lie in (0, 1]"),
+        ({"load_factor": 0.1, "algorithm": "fifo"}, "cache algorithm 'fifo' (cache 'lru') is not one FBGEMM"),
+    ],
+)
+def test_a_cache_policy_checks_its_share_and_algorithm(kwargs, fragment) -> None:
+    with pytest.raises(ConfigError) as err:
+        CachePolicy("lru", **kwargs)
+    assert fragment in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"pooling_factor": "5"}, "Table 'a' has pooling_factor '5'; it must be a number."),
+        ({"pooling_factor": None}, "has pooling_factor None; it must be a number."),
+        ({"hot_fraction": "0.5"}, "has hot_fraction '0.5'; it must be a number."),
+        ({"num_embeddings": 2**63}, "ids are 64-bit"),
+        ({"name": "  "}, "Every table needs a non-empty name"),
+    ],
+)
+def test_table_spec_fields_are_checked_by_kind(kwargs, fragment) -> None:
+    fields = {"name": "a", "num_embeddings": 1000, "embedding_dim": 64, **kwargs}
+    with pytest.raises(ConfigError) as err:
+        TableSpec(**fields)
+    assert fragment in str(err.value), str(err.value)
+    assert TableSpec("a", 10, 8, feature_names="clicks").feature_names == ("clicks",)  # one name, not 6
+
+
+def test_a_dim_that_is_not_a_multiple_of_4_is_replicated_not_sharded() -> None:
+    # FBGEMM's fused kernel needs dim % 4 == 0; TorchRec runs data-parallel tables on its dense kernel
+    tables = [TableSpec("odd", 1_000_000, 130, 2.0), TableSpec("even", 1_000_000, 128, 2.0)]
+    result = plan_tables(tables, "zionex", 512)
+    kinds = {t.name: (t.sharding_type, t.compute_kernel) for t in result.tables}
+    assert kinds["odd"] == ("data_parallel", "dense") and kinds["even"][0] != "data_parallel", kinds
+    with pytest.raises(ConfigError, match=r"'odd' has embedding_dim 130, not a multiple of 4.*pad its dim to 132"):
+        plan_tables(tables, "zionex", 512, sharding_types=["TW"])
+    with pytest.raises(PlanningError, match=r"not a multiple of 4: the fused kernel cannot shard it.*pad its dim to 132"):
+        plan_tables([TableSpec("odd", 10**10, 130, 2.0)], "zionex", 512)

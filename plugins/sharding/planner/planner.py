@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +53,61 @@ def validate_tables(tables: Sequence[TableSpec], context: PlanningContext) -> No
         )
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _type_list(key: str, value: Any) -> None:
+    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+        raise ConfigError(f"{key} must be a non-empty list of sharding types, e.g. [TW, RW]; got {value!r}.")
+
+
+def _check_planner_args(
+    sharding_types: Any, reserve_fraction: Any, host_reserve_fraction: Any, col_shard_counts: Any,
+    min_col_width: Any, time_budget_s: Any, collective_latency_s: Any, index_bytes: Any,
+    table_sharding_types: Any,
+) -> None:
+    """Kinds and ranges of NeoPlanner's arguments, each error naming its ``sharding.`` key."""
+    if sharding_types is not None:
+        _type_list("sharding.sharding_types", sharding_types)
+    for key, value in (("reserve_fraction", reserve_fraction), ("host_reserve_fraction", host_reserve_fraction)):
+        if not _number(value):
+            raise ConfigError(f"sharding.{key} must be a number in [0, 1), got {value!r}.")
+    if not _number(time_budget_s) or time_budget_s == math.inf:
+        raise ConfigError(f"sharding.time_budget_s must be a positive finite number of seconds, got {time_budget_s!r}.")
+    if isinstance(col_shard_counts, str) or not isinstance(col_shard_counts, Sequence) or not all(
+        _whole(k) and k >= 2 for k in col_shard_counts
+    ):
+        raise ConfigError(
+            f"sharding.col_shard_counts must be a list of column-shard counts of 2 or more, e.g. [2, 4, 8]; "
+            f"got {col_shard_counts!r}."
+        )
+    if not _whole(min_col_width) or min_col_width < 4 or min_col_width % 4:
+        raise ConfigError(
+            f"sharding.min_col_width must be a whole multiple of 4 (the fused kernel's column unit), "
+            f"got {min_col_width!r}."
+        )
+    if collective_latency_s is not None and not (_number(collective_latency_s) and 0 <= collective_latency_s < math.inf):
+        raise ConfigError(
+            f"sharding.collective_latency_s must be a finite number of seconds, 0 or more (or null: the "
+            f"topology's figure), got {collective_latency_s!r}."
+        )
+    if not _whole(index_bytes) or index_bytes not in (4, 8):
+        raise ConfigError(f"sharding.index_bytes must be 4 (int32 ids) or 8 (int64 ids), got {index_bytes!r}.")
+    if table_sharding_types is not None:
+        if not isinstance(table_sharding_types, Mapping):
+            raise ConfigError(
+                "sharding.table_sharding_types must map table names to lists of types, e.g. "
+                f"{{cat_1: [RW, TWRW]}}; got {table_sharding_types!r}."
+            )
+        for name, types in table_sharding_types.items():
+            _type_list(f"sharding.table_sharding_types.{name}", types)
+
+
 class NeoPlanner(Planner):
     """Topology-aware 4D sharding planner (TW, RW, CW, DP, TWRW, TWCW, GRID)."""
 
@@ -70,6 +127,10 @@ class NeoPlanner(Planner):
         table_sharding_types: Mapping[str, Sequence[str]] | None = None,
         estimator: str = "neo",
     ) -> None:
+        _check_planner_args(
+            sharding_types, reserve_fraction, host_reserve_fraction, col_shard_counts, min_col_width,
+            time_budget_s, collective_latency_s, index_bytes, table_sharding_types,
+        )
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
         if not 0.0 <= host_reserve_fraction < 1.0:
@@ -118,6 +179,7 @@ class NeoPlanner(Planner):
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
         restrict_per_table(options, tables, self.table_types)
+        restrict_unaligned(options, tables, context)
         if self.estimator == "torchrec":
             from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
 
@@ -192,6 +254,30 @@ def restrict_per_table(
             )
 
 
+def restrict_unaligned(options: list[Option], tables: Sequence[TableSpec], context: PlanningContext) -> None:
+    """Tables whose dim is not a multiple of 4 are replicated only (data parallel).
+
+    FBGEMM's fused kernel (and so every sharded type) needs ``embedding_dim % 4 == 0``; TorchRec
+    runs data-parallel tables on its dense kernel, which takes any dim.
+    """
+    if context.kernel.compute_kernel != "fused":
+        return
+    odd = np.array([t.embedding_dim % 4 != 0 for t in tables])
+    if not odd.any():
+        return
+    for o in options:
+        if o.sharding_type is not ShardingType.DATA_PARALLEL:
+            o.valid = o.valid & ~odd
+    for i in np.flatnonzero(odd):
+        if not any(o.valid[i] for o in options):
+            t = tables[i]
+            raise ConfigError(
+                f"Table {t.name!r} has embedding_dim {t.embedding_dim}, not a multiple of 4: the fused "
+                "kernel cannot shard it, and data parallel (which could) is not allowed for it; pad its dim "
+                f"to {-(-t.embedding_dim // 4) * 4} or allow DP."
+            )
+
+
 def check_capacity(search: Search, t: TableArrays) -> None:
     """Fail early, naming tables, when tables cannot fit however they are sharded."""
     W = search.W
@@ -209,7 +295,10 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     mem_short = "device memory" if on_gpu else "memory"
     cached = search.model.cache_load_factor is not None
     host_usable = " usable" if search.model.host_reserve else ""
-    if cached:  # the cache is on: less of each cached table in device memory is the lever
+    kernel = search.model.context.kernel
+    if kernel.data_parallel_only:  # every table replicated on the dense kernel: no cache applies
+        cache_fix = "use kernel=fused, which can shard tables"
+    elif cached:  # the cache is on: less of each cached table in device memory is the lever
         cache_fix = "lower the cache load_factor"
     elif on_gpu:
         cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
@@ -220,6 +309,9 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         others = int(never.sum()) - 1
         more = f" ({others} more tables also do not fit)" if others > 0 else ""
         size = f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])})"
+        if kernel.compute_kernel == "fused" and int(t.dims[i]) % 4:
+            size += " (a dim that is not a multiple of 4: the fused kernel cannot shard it, so it is replicated)"
+            cache_fix = f"pad its dim to {-(-int(t.dims[i]) // 4) * 4} so it can be sharded"
         opts = [o for o in search.opts if o.valid[i]]
         if not opts:
             raise PlanningError(

@@ -11,6 +11,7 @@ import inspect
 import numpy as np
 
 from neo_core.errors import ConfigError
+from neo_core.registry import check_kind
 from neo_core.sharding import TableSpec
 
 # MLPerf DLRM-DCNv2, Criteo 1TB with the 40M cap (mlcommons/training recommendation_v2).
@@ -48,8 +49,22 @@ def production_like(
     """
     if num_tables < 1:
         raise ConfigError(f"num_tables must be at least 1, got {num_tables}.")
-    if len(dims) != len(dim_weights):
-        raise ConfigError("dims and dim_weights must have the same length.")
+    if not 1 <= min_rows <= max_rows:
+        raise ConfigError(f"min_rows ({min_rows}) must be at least 1 and at most max_rows ({max_rows}).")
+    if not dims or len(dims) != len(dim_weights):
+        raise ConfigError("dims and dim_weights must be non-empty lists of the same length.")
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in dims):
+        raise ConfigError(f"dims must be whole numbers of at least 1, got {list(dims)}.")
+    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or not w >= 0 for w in dim_weights) or not sum(
+        dim_weights
+    ) > 0:
+        raise ConfigError(f"dim_weights must be numbers of 0 or more with a positive sum, got {list(dim_weights)}.")
+    if not 1.0 <= mean_pooling < float("inf"):
+        raise ConfigError(f"mean_pooling must be a finite number of ids per sample, at least 1; got {mean_pooling}.")
+    if total_parameters is not None and not (
+        isinstance(total_parameters, (int, float)) and 0 < total_parameters < float("inf")
+    ):
+        raise ConfigError(f"total_parameters must be a positive number (or null), got {total_parameters!r}.")
     rng = np.random.default_rng(seed)
     rows = np.exp(rng.uniform(np.log(min_rows), np.log(max_rows), num_tables))
     sigma = 1.0
@@ -105,20 +120,6 @@ def make_tables(generator: str, **params: object) -> list[TableSpec]:
                 f"Unknown parameter {key!r} of table generator {generator!r}.{hint} "
                 f"Its parameters: {', '.join(known) or '(none)'}."
             )
-        _check_kind(generator, key, value, signature[key].default)
+        check_kind(f"parameter {key!r} of table generator {generator!r}", value, signature[key].default)
     return func(**params)  # type: ignore[operator]
 
-
-def _check_kind(generator: str, key: str, value: object, default: object) -> None:
-    """A generator parameter must be of its default's kind (integer, number, list; None: number)."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(default, int):
-        ok, kind = is_number and isinstance(value, int), "an integer"
-    elif isinstance(default, float) or default is None:
-        ok, kind = is_number or value is None, "a number"
-    elif isinstance(default, tuple):
-        ok, kind = isinstance(value, (list, tuple)), "a list"
-    else:
-        return
-    if not ok:
-        raise ConfigError(f"Parameter {key!r} of table generator {generator!r} must be {kind}, got {value!r}.")
