@@ -72,12 +72,17 @@ class TorchRecPlanner(Planner):
                 f"ranks of {topology.name!r}; add ranks or memory, or shrink the tables ({exc.error_type.name})."
             ) from None
         options = planner._best_plan or []
+        # On GPUs TorchRec's hbm is device memory and its ddr the host memory behind a cache; a
+        # CPU rank keeps everything in ddr, its device memory
+        on_gpu = topology.compute_device == "cuda"
         reports = {
             r: RankReport(
                 rank=r,
-                memory={"hbm": 0.0, "ddr": 0.0},
+                memory={"hbm": 0.0} if on_gpu else {"ddr": 0.0},
                 memory_capacity=float(topology.device_memory),
                 time=dict.fromkeys(("compute_fwd", "compute_bwd", "comm_fwd", "comm_bwd", "prefetch"), 0.0),
+                host_memory={"ddr": 0.0} if on_gpu else {},
+                host_memory_capacity=float(topology.host_memory) if on_gpu else 0.0,
             )
             for r in range(topology.world_size)
         }
@@ -85,9 +90,11 @@ class TorchRecPlanner(Planner):
         for option in sorted(options, key=lambda o: o.name):
             for shard in option.shards:
                 report = reports[int(shard.rank)]
-                if shard.storage is not None:
+                if shard.storage is not None and on_gpu:
                     report.memory["hbm"] += float(shard.storage.hbm)
-                    report.memory["ddr"] += float(shard.storage.ddr)
+                    report.host_memory["ddr"] += float(shard.storage.ddr)
+                elif shard.storage is not None:
+                    report.memory["ddr"] += float(shard.storage.ddr + shard.storage.hbm)
                 if shard.perf is not None:
                     perf = shard.perf
                     report.time["compute_fwd"] += perf.fwd_compute * _MS

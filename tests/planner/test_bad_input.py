@@ -12,6 +12,7 @@ import pytest
 from neo_core.api import plan_tables
 from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
+from neo_core.kernels import EmbeddingKernel
 from neo_core.sharding import TableSpec
 from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.tables import make_tables
@@ -263,3 +264,31 @@ def test_a_dim_that_is_not_a_multiple_of_4_is_replicated_not_sharded() -> None:
         plan_tables(tables, "zionex", 512, sharding_types=["TW"])
     with pytest.raises(PlanningError, match=r"not a multiple of 4: the fused kernel cannot shard it.*pad its dim to 132"):
         plan_tables([TableSpec("odd", 10**10, 130, 2.0)], "zionex", 512)
+
+
+def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> None:
+    # GRID row-splits each column block over one node: 3 rows cannot cover 4 ranks
+    tables = [TableSpec("tiny", 3, 128, 50.0), TableSpec("wide", 100_000, 128, 5.0)]
+    result = plan_tables(tables, cluster(2, 4), 256, sharding_types=["GRID", "TW"])
+    kinds = {t.name: t for t in result.tables}
+    assert kinds["tiny"].sharding_type == "table_wise"
+    assert all(rows > 0 for t in result.tables for rows, _ in t.shard_shapes)
+    with pytest.raises(PlanningError, match=r"'tiny' \(3 rows x 128\) has no sharding option .* 8 for RW, 4 for TWRW"):
+        plan_tables(tables, cluster(2, 4), 256, sharding_types=["RW"])
+    with pytest.raises(PlanningError, match=r"No allowed sharding type \(GRID\) applies .* on 1 node\(s\) x 4 rank"):
+        plan_tables(tables, cluster(1, 4), 256, sharding_types=["GRID"])
+
+
+def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall() -> None:
+    # 12T with a fifth of host memory reserved: the last tables find free bytes on enough ranks,
+    # but not on ranks their shard pattern can take together
+    from neo_core.api import make_context
+
+    tables = make_tables("zionex_12t")
+    kernel = EmbeddingKernel("fused", "fused", weight_bytes=2)
+    context = make_context("zionex", 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
+    with pytest.raises(PlanningError) as err:
+        NeoPlanner(host_reserve_fraction=0.2).plan(tables, context)
+    message = str(err.value)
+    assert "-0." not in message and "bytes (-" not in message, message
+    assert "lower the cache load_factor" in message and "use a cache" not in message, message

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from neo_core.api import plan_tables
 from neo_core.errors import ConfigError
 from neo_core.sharding import ShardingType, TableAssignment, TableSpec
 from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.score import score_assignments
+from tests.planner import cluster
 from tests.test_torchrec_plan import cpu_context
 
 TABLES = [TableSpec(f"t{i}", 10_000 * (i + 1), 32, 4.0) for i in range(4)]
@@ -48,3 +50,15 @@ def test_score_assignments_counts_column_shards_stacked_on_one_rank() -> None:
     for kind in ("compute_fwd", "compute_bwd", "comm_fwd"):
         assert k0.time[kind] == pytest.approx(s0.time[kind] + s1.time[kind])
     assert stacked.predicted_step_time > spread.predicted_step_time
+
+
+def test_torchrec_planner_report_puts_host_bytes_under_host_memory() -> None:
+    # a table larger than a GPU, held in host memory behind a cache: TorchRec's ddr bytes are
+    # host memory, not device memory (which would read as over capacity)
+    tables = [TableSpec("big", 100_000_000, 128, 5.0), TableSpec("small", 1000, 64)]
+    result = plan_tables(tables, cluster(1, 2, mem_gib=16.0), 256, planner="torchrec",
+                         cache={"name": "lru", "load_factor": 0.05})
+    assert any(r.host_memory.get("ddr", 0) > 0 for r in result.ranks)
+    for r in result.ranks:
+        assert set(r.memory) == {"hbm"} and r.memory_total <= r.memory_capacity, r
+        assert r.host_memory["ddr"] <= r.host_memory_capacity, r

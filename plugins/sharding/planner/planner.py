@@ -316,7 +316,8 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         if not opts:
             raise PlanningError(
                 f"{size} has no sharding option among the allowed sharding types on this "
-                f"topology{more}; allow another sharding type (e.g. TW or RW)."
+                f"topology{more} (row-wise types need a row per rank they span: {W} for RW, "
+                f"{search.L} for TWRW and GRID); allow another sharding type (e.g. TW or DP)."
             )
         # The option closest to fitting: a shard fits a rank when its device bytes fit the
         # usable device memory and its host bytes (cached placement) fit the host memory.

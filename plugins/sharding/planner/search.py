@@ -89,13 +89,20 @@ def build_options(
             if N > 1 and k <= L:
                 add(ShardingType.TABLE_COLUMN_WISE, k, place, NODE_K, k, col_ok(k))
             if N > 1 and L > 1 and k <= N:
-                add(ShardingType.GRID_SHARD, k, place, NODES_K, k * L, col_ok(k))
+                # each column block is row-split over one node: a row per rank at least
+                add(ShardingType.GRID_SHARD, k, place, NODES_K, k * L, col_ok(k) & (t.rows >= L))
         if W > 1:
             add(ShardingType.ROW_WISE, 1, place, ALL, W, t.rows >= W)
         if N > 1 and L > 1:
             add(ShardingType.TABLE_ROW_WISE, 1, place, NODE_ALL, L, t.rows >= L)
     if not opts:
-        raise PlanningError("No sharding type is allowed; allow at least one of DP, TW, CW, RW.")
+        names = ", ".join(sorted(st.short for st in allowed)) or "none"
+        raise PlanningError(
+            f"No allowed sharding type ({names}) applies to these tables on {N} node(s) x {L} rank(s): "
+            "TWRW, TWCW and GRID need 2 or more nodes, RW 2 or more ranks and a row per rank, CW, TWCW "
+            f"and GRID dims that split into column shards of {min_col_width} or more (multiples of 4); "
+            "allow another type, e.g. TW or DP."
+        )
     return opts
 
 
@@ -940,8 +947,16 @@ class Search:
                 best = (float(short), opt.label)
         short, label = best if best else (0.0, "?")
         rows, dim = int(self.t.rows[i]), int(self.t.dims[i])
+        cache = "lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache"
+        if short > 0:
+            why = f"even as {label} a shard needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more than the ranks have left"
+        else:  # enough room on enough ranks, but not on ranks a shard pattern can take together
+            why = (
+                f"even as {label} its shards would fit on the freest ranks, but not on ranks it can take "
+                "together (TWRW and TWCW keep a table in one node; GRID row-splits each column block "
+                "within one node)"
+            )
         return (
             f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank once the larger tables are "
-            f"placed: even as {label} a shard needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more "
-            "than the ranks have left; add ranks or memory, use a cache, or shrink the tables."
+            f"placed: {why}; add ranks or memory, {cache}, or shrink the tables."
         )
