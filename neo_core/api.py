@@ -11,6 +11,7 @@ resolved through the plugin manager, so third-party plugins work the same way.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,11 +75,15 @@ def make_context(
     cache: CachePolicy | str | Mapping[str, Any] | None = None,
 ) -> PlanningContext:
     """The :class:`PlanningContext` for a topology, batch size and optional plugins."""
-    if not isinstance(batch_size_per_rank, int) or batch_size_per_rank < 1:
+    if (
+        isinstance(batch_size_per_rank, bool)
+        or not isinstance(batch_size_per_rank, numbers.Integral)
+        or batch_size_per_rank < 1
+    ):
         raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
     return PlanningContext(
         topology=resolve("topology", topology),
-        batch_size_per_rank=batch_size_per_rank,
+        batch_size_per_rank=int(batch_size_per_rank),
         kernel=resolve("kernel", kernel),
         compressor=resolve("compression", compressor),
         cache=resolve("cache", cache),

@@ -18,8 +18,8 @@ T = TypeVar("T")
 def check_kind(key: str, value: Any, default: Any) -> None:
     """Reject ``value`` for ``key`` unless it is of its default's kind.
 
-    A bool default takes true/false; an int default a whole number; a float default (or a
-    default of None) any finite-or-not real number or null; a tuple or list default a list.
+    A bool default takes true/false; an int default a whole number; a float default a real
+    number (not NaN); a tuple or list default a list.
     Other defaults (strings, mappings, none given) are left to the plugin.
     """
     real = isinstance(value, numbers.Real) and not isinstance(value, bool)
@@ -28,7 +28,7 @@ def check_kind(key: str, value: Any, default: Any) -> None:
     elif isinstance(default, int):
         ok, kind = real and isinstance(value, numbers.Integral), "a whole number"
     elif isinstance(default, float):
-        ok, kind = real, "a number"
+        ok, kind = real and value == value, "a number"  # NaN is not
     elif isinstance(default, (tuple, list)):
         ok, kind = isinstance(value, (tuple, list)), "a list, e.g. [a, b]"
     else:

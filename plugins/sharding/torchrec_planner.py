@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,7 +12,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
 
-from neo_core.errors import PlanningError
+from neo_core.errors import ConfigError, PlanningError
 from neo_core.models import embedding_bag_collection
 from neo_core.sharding import (
     Planner,
@@ -32,6 +34,15 @@ class TorchRecPlanner(Planner):
     """
 
     name = "torchrec"
+
+    def __init__(self, timeout_s: float | None = None) -> None:
+        # TorchRec's own timeout_seconds: past it, it stops proposing and keeps its best plan
+        # so far (None: no limit; hundreds of tables can then take many minutes)
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf
+        ):
+            raise ConfigError(f"sharding.timeout_s must be a positive number of seconds or null, got {timeout_s!r}.")
+        self.timeout_s = timeout_s
 
     def sharders(self, context: PlanningContext) -> list[Any]:
         """TorchRec's default EBC sharder with the kernel's fused params and the compressor's codecs."""
@@ -59,10 +70,17 @@ class TorchRecPlanner(Planner):
     ) -> tuple[PlanResult, Any]:
         topology = context.topology
         constraints = {t.name: _constraints(t, context) for t in tables}
+        if self.timeout_s is None and len(tables) > 200:
+            print(
+                f"note: TorchRec's planner on {len(tables)} tables can take many minutes; "
+                "sharding.timeout_s=<seconds> stops it with its best plan so far",
+                file=sys.stderr,
+            )
         planner = EmbeddingShardingPlanner(
             topology=topology.to_torchrec(),
             batch_size=context.batch_size_per_rank,
             constraints=constraints,
+            timeout_seconds=self.timeout_s,
         )
         try:
             torchrec_plan = planner.plan(module, self.sharders(context))

@@ -62,3 +62,13 @@ def test_torchrec_planner_report_puts_host_bytes_under_host_memory() -> None:
     for r in result.ranks:
         assert set(r.memory) == {"hbm"} and r.memory_total <= r.memory_capacity, r
         assert r.host_memory["ddr"] <= r.host_memory_capacity, r
+
+
+def test_torchrec_planner_takes_a_time_limit_named_by_its_key() -> None:
+    from neo_core.plugins import load_plugins
+
+    planner = load_plugins(autoload=False).create("sharding", "torchrec", {"timeout_s": 5})
+    assert planner.timeout_s == 5
+    for bad in (0, -1, float("inf"), "5"):
+        with pytest.raises(ConfigError, match=r"sharding.timeout_s"):
+            load_plugins(autoload=False).create("sharding", "torchrec", {"timeout_s": bad})
