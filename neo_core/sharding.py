@@ -235,11 +235,14 @@ class PlanResult:
     def format_text(self, max_tables: int = 40) -> str:
         """The plan as a readable table: per table, then per rank."""
         lines = [f"Sharding plan ({self.planner}), {len(self.ranks)} ranks"]
-        lines.append(f"  {'table':<24} {'type':<6} {'kernel':<10} {'ranks':<16} why")
+        kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
+        rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])
+        nw = max([24, *(len(t.name) for t in self.tables)])
+        lines.append(f"  {'table':<{nw}} {'type':<6} {'kernel':<{kw}} {'ranks':<{rw}} why")
         for t in self.tables[:max_tables]:
             ranks = _compact_ranks(t.ranks)
             short = ShardingType(t.sharding_type).short
-            lines.append(f"  {t.name:<24} {short:<6} {t.compute_kernel:<10} {ranks:<16} {t.why}")
+            lines.append(f"  {t.name:<{nw}} {short:<6} {t.compute_kernel:<{kw}} {ranks:<{rw}} {t.why}")
         if len(self.tables) > max_tables:
             lines.append(f"  ... {len(self.tables) - max_tables} more tables in plan.json")
         has_bytes = any(r.comm_bytes for r in self.ranks)
@@ -295,13 +298,22 @@ def _bytes(n: float) -> str:
     return f"{n:.0f}B"
 
 
-def _compact_ranks(ranks: Sequence[int]) -> str:
+def _compact_ranks(ranks: Sequence[int], width: int = 40) -> str:
+    """Shard ranks in shard order, runs of consecutive ranks as ``a-b``, cut at ``width``."""
     if not ranks:
         return "-"
-    uniq = sorted(set(ranks))
-    if len(uniq) > 2 and uniq == list(range(uniq[0], uniq[-1] + 1)):
-        return f"{uniq[0]}-{uniq[-1]}"
-    return ",".join(map(str, ranks))
+    runs: list[tuple[int, int]] = []
+    start = prev = int(ranks[0])
+    for r in map(int, ranks[1:]):
+        if r != prev + 1:
+            runs.append((start, prev))
+            start = r
+        prev = r
+    runs.append((start, prev))
+    text = ",".join(f"{a}-{b}" if b - a >= 2 else f"{a},{b}" if b > a else f"{a}" for a, b in runs)
+    if len(text) > width:  # plan.json has every rank
+        text = f"{text[:width].rsplit(',', 1)[0]},... ({len(ranks)} ranks)"
+    return text
 
 
 class Planner(abc.ABC):

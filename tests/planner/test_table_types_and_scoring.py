@@ -72,3 +72,21 @@ def test_torchrec_planner_takes_a_time_limit_named_by_its_key() -> None:
     for bad in (0, -1, float("inf"), "5"):
         with pytest.raises(ConfigError, match=r"sharding.timeout_s"):
             load_plugins(autoload=False).create("sharding", "torchrec", {"timeout_s": bad})
+
+
+def test_plan_text_keeps_its_columns_for_long_kernels_and_scattered_ranks() -> None:
+    from neo_core.sharding import PlanResult, RankReport
+
+    tables = [
+        TableAssignment("a", "table_wise", "fused_uvm_caching", [5], [(10, 8)], why="why-a"),
+        TableAssignment("b", "grid_shard", "fused", [*range(96, 112), *range(80, 96), 3, 1], why="why-b"),
+        TableAssignment("c", "column_wise", "fused", list(range(0, 128, 2)), why="why-c"),
+    ]
+    result = PlanResult("neo", tables, [RankReport(rank=r) for r in range(128)], 256, {})
+    lines = result.format_text().splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("table"))
+    rows = {line.split()[0]: line for line in lines if line.strip().startswith(("a ", "b ", "c "))}
+    column = header.index("why")
+    assert all(rows[n].index(f"why-{n}") == column for n in "abc"), lines[:5]
+    assert " 96-111,80-95,3,1 " in rows["b"]  # shard order kept, runs folded
+    assert ",... (64 ranks)" in rows["c"] and len(rows["c"]) < 140

@@ -414,7 +414,12 @@ def _why(opt: Option, search: Search, i: int) -> str:
         else:
             larger = search.opts[j].shard_time[i] > opt.shard_time[i]
             cmp = f"; least total would be {search.opts[j].label} {cost(j)}" + (", larger shards" if larger else "")
-    size = f"{whole / GiB:.2f} GiB" if whole >= GiB / 10 else f"{whole / 2**20:.1f} MiB"
+    if whole >= GiB / 10:
+        size = f"{whole / GiB:.2f} GiB"
+    elif whole >= 2**20 / 10:
+        size = f"{whole / 2**20:.1f} MiB"
+    else:
+        size = f"{whole / 2**10:.1f} KiB"
     reason = {
         ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
         ShardingType.TABLE_WISE: "whole table on the least loaded rank",
