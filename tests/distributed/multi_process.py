@@ -89,6 +89,9 @@ def _entry(
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(tmp, f"rank{rank}.pt"))
+        # no rank tears its connections down while another still uses them (a rank whose peer
+        # has gone can abort inside gloo, with no Python error to report)
+        dist.barrier()
     except BaseException:
         Path(tmp, f"rank{rank}.err").write_text(f"rank {rank}:\n{traceback.format_exc()}")
         raise
