@@ -21,3 +21,7 @@ class PlanningError(NeoError):
 
 class CalibrationError(NeoError):
     """A measurement of this machine failed or could not be stored."""
+
+
+class CheckpointError(NeoError):
+    """A checkpoint cannot be read or does not fit the run resuming from it."""

@@ -3,29 +3,73 @@
 Lightning's own checkpoint of a DMP model keeps only rank 0's shards, so Neo saves with
 ``torch.distributed.checkpoint``: model and optimizer state dicts from every rank, plus a
 small ``meta.json`` (step) written by rank 0 once the save has finished on all ranks.
+
+A save never touches the previous checkpoint until the new one is complete: it is written
+to ``checkpoint.tmp``, finished with its ``meta.json``, and only then swapped in
+(``checkpoint`` -> ``checkpoint.old``, ``checkpoint.tmp`` -> ``checkpoint``, the old one
+removed). A crash at any point leaves at least one complete checkpoint, and resuming takes
+the latest complete one of the three folders.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+
+from neo_core.errors import CheckpointError
+
+
+def _sibling(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _meta_step(folder: Path) -> int | None:
+    """The step in ``folder/meta.json``; None when the folder holds no finished checkpoint."""
+    meta = folder / "meta.json"
+    if not meta.is_file():
+        return None
+    try:
+        step = json.loads(meta.read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{meta} is unreadable ({type(exc).__name__}); delete {folder} to start afresh, or set "
+            "trainer.resume=false."
+        ) from None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise CheckpointError(f"{meta} names step {step!r}, not a positive whole number; delete {folder}.")
+    return step
+
+
+def latest_checkpoint(path: Path) -> tuple[Path, int] | None:
+    """The newest finished checkpoint among ``path`` and its ``.tmp``/``.old`` siblings."""
+    found = [(step, folder) for folder in (path, _sibling(path, ".tmp"), _sibling(path, ".old"))
+             if (step := _meta_step(folder)) is not None]
+    if not found:
+        return None
+    step, folder = max(found, key=lambda f: f[0])
+    return folder, step
 
 
 def read_checkpoint_step(path: Path) -> int:
-    """The step a finished checkpoint in ``path`` was taken at (0 if there is none)."""
-    meta = path / "meta.json"
-    if not meta.is_file():
-        return 0
-    return int(json.loads(meta.read_text())["step"])
+    """The step the newest finished checkpoint at ``path`` was taken at (0 if there is none)."""
+    latest = latest_checkpoint(path)
+    return latest[1] if latest else 0
 
 
 def _state(trainer: pl.Trainer, module: Any) -> dict[str, Any]:
     return {"model": module.model.state_dict(), "optim": trainer.optimizers[0].state_dict()}
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
 
 
 class DistributedCheckpoint(pl.Callback):
@@ -50,14 +94,20 @@ class DistributedCheckpoint(pl.Callback):
         step = trainer.global_step + self.step_offset
         if step == self._last_saved:
             return
-        meta = self.path / "meta.json"
-        if trainer.is_global_zero and meta.exists():
-            meta.unlink()  # the checkpoint is incomplete until meta.json is rewritten
-        dcp.save(_state(trainer, module), checkpoint_id=str(self.path))
-        if dist.is_initialized():
-            dist.barrier()
+        tmp, old = _sibling(self.path, ".tmp"), _sibling(self.path, ".old")
         if trainer.is_global_zero:
-            meta.write_text(json.dumps({"step": step}) + "\n")
+            shutil.rmtree(tmp, ignore_errors=True)  # an unfinished save of an earlier run
+        _barrier()
+        dcp.save(_state(trainer, module), checkpoint_id=str(tmp))
+        _barrier()
+        if trainer.is_global_zero:
+            (tmp / "meta.json").write_text(json.dumps({"step": step}) + "\n")
+            shutil.rmtree(old, ignore_errors=True)
+            if self.path.exists():
+                self.path.rename(old)
+            tmp.rename(self.path)
+            shutil.rmtree(old, ignore_errors=True)
+        _barrier()
         self._last_saved = step
 
     def on_fit_start(self, trainer: pl.Trainer, module: Any) -> None:
@@ -70,10 +120,27 @@ class DistributedCheckpoint(pl.Callback):
                     sub.init_state()  # lazily-created dense states must exist before loading
                 except Exception:  # noqa: BLE001 - fused optimizers keep their state already
                     pass
+        latest = latest_checkpoint(self.path)
+        if latest is None:
+            raise CheckpointError(f"{self.path} holds no finished checkpoint to resume from.")
+        folder = latest[0]
         state = _state(trainer, module)
-        dcp.load(state, checkpoint_id=str(self.path))
-        module.model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optim"])
+        try:
+            dcp.load(state, checkpoint_id=str(folder))
+            module.model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optim"])
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - each means the same to the user
+            failures = getattr(exc, "failures", None)  # a CheckpointException's, by rank
+            if failures:
+                exc = next(iter(failures.values()))
+                exc = exc[0] if isinstance(exc, tuple) and exc else exc  # (exception, traceback)
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            raise CheckpointError(
+                f"The checkpoint in {folder} does not load into this run ({type(exc).__name__}: {first}); "
+                "it was written with a different model, data, kernel or plan (its config is in "
+                "config.json next to it) or is damaged. Resume with that config, or set "
+                "trainer.resume=false or another output_dir to start afresh."
+            ) from None
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
         step = trainer.global_step + self.step_offset

@@ -160,6 +160,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# What a checkpoint's tensors depend on: resuming with any of these changed cannot load it
+# (the plan, world size and topology may change: shards are resharded on load)
+RESUME_KEYS = ("model", "data", "kernel")
+
+
+def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
+    """Before any rank starts: the run resumed must match the one that wrote the checkpoint."""
+    if not saved.is_file():
+        return
+    try:
+        before = json.loads(saved.read_text())
+    except (OSError, ValueError):
+        return  # no record to compare with; loading the checkpoint will say if it does not fit
+
+    def flat(node: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(node, Mapping):
+            return {k: v for key, sub in node.items() for k, v in flat(sub, f"{prefix}.{key}").items()}
+        return {prefix: node}
+
+    old = {k: v for key in RESUME_KEYS for k, v in flat(before.get(key), key).items()}
+    new = {k: v for key in RESUME_KEYS for k, v in flat(config.get(key), key).items()}
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        raise ConfigError(
+            f"trainer.resume=true, but this run differs from the one that wrote {saved.parent / 'checkpoint'}: "
+            f"{shown}{more}. Resume with the settings in {saved}, or set trainer.resume=false or another "
+            "output_dir."
+        )
+
+
 def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     """Train as configured; returns the metrics also written to ``metrics.json``."""
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg)
@@ -167,6 +199,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     out = Path(run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
+    if run.trainer.resume:
+        check_resumable(out / "config.json", run.to_dict())
     parts = build_parts(run, launch)
     plan = plan_run(parts)
     if rank0:
@@ -299,6 +333,8 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
     )
+    log_csv = out / "logs" / "metrics.csv"  # the CSV logger rewrites it: keep what a resumed run had
+    earlier_log = log_csv.read_text() if start_step > 0 and rank == 0 and log_csv.is_file() else None
     started = time.perf_counter()
     trainer.fit(
         module,
@@ -307,10 +343,32 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
     )
     wall = time.perf_counter() - started
     if rank == 0:
+        if earlier_log is not None and log_csv.is_file():
+            _join_logs(log_csv, earlier_log, start_step)
         _write_results(out, module, run, launch, wall)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def _join_logs(log_csv: Path, earlier: str, start_step: int) -> None:
+    """The resumed run's rows after the earlier run's, their steps counted from ``start_step``."""
+    import csv
+    import io
+
+    old_rows = list(csv.DictReader(io.StringIO(earlier)))
+    with log_csv.open(newline="") as fh:
+        new_rows = list(csv.DictReader(fh))
+    for row in new_rows:
+        if row.get("step", "") != "":
+            row["step"] = str(int(row["step"]) + start_step)
+    columns = list(dict.fromkeys([*(old_rows[0].keys() if old_rows else []), *(new_rows[0].keys() if new_rows else [])]))
+    tmp = log_csv.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(old_rows + new_rows)
+    tmp.replace(log_csv)
 
 
 def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall: float) -> None:

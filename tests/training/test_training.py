@@ -60,3 +60,41 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
+    # the resumed run's log rows follow the first run's, counted on from its last step
+    def log_rows(run: str) -> list[tuple[str, str]]:
+        lines = (tmp_path / run / "logs" / "metrics.csv").read_text().splitlines()
+        head = lines[0].split(",")
+        return [(r.split(",")[head.index("step")], r.split(",")[head.index("train/loss")])
+                for r in lines[1:] if r.split(",")[head.index("train/loss")]]
+
+    assert log_rows("split") == log_rows("whole") and len(log_rows("whole")) == 6
+    # resuming with another model is refused before any rank starts, naming what changed
+    from neo_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"differs from the one that wrote .*model\.embedding_dim: 16 -> 8"):
+        train(composed([*smoke, "trainer.max_steps=9", "trainer.resume=true", "model.embedding_dim=8"],
+                       tmp_path / "split"))
+
+
+def test_a_save_interrupted_at_any_point_leaves_the_newest_finished_checkpoint(tmp_path: Path) -> None:
+    from neo_core.errors import CheckpointError
+    from neo_core.training.checkpoint import latest_checkpoint
+
+    path = tmp_path / "checkpoint"
+
+    def finished(folder: Path, step: int) -> None:
+        folder.mkdir()
+        (folder / "meta.json").write_text(json.dumps({"step": step}))
+
+    assert latest_checkpoint(path) is None
+    finished(tmp_path / "checkpoint.old", 20)  # crash after the old one was moved aside ...
+    (tmp_path / "checkpoint.tmp").mkdir()  # ... and before the new one was finished
+    assert latest_checkpoint(path) == (tmp_path / "checkpoint.old", 20)
+    (tmp_path / "checkpoint.tmp" / "meta.json").write_text('{"step": 30}')  # finished, not swapped in
+    assert latest_checkpoint(path) == (tmp_path / "checkpoint.tmp", 30)
+    finished(path, 30)
+    assert latest_checkpoint(path)[1] == 30
+    for bad in ("not json", "{}", '{"step": "x"}', '{"step": -5}'):
+        (path / "meta.json").write_text(bad)
+        with pytest.raises(CheckpointError, match=r"checkpoint/meta.json (is unreadable|names step)"):
+            latest_checkpoint(path)
