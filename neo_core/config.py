@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,9 +114,24 @@ def _check_trainer(node: Any) -> TrainerConfig:
         )
     if cfg.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl.")
-    if cfg.world_size is not None and cfg.world_size < 1:
-        raise ConfigError(f"trainer.world_size must be at least 1, got {cfg.world_size}.")
+    whole = (lambda v: isinstance(v, int) and not isinstance(v, bool))  # noqa: E731
+    for key in ("world_size", "val_every_n_steps", "checkpoint_every_n_steps", "threads_per_rank"):
+        value = getattr(cfg, key)  # each may be null: its default
+        if value is not None and (not whole(value) or value < 1):
+            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}.")
+    for key in ("checkpoint", "resume", "progress_bar"):
+        if not isinstance(getattr(cfg, key), bool):
+            raise ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}.")
+    rate = cfg.dense_learning_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+        raise ConfigError(f"trainer.dense_learning_rate must be a positive number, got {rate!r}.")
     return cfg
+
+
+def _check_seed(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"seed must be a whole number, 0 or more, got {seed!r}.")
+    return seed
 
 
 def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfig:
@@ -139,7 +155,7 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
     return RunConfig(
         **nodes,
         trainer=_check_trainer(cfg.get("trainer")),
-        seed=int(cfg.get("seed", 0)),
+        seed=_check_seed(cfg.get("seed", 0)),
         output_dir=str(cfg.get("output_dir", "outputs/run")),
         experiment=cfg.get("experiment"),
     )

@@ -35,5 +35,7 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
-    sys.argv = [sys.argv[0], *force_add_overrides(sys.argv[1:], config_groups(CONF))]
+    # experiment=null is its default already (Hydra refuses null as a group override)
+    argv = [a for a in sys.argv[1:] if a not in ("experiment=null", "experiment=")]
+    sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF))]
     sys.exit(main())

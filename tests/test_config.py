@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,13 @@ def test_unknown_plugin_name(hydra_conf) -> None:
         ("+trainer.backend=mpi", "trainer.backend='mpi' is unknown; choose gloo or nccl."),
         ("~cache", "Config group 'cache' is missing; add cache=<name>"),
         ("cache.name=null", "cache.name is missing; pick one of: lfu, lru, none"),
+        ("trainer.val_every_n_steps=-2", "trainer.val_every_n_steps must be a whole number, at least 1 (or null), got -2."),
+        ("trainer.threads_per_rank=0", "trainer.threads_per_rank must be a whole number, at least 1 (or null), got 0."),
+        ("trainer.checkpoint_every_n_steps=-1", "trainer.checkpoint_every_n_steps must be a whole number"),
+        ("trainer.world_size=2.5", "trainer.world_size must be a whole number, at least 1 (or null), got 2.5."),
+        ("trainer.resume=yes", "trainer.resume must be true or false, got 'yes'."),
+        ("trainer.dense_learning_rate=-1", "trainer.dense_learning_rate must be a positive number, got -1."),
+        ("seed=1.5", "seed must be a whole number, 0 or more, got 1.5."),
     ],
 )
 def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) -> None:
@@ -249,3 +257,19 @@ def test_trainer_defaults_match_schema() -> None:
     for key, value in default.items():
         assert key in TrainerConfig.__dataclass_fields__, f"trainer/default.yaml: unknown key {key}"
         assert getattr(schema, key) == value, f"trainer/default.yaml {key} differs from TrainerConfig"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("kernel.optimizer=adam", "kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU"),
+        ("trainer.backend=nccl", "trainer.backend=nccl needs CUDA devices"),
+    ],
+)
+def test_settings_cpu_ranks_cannot_run_are_refused_before_they_start(hydra_conf, override: str, message: str) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a CUDA machine these settings run")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve_launch(validate(compose_run(override)))

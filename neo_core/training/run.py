@@ -96,6 +96,15 @@ def resolve_launch(run: RunConfig) -> Launch:
             "set trainer.world_size to at most that."
         )
     backend = run.trainer.backend or ("nccl" if device_type == "cuda" else "gloo")
+    if backend == "nccl" and device_type == "cpu":
+        raise ConfigError("trainer.backend=nccl needs CUDA devices; on CPU ranks use trainer.backend=gloo (or null).")
+    kernel = dict(run.kernel)
+    optimizer = str(kernel.get("optimizer", "")).lower()
+    if device_type == "cpu" and kernel.get("name") == "fused" and optimizer == "adam":
+        raise ConfigError(
+            "kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU; use rowwise_adagrad, "
+            "adagrad or sgd, or kernel=dense."
+        )
     return Launch(world, device_type, backend, external)
 
 
