@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,13 @@ class CachePolicy:
     def __post_init__(self) -> None:
         lf = self.load_factor
         if lf is not None and (
-            isinstance(lf, bool) or not isinstance(lf, (int, float)) or not 0.0 < lf <= 1.0  # NaN fails too
+            isinstance(lf, bool) or not isinstance(lf, numbers.Real) or not 0.0 < lf <= 1.0  # NaN fails too
         ):
             raise ConfigError(
                 f"cache.load_factor={lf!r} (cache {self.name!r}) must lie in (0, 1]: the share of a cached "
                 "table's rows held in device memory; use cache=none for no cache."
             )
-        if self.algorithm.lower() not in ("lru", "lfu"):
+        if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ("lru", "lfu"):
             raise ConfigError(
                 f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "
                 "implements; choose lru or lfu."

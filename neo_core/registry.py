@@ -15,26 +15,36 @@ T = TypeVar("T")
 
 
 
-def check_kind(key: str, value: Any, default: Any) -> None:
-    """Reject ``value`` for ``key`` unless it is of its default's kind.
+def check_kind(key: str, value: Any, annotation: Any) -> Any:
+    """``value`` for ``key`` if it is of the kind its parameter is annotated with, else an error.
 
-    A bool default takes true/false; an int default a whole number; a float default a real
-    number (not NaN); a tuple or list default a list.
-    Other defaults (strings, mappings, none given) are left to the plugin.
+    Only plain annotations are checked: ``int`` takes a whole number (``1e7`` too), ``float``
+    any real number but NaN, ``bool`` true/false (or 0/1); each may be ``| None`` (or
+    ``Optional[...]``), which also takes null. Anything else (lists, unions, none given) is
+    left to the plugin. A whole float for an ``int`` comes back as an int.
     """
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    text = text.replace(" ", "")
+    optional = False
+    if text.startswith("Optional[") and text.endswith("]"):
+        text, optional = text[len("Optional[") : -1], True
+    for none in ("|None", "None|"):
+        if none in text:
+            text, optional = text.replace(none, ""), True
+    if text not in ("int", "float", "bool") or (optional and value is None):
+        return value
     real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if isinstance(default, bool):
-        ok, kind = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        ok, kind = real and isinstance(value, numbers.Integral), "a whole number"
-    elif isinstance(default, float):
-        ok, kind = real and value == value, "a number"  # NaN is not
-    elif isinstance(default, (tuple, list)):
-        ok, kind = isinstance(value, (tuple, list)), "a list, e.g. [a, b]"
+    if text == "bool":
+        ok, kind = isinstance(value, bool) or (real and value in (0, 1)), "true or false"
+    elif text == "int":
+        whole = isinstance(value, numbers.Integral) or (real and float(value).is_integer())
+        ok, kind = real and whole, "a whole number"
     else:
-        return
+        ok, kind = real and value == value, "a number"  # NaN is not
     if not ok:
-        raise ConfigError(f"{key} must be {kind}, got {value!r}.")
+        raise ConfigError(f"{key} must be {kind}{' (or null)' if optional else ''}, got {value!r}.")
+    return int(value) if text == "int" else value
+
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
@@ -55,6 +65,14 @@ class Entry(Generic[T]):
             p.name: p.default
             for p in sig.parameters.values()
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+
+    def annotations(self) -> dict[str, Any]:
+        """The factory's keyword parameters' annotations (strings under postponed evaluation)."""
+        return {
+            p.name: p.annotation
+            for p in inspect.signature(self.factory).parameters.values()
+            if p.annotation is not inspect.Parameter.empty
         }
 
     def accepts_any_keyword(self) -> bool:
@@ -144,8 +162,9 @@ class Registry(Generic[T]):
                         f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} "
                         f"Its keys: {known}."
                     )
+            annotations = entry.annotations()
             for key, value in params.items():
-                check_kind(f"{self.group}.{key}", value, accepted[key])
+                params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))
             missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
             if missing:
                 raise ConfigError(

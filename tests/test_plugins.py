@@ -8,6 +8,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -347,3 +348,26 @@ def test_builtin_cache_policies_lru_and_lfu() -> None:
         # a string is refused by its kind (the factory's float default), a number by its range
         with pytest.raises(ConfigError, match=r"cache\.load_factor(=.* must lie in \(0, 1\]| must be a number)"):
             plugins.create("cache", "lru", {"load_factor": bad})
+
+
+def test_plugin_parameters_are_checked_by_their_annotations_not_their_defaults() -> None:
+    plugins = load_plugins(autoload=False)
+    registry = plugins.registry("topology")
+
+    def roomy(gbps: float = 25, nodes: int = 2, flag: bool = False, sizes: tuple[int, ...] | int = (1,)) -> Any:
+        return (gbps, nodes, flag, sizes)
+
+    registry.register("roomy_topology", roomy)
+    # a float annotation takes a fraction though its default is whole; 1e7 (a float on the
+    # command line) is a whole number; a list-or-number parameter takes either
+    assert plugins.create("topology", "roomy_topology", {"gbps": 12.5, "nodes": 1e7, "sizes": 5}) == (
+        12.5, 10_000_000, False, 5)
+    assert plugins.create("topology", "roomy_topology", {"flag": 1})[2] == 1
+    for params, message in (({"nodes": 2.5}, "topology.nodes must be a whole number, got 2.5."),
+                            ({"gbps": "fast"}, "topology.gbps must be a number, got 'fast'."),
+                            ({"flag": "maybe"}, "topology.flag must be true or false, got 'maybe'.")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            plugins.create("topology", "roomy_topology", params)
+    # the built-in data plugin takes one number for every table, as documented
+    data = plugins.create("data", "synthetic", {"rows": 1000, "num_sparse": 2, "pooling": 2})
+    assert [t.num_embeddings for t in data.tables(16)] == [1000, 1000]

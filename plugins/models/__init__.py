@@ -22,6 +22,13 @@ class _DLRMBuilder(ModelBuilder):
         over_arch: Sequence[int],
     ) -> None:
         self.embedding_dim = int(embedding_dim)
+        for key, sizes in (("dense_arch", dense_arch), ("over_arch", over_arch)):
+            if isinstance(sizes, str) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes
+            ):
+                raise ConfigError(f"model.{key} must be a list of layer sizes of 1 or more, got {sizes!r}.")
+        if len(over_arch) < 2:  # TorchRec's OverArch: hidden layers, then the logit
+            raise ConfigError(f"model.over_arch needs at least two layers, e.g. [64, 1]; got {list(over_arch)}.")
         self.dense_arch = [int(x) for x in dense_arch]
         self.over_arch = [int(x) for x in over_arch]
         if self.embedding_dim < 1:

@@ -58,12 +58,13 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
-    bad = [k for k, v in data.items() if k in keep and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+    bad = [k for k, v in data.items() if k in keep and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     if bad:
         raise ConfigError(
             f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run calibration."
         )
-    return {k: float(v) for k, v in data.items() if k in keep}
+    # 0 or null: not measured (a fit clamped at zero), so the model's default stands
+    return {k: float(v) for k, v in data.items() if k in keep and v}
 
 
 def _total_ram() -> int:

@@ -146,11 +146,11 @@ def test_host_reserve_is_kept_back_and_reported():
     [
         ({"num_tabels": 10}, ("Unknown parameter 'num_tabels'", "Did you mean 'num_tables'?", "seed")),
         ({"num_tables": "abc"}, ("'num_tables'", "must be a whole number, got 'abc'",)),
-        ({"num_tables": 2.0}, ("'num_tables'", "must be a whole number, got 2.0",)),
+        ({"num_tables": 2.5}, ("'num_tables'", "must be a whole number, got 2.5",)),
         ({"mean_pooling": "x"}, ("'mean_pooling'", "must be a number",)),
-        ({"dims": 16}, ("'dims'", "must be a list",)),
+        ({"dims": 16}, ("dims must be a list of numbers, got 16.",)),
     ],
-    ids=["misspelled", "string-for-int", "float-for-int", "string-for-float", "scalar-for-list"],
+    ids=["misspelled", "string-for-int", "fraction-for-int", "string-for-float", "scalar-for-list"],
 )
 def test_table_generator_parameters_are_checked_by_name_and_kind(params, fragments) -> None:
     with pytest.raises(ConfigError) as err:
@@ -163,6 +163,10 @@ def test_table_generator_accepts_its_parameters() -> None:
     tables = make_tables("production_like", num_tables=7, mean_pooling=3, dims=[16, 32], dim_weights=[1, 1],
                          total_parameters=None)
     assert len(tables) == 7 and {t.embedding_dim for t in tables} <= {16, 32}
+    # what YAML, the command line (1e7 is a float there) and numpy give are taken too
+    same = make_tables("production_like", num_tables=7.0, mean_pooling=np.float32(3), dims=np.array([16, 32]),
+                       dim_weights=[np.float32(1), 1], max_rows=1e7)
+    assert [(t.num_embeddings, t.embedding_dim) for t in same] == [(t.num_embeddings, t.embedding_dim) for t in tables]
 
 
 # --- planner, topology, cache and table arguments: kind and range, each error naming its key ----

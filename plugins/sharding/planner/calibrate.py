@@ -284,12 +284,21 @@ def _spawn(target: Any, world: int) -> dict[str, Any]:
             break
         except Empty:
             failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                for p in procs:
-                    p.kill()
-                    p.join()
-                what = f"rank {failed[0]} exited with code {procs[failed[0]].exitcode}" if failed else "no result in 300 s"
-                raise CalibrationError(f"calibration step {target.__name__.strip('_')} on {world} ranks failed: {what}.") from None
+            if not failed and time.monotonic() <= deadline:
+                continue
+            try:  # the result may have arrived just as a rank failed while tearing down
+                result = queue.get(timeout=0.5)
+                break
+            except Empty:
+                pass
+            for p in procs:
+                p.kill()
+                p.join()
+            what = (
+                "rank(s) " + ", ".join(f"{r} (exit code {procs[r].exitcode})" for r in failed) + " failed"
+                if failed else "no result in 300 s"
+            )
+            raise CalibrationError(f"calibration step {target.__name__.strip('_')} on {world} ranks: {what}.") from None
     for p in procs:
         p.join()
     return result

@@ -61,8 +61,13 @@ def _whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def _listlike(value: Any) -> bool:
+    """A list, tuple, set or array: not a string, not a mapping."""
+    return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__iter__") and hasattr(value, "__len__")
+
+
 def _type_list(key: str, value: Any) -> None:
-    if isinstance(value, str) or not isinstance(value, Sequence) or not value:
+    if not _listlike(value) or not len(value):
         raise ConfigError(f"{key} must be a non-empty list of sharding types, e.g. [TW, RW]; got {value!r}.")
 
 
@@ -79,9 +84,7 @@ def _check_planner_args(
             raise ConfigError(f"sharding.{key} must be a number in [0, 1), got {value!r}.")
     if not _number(time_budget_s) or time_budget_s == math.inf:
         raise ConfigError(f"sharding.time_budget_s must be a positive finite number of seconds, got {time_budget_s!r}.")
-    if isinstance(col_shard_counts, str) or not isinstance(col_shard_counts, Sequence) or not all(
-        _whole(k) and k >= 2 for k in col_shard_counts
-    ):
+    if not _listlike(col_shard_counts) or not all(_whole(k) and k >= 2 for k in col_shard_counts):
         raise ConfigError(
             f"sharding.col_shard_counts must be a list of column-shard counts of 2 or more, e.g. [2, 4, 8]; "
             f"got {col_shard_counts!r}."

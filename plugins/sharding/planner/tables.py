@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import numbers
 
 import numpy as np
 
@@ -51,18 +52,26 @@ def production_like(
         raise ConfigError(f"num_tables must be at least 1, got {num_tables}.")
     if not 1 <= min_rows <= max_rows:
         raise ConfigError(f"min_rows ({min_rows}) must be at least 1 and at most max_rows ({max_rows}).")
+    def numbers_of(key: str, values: object) -> list[float]:
+        if isinstance(values, str) or not hasattr(values, "__iter__"):
+            raise ConfigError(f"{key} must be a list of numbers, got {values!r}.")
+        out = list(values)  # type: ignore[call-overload]
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v for v in out):
+            raise ConfigError(f"{key} must be a list of numbers, got {out!r}.")
+        return out
+
+    dims, dim_weights = numbers_of("dims", dims), numbers_of("dim_weights", dim_weights)
     if not dims or len(dims) != len(dim_weights):
         raise ConfigError("dims and dim_weights must be non-empty lists of the same length.")
-    if any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in dims):
-        raise ConfigError(f"dims must be whole numbers of at least 1, got {list(dims)}.")
-    if any(not isinstance(w, (int, float)) or isinstance(w, bool) or not w >= 0 for w in dim_weights) or not sum(
-        dim_weights
-    ) > 0:
-        raise ConfigError(f"dim_weights must be numbers of 0 or more with a positive sum, got {list(dim_weights)}.")
+    if any(not float(d).is_integer() or d < 1 for d in dims):
+        raise ConfigError(f"dims must be whole numbers of at least 1, got {dims}.")
+    dims = [int(d) for d in dims]
+    if any(w < 0 for w in dim_weights) or not sum(dim_weights) > 0:
+        raise ConfigError(f"dim_weights must be numbers of 0 or more with a positive sum, got {dim_weights}.")
     if not 1.0 <= mean_pooling < float("inf"):
         raise ConfigError(f"mean_pooling must be a finite number of ids per sample, at least 1; got {mean_pooling}.")
     if total_parameters is not None and not (
-        isinstance(total_parameters, (int, float)) and 0 < total_parameters < float("inf")
+        isinstance(total_parameters, numbers.Real) and 0 < total_parameters < float("inf")
     ):
         raise ConfigError(f"total_parameters must be a positive number (or null), got {total_parameters!r}.")
     rng = np.random.default_rng(seed)
@@ -112,7 +121,7 @@ def make_tables(generator: str, **params: object) -> list[TableSpec]:
     func = GENERATORS[generator]
     signature = inspect.signature(func).parameters
     known = list(signature)
-    for key, value in params.items():
+    for key, value in list(params.items()):
         if key not in signature:
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -120,6 +129,6 @@ def make_tables(generator: str, **params: object) -> list[TableSpec]:
                 f"Unknown parameter {key!r} of table generator {generator!r}.{hint} "
                 f"Its parameters: {', '.join(known) or '(none)'}."
             )
-        check_kind(f"parameter {key!r} of table generator {generator!r}", value, signature[key].default)
+        params[key] = check_kind(f"parameter {key!r} of table generator {generator!r}", value, signature[key].annotation)
     return func(**params)  # type: ignore[operator]
 
