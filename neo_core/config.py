@@ -106,8 +106,10 @@ def _check_trainer(node: Any) -> TrainerConfig:
     cfg = TrainerConfig(**node)
     for key in ("max_steps", "batch_size", "val_batches", "log_every_n_steps"):
         value = getattr(cfg, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "val_batches" else 1):
-            raise ConfigError(f"trainer.{key} must be a positive integer, got {value!r}.")
+        least = 0 if key == "val_batches" else 1  # no validation: val_batches=0
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            what = "a whole number, 0 or more" if least == 0 else "a positive integer"
+            raise ConfigError(f"trainer.{key} must be {what}, got {value!r}.")
     if cfg.dense_optimizer not in ("adagrad", "adam", "sgd"):
         raise ConfigError(
             f"trainer.dense_optimizer={cfg.dense_optimizer!r} is unknown; choose adagrad, adam or sgd."

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -38,4 +39,13 @@ if __name__ == "__main__":
     # experiment=null is its default already (Hydra refuses null as a group override)
     argv = [a for a in sys.argv[1:] if a not in ("experiment=null", "experiment=")]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF))]
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
+        print(
+            "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; "
+            "continue with trainer.resume=true",
+            file=sys.stderr,
+        )
+        sys.exit(130)

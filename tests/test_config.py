@@ -273,3 +273,16 @@ def test_settings_cpu_ranks_cannot_run_are_refused_before_they_start(hydra_conf,
         pytest.skip("on a CUDA machine these settings run")
     with pytest.raises(ConfigError, match=re.escape(message)):
         resolve_launch(validate(compose_run(override)))
+
+
+def test_an_output_folder_that_cannot_take_the_run_is_refused_before_training(tmp_path: Path) -> None:
+    from neo_core.training.run import check_output_dir
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=r"output_dir=.*/file/run' cannot be written"):
+        check_output_dir(tmp_path / "file" / "run")
+    (tmp_path / "run" / "metrics.json").mkdir(parents=True)  # would fail only after training
+    with pytest.raises(ConfigError, match=r"metrics.json is in the way of the run's output"):
+        check_output_dir(tmp_path / "run")
+    check_output_dir(tmp_path / "fresh")
+    assert (tmp_path / "fresh").is_dir() and not list((tmp_path / "fresh").iterdir())

@@ -174,6 +174,22 @@ def _free_port() -> int:
 RESUME_KEYS = ("model", "data", "kernel")
 
 
+def check_output_dir(out: Path) -> None:
+    """Before training: the run's folder can be written, and nothing it writes is in the way."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".neo-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"output_dir={str(out)!r} cannot be written ({exc.strerror}); choose another output_dir.") from None
+    for name in ("plan.json", "config.json", "metrics.json", "training.png", "logs"):
+        if (out / name).is_dir() if name != "logs" else (out / name).is_file():
+            raise ConfigError(f"{out / name} is in the way of the run's output; remove it or choose another output_dir.")
+    if (out / "checkpoint").is_file():
+        raise ConfigError(f"{out / 'checkpoint'} is a file; the run keeps its checkpoint there. Remove it or choose another output_dir.")
+
+
 def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
     """Before any rank starts: the run resumed must match the one that wrote the checkpoint."""
     if not saved.is_file():
@@ -206,7 +222,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg)
     launch = resolve_launch(run)
     out = Path(run.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
     if run.trainer.resume:
         check_resumable(out / "config.json", run.to_dict())
@@ -237,6 +253,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         )
     metrics_path = out / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    for key in ("val_auc", "val_loss"):  # null in the file: not measured
+        if key in metrics and metrics[key] is None:
+            metrics[key] = math.nan
     if rank0 and metrics:
         print(
             f"done: {metrics['steps']} steps, val AUC {metrics['val_auc']:.4f}, val loss "
@@ -247,7 +266,13 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
 
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int) -> None:
-    rank_main(local_rank, launch, payload, port=port)
+    try:
+        rank_main(local_rank, launch, payload, port=port)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: the parent reports it once
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
+        raise SystemExit(130) from None
 
 
 def _quiet() -> None:
@@ -380,6 +405,16 @@ def _join_logs(log_csv: Path, earlier: str, start_step: int) -> None:
     tmp.replace(log_csv)
 
 
+def _no_nan(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_no_nan(v) for v in value]
+    return value
+
+
 def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall: float) -> None:
     history = list(module.history)
     previous = out / "metrics.json"
@@ -407,7 +442,8 @@ def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall:
         "history": history,
         "val_history": module.val_history,
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    # strict JSON: a value that is not a number (no validation: trainer.val_batches=0) is null
+    (out / "metrics.json").write_text(json.dumps(_no_nan(metrics), indent=2, allow_nan=False) + "\n")
     try:
         from neo_core.training.plots import plot_training
 
