@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from neo_core.checks import is_number
 from neo_core.errors import ConfigError
 
 
@@ -24,13 +24,13 @@ class CachePolicy:
 
     def __post_init__(self) -> None:
         lf = self.load_factor
-        if lf is not None and (
-            isinstance(lf, bool) or not isinstance(lf, numbers.Real) or not 0.0 < lf <= 1.0  # NaN fails too
-        ):
+        if lf is not None and (not is_number(lf) or not 0.0 < lf <= 1.0):
             raise ConfigError(
                 f"cache.load_factor={lf!r} (cache {self.name!r}) must lie in (0, 1]: the share of a cached "
-                "table's rows held in device memory; use cache=none for no cache."
+                "table's rows held in device memory (e.g. 0.2); use cache=none for no cache."
             )
+        if lf is not None:
+            object.__setattr__(self, "load_factor", float(lf))  # numpy or int in, a float kept
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ("lru", "lfu"):
             raise ConfigError(
                 f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "

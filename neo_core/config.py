@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from neo_core.checks import is_number, is_whole
 from neo_core.errors import ConfigError
 from neo_core.plugins import KINDS, Plugins, get_plugins
 
@@ -116,22 +117,21 @@ def _check_trainer(node: Any) -> TrainerConfig:
         )
     if cfg.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl.")
-    whole = (lambda v: isinstance(v, int) and not isinstance(v, bool))  # noqa: E731
     for key in ("world_size", "val_every_n_steps", "checkpoint_every_n_steps", "threads_per_rank"):
         value = getattr(cfg, key)  # each may be null: its default
-        if value is not None and (not whole(value) or value < 1):
+        if value is not None and (not is_whole(value) or value < 1):
             raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}.")
     for key in ("checkpoint", "resume", "progress_bar"):
         if not isinstance(getattr(cfg, key), bool):
             raise ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}.")
     rate = cfg.dense_learning_rate
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+    if not is_number(rate) or not 0 < rate < math.inf:
         raise ConfigError(f"trainer.dense_learning_rate must be a positive number, got {rate!r}.")
     return cfg
 
 
 def _check_seed(seed: Any) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_whole(seed) or seed < 0:
         raise ConfigError(f"seed must be a whole number, 0 or more, got {seed!r}.")
     return seed
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from neo_core.checks import is_number, is_whole
 from neo_core.errors import ConfigError, PluginError
 
 T = TypeVar("T")
@@ -33,14 +33,12 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
             text, optional = text.replace(none, ""), True
     if text not in ("int", "float", "bool") or (optional and value is None):
         return value
-    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if text == "bool":
-        ok, kind = isinstance(value, bool) or (real and value in (0, 1)), "true or false"
+        ok, kind = isinstance(value, bool) or (is_number(value) and value in (0, 1)), "true or false"
     elif text == "int":
-        whole = isinstance(value, numbers.Integral) or (real and float(value).is_integer())
-        ok, kind = real and whole, "a whole number"
+        ok, kind = is_whole(value) or (is_number(value) and float(value).is_integer()), "a whole number"
     else:
-        ok, kind = real and value == value, "a number"  # NaN is not
+        ok, kind = is_number(value), "a number"  # NaN is not
     if not ok:
         raise ConfigError(f"{key} must be {kind}{' (or null)' if optional else ''}, got {value!r}.")
     return int(value) if text == "int" else value

@@ -10,23 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
+from neo_core.checks import is_number, is_whole
 from neo_core.errors import ConfigError
 
 GiB = 1024**3
 GB = 1e9
-
-
-def _is_number(value: Any) -> bool:
-    """A real number (not a bool, not NaN)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -59,7 +50,7 @@ class Topology:
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):
             value = getattr(self, key)
-            if not _is_int(value) or value < 1:
+            if not is_whole(value) or value < 1:
                 raise ConfigError(f"topology.{key} must be a whole number, at least 1; got {value!r}.")
         for key in (
             "device_memory",
@@ -71,7 +62,7 @@ class Topology:
             "inter_node_bw",
         ):
             value = getattr(self, key)
-            if not _is_number(value) or not 0 < value < math.inf:
+            if not is_number(value) or not 0 < value < math.inf:
                 raise ConfigError(f"topology.{key} must be a positive finite number, got {value!r}.")
         # calibrated figures: seconds per id or collective may be 0, bandwidths must be positive
         optional = {
@@ -82,7 +73,7 @@ class Topology:
             value = getattr(self, key)
             if value is None:
                 continue
-            in_range = _is_number(value) and value < math.inf and (value >= least if least is not None else value > 0)
+            in_range = is_number(value) and value < math.inf and (value >= least if least is not None else value > 0)
             if not in_range:
                 need = "0 or more" if least is not None else "positive"
                 raise ConfigError(

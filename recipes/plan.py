@@ -71,6 +71,7 @@ def check_keys(cfg: dict[str, Any]) -> None:
 
 def check_model_values(model: dict[str, Any]) -> None:
     """A plan model's own figures: stored bytes per weight, its cache share, its global batch."""
+    from neo_core.checks import is_number
     from neo_core.errors import ConfigError
 
     checks = {
@@ -82,7 +83,7 @@ def check_model_values(model: dict[str, Any]) -> None:
         value = model.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        if not is_number(value) or not ok(value):
             raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
 
 

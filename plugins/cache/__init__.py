@@ -8,11 +8,8 @@ CPU ranks have no separate device memory, so there the planner keeps every table
 
 from __future__ import annotations
 
-import math
-
 from neo_core import hookimpl
 from neo_core.cache import CachePolicy
-from neo_core.errors import ConfigError
 from neo_core.registry import Registry
 
 
@@ -22,15 +19,8 @@ def no_cache() -> CachePolicy:
 
 
 def _cached(algorithm: str, load_factor: float, prefetch_pipeline: bool) -> CachePolicy:
-    if isinstance(load_factor, bool) or not isinstance(load_factor, (int, float)) or math.isnan(load_factor) \
-            or not 0.0 < load_factor <= 1.0:
-        raise ConfigError(
-            f"cache.load_factor={load_factor!r} must lie in (0, 1]: the share of a cached table's rows "
-            "held in device memory (e.g. 0.2)."
-        )
-    return CachePolicy(
-        name=algorithm, load_factor=float(load_factor), algorithm=algorithm, prefetch_pipeline=bool(prefetch_pipeline)
-    )
+    # CachePolicy checks the share (0, 1] and the algorithm
+    return CachePolicy(name=algorithm, load_factor=load_factor, algorithm=algorithm, prefetch_pipeline=bool(prefetch_pipeline))
 
 
 def lru_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> CachePolicy:

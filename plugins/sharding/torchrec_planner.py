@@ -12,6 +12,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
 
+from neo_core.checks import is_number
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.models import embedding_bag_collection
 from neo_core.sharding import (
@@ -38,9 +39,7 @@ class TorchRecPlanner(Planner):
     def __init__(self, timeout_s: float | None = None) -> None:
         # TorchRec's own timeout_seconds: past it, it stops proposing and keeps its best plan
         # so far (None: no limit; hundreds of tables can then take many minutes)
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf
-        ):
+        if timeout_s is not None and (not is_number(timeout_s) or not 0 < timeout_s < math.inf):
             raise ConfigError(f"sharding.timeout_s must be a positive number of seconds or null, got {timeout_s!r}.")
         self.timeout_s = timeout_s
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from neo_core.checks import is_number, is_whole
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import (
     Planner,
@@ -53,14 +53,6 @@ def validate_tables(tables: Sequence[TableSpec], context: PlanningContext) -> No
         )
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _listlike(value: Any) -> bool:
     """A list, tuple, set or array: not a string, not a mapping."""
     return not isinstance(value, (str, bytes, Mapping)) and hasattr(value, "__iter__") and hasattr(value, "__len__")
@@ -80,26 +72,26 @@ def _check_planner_args(
     if sharding_types is not None:
         _type_list("sharding.sharding_types", sharding_types)
     for key, value in (("reserve_fraction", reserve_fraction), ("host_reserve_fraction", host_reserve_fraction)):
-        if not _number(value):
+        if not is_number(value):
             raise ConfigError(f"sharding.{key} must be a number in [0, 1), got {value!r}.")
-    if not _number(time_budget_s) or time_budget_s == math.inf:
+    if not is_number(time_budget_s) or time_budget_s == math.inf:
         raise ConfigError(f"sharding.time_budget_s must be a positive finite number of seconds, got {time_budget_s!r}.")
-    if not _listlike(col_shard_counts) or not all(_whole(k) and k >= 2 for k in col_shard_counts):
+    if not _listlike(col_shard_counts) or not all(is_whole(k) and k >= 2 for k in col_shard_counts):
         raise ConfigError(
             f"sharding.col_shard_counts must be a list of column-shard counts of 2 or more, e.g. [2, 4, 8]; "
             f"got {col_shard_counts!r}."
         )
-    if not _whole(min_col_width) or min_col_width < 4 or min_col_width % 4:
+    if not is_whole(min_col_width) or min_col_width < 4 or min_col_width % 4:
         raise ConfigError(
             f"sharding.min_col_width must be a whole multiple of 4 (the fused kernel's column unit), "
             f"got {min_col_width!r}."
         )
-    if collective_latency_s is not None and not (_number(collective_latency_s) and 0 <= collective_latency_s < math.inf):
+    if collective_latency_s is not None and not (is_number(collective_latency_s) and 0 <= collective_latency_s < math.inf):
         raise ConfigError(
             f"sharding.collective_latency_s must be a finite number of seconds, 0 or more (or null: the "
             f"topology's figure), got {collective_latency_s!r}."
         )
-    if not _whole(index_bytes) or index_bytes not in (4, 8):
+    if not is_whole(index_bytes) or index_bytes not in (4, 8):
         raise ConfigError(f"sharding.index_bytes must be 4 (int32 ids) or 8 (int64 ids), got {index_bytes!r}.")
     if table_sharding_types is not None:
         if not isinstance(table_sharding_types, Mapping):

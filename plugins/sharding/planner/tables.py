@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import numbers
 
 import numpy as np
 
+from neo_core.checks import is_number
 from neo_core.errors import ConfigError
 from neo_core.registry import check_kind
 from neo_core.sharding import TableSpec
@@ -56,7 +56,7 @@ def production_like(
         if isinstance(values, str) or not hasattr(values, "__iter__"):
             raise ConfigError(f"{key} must be a list of numbers, got {values!r}.")
         out = list(values)  # type: ignore[call-overload]
-        if any(isinstance(v, bool) or not isinstance(v, numbers.Real) or v != v for v in out):
+        if not all(is_number(v) for v in out):
             raise ConfigError(f"{key} must be a list of numbers, got {out!r}.")
         return out
 
@@ -71,7 +71,7 @@ def production_like(
     if not 1.0 <= mean_pooling < float("inf"):
         raise ConfigError(f"mean_pooling must be a finite number of ids per sample, at least 1; got {mean_pooling}.")
     if total_parameters is not None and not (
-        isinstance(total_parameters, numbers.Real) and 0 < total_parameters < float("inf")
+        is_number(total_parameters) and 0 < total_parameters < float("inf")
     ):
         raise ConfigError(f"total_parameters must be a positive number (or null), got {total_parameters!r}.")
     rng = np.random.default_rng(seed)
