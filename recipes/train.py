@@ -25,10 +25,15 @@ GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "da
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def main(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+
     from neo_core.training.run import train
 
+    config = OmegaConf.to_container(cfg, resolve=True)
+    # an experiment file sets keys across groups; the run's record names which one it was
+    config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
     with user_errors():
-        metrics = train(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        metrics = train(config)  # type: ignore[arg-type]
     return float(metrics.get("val_auc", float("nan")))
 
 

@@ -371,3 +371,18 @@ def test_plugin_parameters_are_checked_by_their_annotations_not_their_defaults()
     # the built-in data plugin takes one number for every table, as documented
     data = plugins.create("data", "synthetic", {"rows": 1000, "num_sparse": 2, "pooling": 2})
     assert [t.num_embeddings for t in data.tables(16)] == [1000, 1000]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"rows": [1.5, 2.7]}, "data.rows must hold whole numbers, got [1.5, 2.7]."),  # not 1 and 2 rows
+        ({"rows": [True, 5]}, "data.rows must hold whole numbers, got [True, 5]."),
+        ({"pooling": ["x"]}, "data.pooling must hold numbers, got ['x']."),
+    ],
+)
+def test_synthetic_data_sizes_are_not_truncated_or_taken_from_bools(params, message) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_plugins(autoload=False).create("data", "synthetic", {"num_sparse": 2, **params})
+    assert [t.num_embeddings for t in load_plugins(autoload=False).create(
+        "data", "synthetic", {"num_sparse": 2, "rows": [1e3, 20]}).tables(16)] == [1000, 20]

@@ -226,6 +226,7 @@ def test_sweep_over_every_experiment(tmp_path: Path) -> None:
         experiment = next(o.split("=", 1)[1] for o in overrides if o.startswith("experiment="))
         metrics[experiment] = json.loads((job / "metrics.json").read_text())
         assert metrics[experiment]["steps"] == 2, job
+        assert json.loads((job / "config.json").read_text())["experiment"] == experiment  # the run's record
     assert set(metrics) == set(EXPERIMENTS)
     assert metrics["torchrec_baseline"]["sharding"] == "torchrec"
     assert metrics["unfused_baseline"]["kernel"] == "dense"

@@ -20,6 +20,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from neo_core.checks import is_number, is_whole
 from neo_core.data import DataSource
 from neo_core.errors import ConfigError
 from neo_core.sharding import TableSpec
@@ -35,10 +36,11 @@ def _cycled(value: Any, n: int, key: str, cast: type) -> list[Any]:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise ConfigError(f"data.{key} is empty; give a number or a list of numbers.")
-    try:
-        return [cast(values[i % len(values)]) for i in range(n)]
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"data.{key} must hold numbers, got {value!r}.") from exc
+    kind_ok = is_whole if cast is int else is_number  # no silent truncation of 1.5 rows, no true
+    if not all(kind_ok(v) or (cast is int and is_number(v) and float(v).is_integer()) for v in values):
+        what = "whole numbers" if cast is int else "numbers"
+        raise ConfigError(f"data.{key} must hold {what}, got {value!r}.")
+    return [cast(values[i % len(values)]) for i in range(n)]
 
 
 class SyntheticData(DataSource):
