@@ -231,6 +231,10 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     if rank0:
         for note in parts.notes:
             print(f"note: {note}")
+        cores = os.cpu_count() or 1
+        if launch.device_type == "cpu" and not launch.external and launch.world_size > cores:
+            print(f"note: {launch.world_size} ranks on {cores} core(s): ranks share cores, so steps are slower "
+                  "than on a machine with a core per rank")
         print(parts.topology.describe())
         print(plan.format_text())
         plan.save_json(out / "plan.json")
