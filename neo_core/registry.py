@@ -14,7 +14,6 @@ from neo_core.errors import ConfigError, PluginError
 T = TypeVar("T")
 
 
-
 def check_kind(key: str, value: Any, annotation: Any) -> Any:
     """``value`` for ``key`` if it is of the kind its parameter is annotated with, else an error.
 

@@ -5,8 +5,9 @@
 
 ``model=`` names a table set in conf/plan_model/; an unknown option of any group is reported
 with that group's choices, and an unknown key (``sharding.estimtor=``, ``plan_model.params.x=``)
-with its close match; plain ``key=value`` overrides need no ``+``. Writes plan.json, plan.txt and plan.png to the run folder and
-prints the plan. A model that cannot fit is reported by table and bytes.
+with its close match; plain ``key=value`` overrides need no ``+``. Writes plan.json, plan.txt
+and plan.png to the run folder and prints the plan. A model that cannot fit is reported by
+table and bytes.
 """
 
 from __future__ import annotations

@@ -98,9 +98,8 @@ def resolve_launch(run: RunConfig) -> Launch:
     backend = run.trainer.backend or ("nccl" if device_type == "cuda" else "gloo")
     if backend == "nccl" and device_type == "cpu":
         raise ConfigError("trainer.backend=nccl needs CUDA devices; on CPU ranks use trainer.backend=gloo (or null).")
-    kernel = dict(run.kernel)
-    optimizer = str(kernel.get("optimizer", "")).lower()
-    if device_type == "cpu" and kernel.get("name") == "fused" and optimizer == "adam":
+    optimizer = str(run.kernel.get("optimizer", "")).lower()
+    if device_type == "cpu" and run.kernel.get("name") == "fused" and optimizer == "adam":
         raise ConfigError(
             "kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU; use rowwise_adagrad, "
             "adagrad or sgd, or kernel=dense."
@@ -183,11 +182,10 @@ def check_output_dir(out: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"output_dir={str(out)!r} cannot be written ({exc.strerror}); choose another output_dir.") from None
-    for name in ("plan.json", "config.json", "metrics.json", "training.png", "logs"):
-        if (out / name).is_dir() if name != "logs" else (out / name).is_file():
-            raise ConfigError(f"{out / name} is in the way of the run's output; remove it or choose another output_dir.")
-    if (out / "checkpoint").is_file():
-        raise ConfigError(f"{out / 'checkpoint'} is a file; the run keeps its checkpoint there. Remove it or choose another output_dir.")
+    files, folders = ("plan.json", "config.json", "metrics.json", "training.png"), ("logs", "checkpoint")
+    blocked = [out / n for n in files if (out / n).is_dir()] + [out / n for n in folders if (out / n).is_file()]
+    if blocked:
+        raise ConfigError(f"{blocked[0]} is in the way of the run's output; remove it or choose another output_dir.")
 
 
 def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
