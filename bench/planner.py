@@ -130,14 +130,7 @@ def bench_case(
     except Exception as exc:
         neo["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     row["neo"] = neo
-    if torchrec and "cache_load_factor" in extra and not torchrec_cached:
-        row["torchrec"] = {"skipped": "skipped for time (about 4 min: 800 tables); --torchrec-cached runs it"}
-    elif torchrec and "cache_load_factor" in extra:
-        # cached (UVM) suite: TorchRec's planner gets the same cache and weight precision
-        # (torchrec_score.constraints, meta_module); Neo's search over TorchRec's estimator
-        # is not run (over 800 tables it would take minutes)
-        row["torchrec"] = run_torchrec(suite, world, timeout, kill_after)
-    elif torchrec:
+    if torchrec:
         # Neo's search over TorchRec's estimator: its prediction is TorchRec's score of the plan
         # (tests/planner/test_torchrec_estimator.py); one run, timed
         start = time.perf_counter()
@@ -153,6 +146,11 @@ def bench_case(
         row["neo_torchrec_estimator"]["vs_bound"] = (
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
+    if torchrec and "cache_load_factor" in extra and not torchrec_cached:
+        row["torchrec"] = {"skipped": "skipped for time (about 4 min: 800 tables); --torchrec-cached runs it"}
+    elif torchrec:
+        # on the cached (UVM) suite TorchRec's planner gets the same cache and weight precision
+        # (torchrec_score.constraints, meta_module)
         row["torchrec"] = run_torchrec(suite, world, timeout, kill_after)
     tr = row.get("torchrec", {})
     if "score_ms" in tr and "torchrec_score_ms" in neo:
@@ -194,18 +192,23 @@ def format_row(row: dict[str, Any]) -> str:
     speed = (cut + _fmt(row.get("speedup"), ".0f") + "x") if "speedup" in row else "-"
     return (
         f"{row['suite']:<16} {row['ranks']:>5} {_fmt(neo.get('time_s'), '.2f'):>7} "
-        f"{_fmt(neo_tr.get('time_s'), '.1f'):>9} {tr_s:>7} {speed:>8} "
+        f"{_fmt(neo_tr.get('time_s'), '.2f'):>9} {tr_s:>7} {speed:>8} "
         f"{_fmt(row.get('neo_over_torchrec')):>7} {_fmt(row.get('neo_tr_est_over_torchrec')):>11} "
         f"{_fmt(neo.get('vs_bound')):>8} {_fmt(neo_tr.get('vs_bound')):>12} "
         f"{_fmt(row.get('torchrec_vs_bound')):>7}  {note}"
     )
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject arguments that would plan a different cluster than asked, or fail after work."""
-    for world in args.ranks:
+def check_ranks(parser: argparse.ArgumentParser, ranks: list[int]) -> None:
+    """Rank counts that ``_context`` builds as asked: one node of up to 8, or nodes of 8."""
+    for world in ranks:
         if world < 1 or (world > 8 and world % 8):
             parser.error(f"--ranks {world}: use 1 to 8 ranks (one node) or a multiple of 8 (nodes of 8)")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject arguments that would plan a different cluster than asked, or fail after work."""
+    check_ranks(parser, args.ranks)
     for name in ("torchrec_timeout", "torchrec_kill"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more seconds")

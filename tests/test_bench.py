@@ -1,4 +1,5 @@
-"""bench/planner.py end to end on its smallest case: it prints the ratios and writes them as JSON."""
+"""bench/planner.py and bench/torchrec_estimator.py end to end on their smallest case: they
+print their figures and write them as JSON."""
 
 from __future__ import annotations
 
@@ -61,3 +62,21 @@ def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert fragment in proc.stderr.splitlines()[-1], proc.stderr
     assert "planner bench" not in proc.stderr  # no case started
+
+
+def test_torchrec_estimator_bench_times_both_ways(tmp_path):
+    out = tmp_path / "est.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/torchrec_estimator.py", "--suites", "mlperf_dcnv2", "--ranks", "8", "--json", str(out)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split()[:2] == ["mlperf_dcnv2", "8"], proc.stdout
+    [row] = json.loads(out.read_text())  # the bench exits with an error if the plans differ
+    assert row["as_is_s"] > 0 and row["quick_s"] > 0
+    assert row["ratio"] == row["as_is_s"] / row["quick_s"]
+    bad = subprocess.run(
+        [sys.executable, "bench/torchrec_estimator.py", "--ranks", "12"],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert bad.returncode == 2 and "--ranks 12: use 1 to 8 ranks" in bad.stderr, bad.stderr

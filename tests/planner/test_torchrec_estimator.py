@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
+import numpy as np
 import pytest
+import torch
 
 from neo_core.api import make_context
+from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError
+from neo_core.sharding import ShardingType
 from neo_plugins.sharding.planner import NeoPlanner
+from neo_plugins.sharding.planner.cost import CACHED, CostModel, CostParams, TableArrays
+from neo_plugins.sharding.planner.search import build_options
 from neo_plugins.sharding.planner.tables import mlperf_dcnv2, production_like
-from neo_plugins.sharding.planner.torchrec_score import score_plan, torchrec_plan_and_score
+from neo_plugins.sharding.planner.torchrec_score import (
+    quick_estimates,
+    score_plan,
+    torchrec_option_costs,
+    torchrec_plan_and_score,
+)
 
 
 def zionex(world: int, global_batch: int = 65536):
@@ -64,3 +76,57 @@ def test_torchrec_planner_time_limit_keeps_its_best_plan():
     # cut after a second, it still returns the best plan it had, scored by its own estimator
     assert tr["timed_out"] and tr["proposals"] >= 1
     assert tr["bound_ms"] <= tr["score_ms"] < float("inf")
+
+
+def test_quick_estimates_change_no_figure():
+    # every sharding type, column shard counts, cached and device placements, on two nodes
+    tables = production_like(30, seed=4)
+    ctx = make_context(
+        {"name": "zionex", "num_nodes": 2, "devices_per_node": 4}, 512, cache=CachePolicy("lru", load_factor=0.1)
+    )
+    model = CostModel(ctx, CostParams(collective_latency_s=0.0))
+    options = build_options(model, TableArrays.from_specs(tables), set(ShardingType), (2, 4), 16)
+    assert {o.sharding_type for o in options} == set(ShardingType)
+    assert any(o.placement == CACHED for o in options)
+    quick, plain = copy.deepcopy(options), copy.deepcopy(options)
+    torchrec_option_costs(quick, tables, ctx, quick=True)
+    torchrec_option_costs(plain, tables, ctx, quick=False)
+    assert sum(int(o.valid.sum()) for o in plain) > len(tables) * len(ShardingType)
+    for q, p in zip(quick, plain):
+        assert q.label == p.label
+        np.testing.assert_array_equal(q.valid, p.valid)
+        np.testing.assert_array_equal(q.cost.time, p.cost.time)
+    result = NeoPlanner(estimator="torchrec").plan(tables, ctx)
+    assert score_plan(tables, result, ctx, quick=True) == score_plan(tables, result, ctx, quick=False)
+
+
+def test_quick_estimates_undo_their_changes():
+    from torchrec.distributed.planner import enumerators
+    from torchrec.distributed.planner.estimator import annotations
+
+    before = (
+        annotations._get_annotated_method,
+        annotations._get_coefficient_method,
+        torch.nn.EmbeddingBag.reset_parameters,
+        enumerators.copy,
+    )
+    with quick_estimates():
+        assert annotations._get_annotated_method is not before[0]
+        # only meta-device weights skip initialisation
+        torch.manual_seed(0)
+        real = torch.nn.EmbeddingBag(50, 8)
+        assert real.weight.abs().sum() > 0
+        torch.manual_seed(0)
+        assert torch.equal(real.weight, torch.nn.EmbeddingBag(50, 8).weight)
+        assert enumerators.copy.deepcopy([1, [2]]) == [1, [2]]
+    after = (
+        annotations._get_annotated_method,
+        annotations._get_coefficient_method,
+        torch.nn.EmbeddingBag.reset_parameters,
+        enumerators.copy,
+    )
+    assert after == before
+    # also when the block ends in an error
+    with pytest.raises(RuntimeError), quick_estimates():
+        raise RuntimeError("stop")
+    assert torch.nn.EmbeddingBag.reset_parameters is before[2]

@@ -8,12 +8,87 @@ and column width pinned per table, and each shard gets the rank the Neo plan gav
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
+
+
+@contextlib.contextmanager
+def quick_estimates() -> Iterator[None]:
+    """Make many calls of TorchRec's enumerator and estimator cheaper, every figure unchanged.
+
+    - TorchRec's estimator finds its hardware hooks by scanning ``dir(config)`` for annotated
+      methods, several times per shard (most of its time). The answer depends on the config
+      object alone, so within this block it is kept per (config, hook, sharding type).
+    - ``EmbeddingBag`` weights on the meta device are not initialised: they have no values.
+    - The enumerator keeps a deep copy of every option list for reuse with the same module;
+      a new module is built for every call here, so the copy is never read and is skipped.
+
+    Each change applies only where this TorchRec version has the function it replaces, and only
+    inside the block. ``tests/planner/test_torchrec_estimator.py`` checks that figures with and
+    without it are equal. TorchRec's own planner (``torchrec_plan_and_score``) runs without it.
+    """
+    import torch
+    from torchrec.distributed.planner import enumerators
+    from torchrec.distributed.planner.types import ShardingOption
+
+    try:
+        from torchrec.distributed.planner.estimator import annotations
+    except ImportError:  # an older TorchRec without the annotation scan
+        annotations = None
+
+    saved: list[tuple[Any, str, Any]] = []
+
+    def swap(owner: Any, name: str, new: Any) -> None:
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    def per_config(scan: Any) -> Any:
+        found: dict[tuple[int, str, str | None], tuple[Any, Any]] = {}
+
+        def lookup(config: Any, attr: str, sharding_type: str | None = None) -> Any:
+            key = (id(config), attr, sharding_type)
+            hit = found.get(key)
+            if hit is None:  # the config is held, so its id is not reused inside the block
+                hit = found[key] = (config, scan(config, attr, sharding_type))
+            return hit[1]
+
+        return lookup
+
+    for name in ("_get_annotated_method", "_get_coefficient_method"):
+        if annotations is not None and callable(getattr(annotations, name, None)):
+            swap(annotations, name, per_config(getattr(annotations, name)))
+
+    reset = torch.nn.EmbeddingBag.reset_parameters
+
+    def reset_unless_meta(self: Any) -> None:
+        if self.weight.device.type != "meta":
+            reset(self)
+
+    swap(torch.nn.EmbeddingBag, "reset_parameters", reset_unless_meta)
+
+    if getattr(enumerators, "copy", None) is copy:
+
+        def deepcopy(x: Any, memo: Any = None) -> Any:
+            if isinstance(x, list) and x and isinstance(x[0], ShardingOption):
+                return x  # the stored search space: never read again (new module per call)
+            return copy.deepcopy(x, memo)
+
+        shim = types.ModuleType("copy")
+        shim.__dict__.update(vars(copy))
+        shim.deepcopy = deepcopy  # type: ignore[attr-defined]
+        swap(enumerators, "copy", shim)
+    try:
+        yield
+    finally:
+        for owner, name, old in reversed(saved):
+            setattr(owner, name, old)
 
 
 def meta_module(tables: Sequence[TableSpec], context: PlanningContext | None = None) -> Any:
@@ -71,8 +146,10 @@ def rank_perf(options: Sequence[Any], world_size: int) -> list[float]:
     return per_rank
 
 
-def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: PlanningContext) -> float:
-    """TorchRec's max-rank perf (ms) of a Neo plan."""
+def score_plan(
+    tables: Sequence[TableSpec], result: PlanResult, context: PlanningContext, quick: bool = True
+) -> float:
+    """TorchRec's max-rank perf (ms) of a Neo plan (``quick``: inside ``quick_estimates``)."""
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import (
         EmbeddingPerfEstimator,
@@ -89,7 +166,8 @@ def score_plan(tables: Sequence[TableSpec], result: PlanResult, context: Plannin
         cons,
         estimator=[EmbeddingPerfEstimator(topo, cons), EmbeddingStorageEstimator(topo, cons)],
     )
-    options = enum.enumerate(meta_module(tables, context), make_sharders(context))
+    with quick_estimates() if quick else contextlib.nullcontext():
+        options = enum.enumerate(meta_module(tables, context), make_sharders(context))
     by_name = {a.name: a for a in result.tables}
     chosen = []
     for so in options:
@@ -215,7 +293,9 @@ def assignments_of(options: Sequence[Any]) -> list[Any]:
     ]
 
 
-def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext) -> None:
+def torchrec_option_costs(
+    options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext, quick: bool = True
+) -> None:
     """Replace the time of every Neo option with TorchRec's ``EmbeddingPerfEstimator`` figures.
 
     For each option (sharding type, column shards, placement) the tables it is valid for are
@@ -225,7 +305,7 @@ def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], c
     all-reduce is part of it), ``prefetch_compute`` -> comm_input. A shard's time is the largest
     of the option's shards (row-wise splits leave the last shard short). Where TorchRec offers
     no option of that shape (or another shard count), the option becomes invalid for the table.
-    Memory stays Neo's.
+    Memory stays Neo's. ``quick``: TorchRec runs inside ``quick_estimates`` (same figures).
     """
     import numpy as np
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -266,7 +346,9 @@ def torchrec_option_costs(options: Sequence[Any], tables: Sequence[TableSpec], c
                 topo, context.batch_size_per_rank, cons, estimator=[EmbeddingPerfEstimator(topo, cons)]
             )
             position = {tables[i].name: i for i in idx}
-            for so in enum.enumerate(meta_module([tables[i] for i in idx], context), sharders):
+            with quick_estimates() if quick else contextlib.nullcontext():
+                enumerated = enum.enumerate(meta_module([tables[i] for i in idx], context), sharders)
+            for so in enumerated:
                 i = position[so.name]
                 if len(so.shards) != opt.num_shards or found[i]:
                     continue
