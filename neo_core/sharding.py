@@ -310,10 +310,16 @@ def _compact_ranks(ranks: Sequence[int], width: int = 40) -> str:
             start = r
         prev = r
     runs.append((start, prev))
-    text = ",".join(f"{a}-{b}" if b - a >= 2 else f"{a},{b}" if b > a else f"{a}" for a, b in runs)
-    if len(text) > width:  # plan.json has every rank
-        text = f"{text[:width].rsplit(',', 1)[0]},... ({len(ranks)} ranks)"
-    return text
+    parts = [f"{a}-{b}" if b - a >= 2 else f"{a},{b}" if b > a else f"{a}" for a, b in runs]
+    text = ",".join(parts)
+    if len(text) <= width:
+        return text
+    kept = parts[:1]  # the first run always; then whole runs while they fit (plan.json has every rank)
+    for part in parts[1:]:
+        if len(",".join([*kept, part])) > width:
+            break
+        kept.append(part)
+    return f"{','.join(kept)},... ({len(ranks)} ranks)"
 
 
 class Planner(abc.ABC):

@@ -90,3 +90,17 @@ def test_plan_text_keeps_its_columns_for_long_kernels_and_scattered_ranks() -> N
     assert all(rows[n].index(f"why-{n}") == column for n in "abc"), lines[:5]
     assert " 96-111,80-95,3,1 " in rows["b"]  # shard order kept, runs folded
     assert ",... (64 ranks)" in rows["c"] and len(rows["c"]) < 140
+
+
+@pytest.mark.parametrize("step", [2, 3, 5, 7])
+def test_rank_lists_are_cut_after_the_last_whole_run_that_fits(step: int) -> None:
+    from neo_core.sharding import _compact_ranks
+
+    ranks = list(range(0, 100 * step, step))
+    text = _compact_ranks(ranks, width=40)
+    kept, tail = text.split(",... ")
+    assert tail == "(100 ranks)"
+    listed = [int(r) for r in kept.split(",")]
+    assert listed == ranks[: len(listed)]  # shard order, nothing skipped
+    assert len(kept) <= 40 < len(f"{kept},{ranks[len(listed)]}")  # the next one would not fit
+    assert _compact_ranks([3, 4, 5, 9], width=40) == "3-5,9"
