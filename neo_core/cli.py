@@ -8,6 +8,7 @@ import difflib
 import os
 import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 
 from neo_core.errors import ConfigError, NeoError
 
@@ -61,13 +62,12 @@ def force_add_overrides(argv: Sequence[str], groups: Collection[str] = ()) -> li
     return out
 
 
-def option_names(conf: str | os.PathLike[str], group: str) -> list[str]:
-    """Every option ``group=<name>`` selects: YAML files in conf/<group>/ and registered plugins."""
-    from pathlib import Path
-
+def option_names(conf: str | os.PathLike[str], group: str, argv: Sequence[str] = ()) -> list[str]:
+    """Every option ``group=<name>`` selects: YAML files in <dir>/<group>/ of every config
+    directory (``config_dirs``) and registered plugins."""
     from hydra.core.config_store import ConfigStore
 
-    names = {p.stem for p in (Path(conf) / group).glob("*.yaml")}
+    names = {p.stem for d in config_dirs(conf, argv) for p in (d / group).glob("*.yaml")}
     try:
         names.update(n.removesuffix(".yaml") for n in ConfigStore.instance().list(group))
     except OSError:  # no plugin of this group lacks a YAML file
@@ -94,7 +94,7 @@ def check_group_options(
         group = aliases.get(key, key)
         if not eq or group not in groups or any(c in value for c in "()[]{}$*?"):
             continue  # not a group selection, or a sweep expression Hydra expands itself
-        choices = option_names(conf, group)
+        choices = option_names(conf, group, argv)
         if value in ("", "null") and group not in nullable:
             raise ConfigError(f"{key} needs an option; choose one of {', '.join(choices)}.")
         for option in value.split(","):
@@ -104,11 +104,21 @@ def check_group_options(
                 raise ConfigError(f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.")
 
 
-def config_groups(conf: str | os.PathLike[str]) -> list[str]:
-    """The config group folders of a Hydra config directory."""
-    from pathlib import Path
+def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:
+    """``conf`` and the config directories ``argv`` adds with ``--config-dir``/``-cd``."""
+    dirs, args = [Path(conf)], list(argv)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value:
+                dirs.append(Path(value))
+    return dirs
 
-    return sorted(p.name for p in Path(conf).iterdir() if p.is_dir())
+
+def config_groups(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[str]:
+    """The config group folders of ``config_dirs(conf, argv)``."""
+    return sorted({p.name for d in config_dirs(conf, argv) if d.is_dir() for p in d.iterdir() if p.is_dir()})
 
 
 def list_plugins() -> str:

@@ -131,5 +131,5 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
-    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]), config_groups(CONF))]
+    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]), config_groups(CONF, sys.argv[1:]))]
     main()

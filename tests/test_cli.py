@@ -10,7 +10,14 @@ import pytest
 
 from neo_core import hookimpl
 from neo_core.cache import CachePolicy
-from neo_core.cli import check_group_options, force_add_overrides, list_plugins, main, user_errors
+from neo_core.cli import (
+    check_group_options,
+    config_groups,
+    force_add_overrides,
+    list_plugins,
+    main,
+    user_errors,
+)
 from neo_core.errors import ConfigError
 from tests.conftest import ROOT, subprocess_env
 
@@ -140,3 +147,14 @@ def test_a_group_option_is_checked_against_the_config_folder(arg: str, message: 
     assert set(names.rstrip(".").split(", ")) <= set(str(err.value).rstrip(".").split("choose one of ")[1].split(", "))
     check_group_options(["experiment=null", "cache=lru,lfu", "sharding=neo"], ROOT / "conf", groups,
                         nullable=("experiment",))
+
+
+def test_groups_of_an_added_config_dir_are_groups(tmp_path) -> None:
+    (tmp_path / "scheduler").mkdir()
+    for argv in (["-cd", str(tmp_path)], [f"--config-dir={tmp_path}"], ["--config-dir", str(tmp_path)]):
+        groups = config_groups(ROOT / "conf", argv)
+        assert "scheduler" in groups and "topology" in groups, argv
+        # a new group's option goes to Hydra as a selection, not as a ++key
+        assert force_add_overrides([*argv, "scheduler=cosine"], groups)[-1] == "scheduler=cosine"
+    assert "scheduler" not in config_groups(ROOT / "conf", [])
+    assert force_add_overrides(["scheduler=cosine"], config_groups(ROOT / "conf")) == ["++scheduler=cosine"]

@@ -234,3 +234,20 @@ def test_sweep_over_every_experiment(tmp_path: Path) -> None:
     assert metrics["dcnv2"]["model"] == "dcnv2"
     assert metrics["zionex_emulated"]["topology"] == "zionex"
     assert "Emulating zionex" in proc.stdout
+
+
+def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> None:
+    # a user's own cluster, next to the shipped ones: --config-dir adds its folder to Hydra's
+    # search path, and Neo's option check must look there too
+    user = tmp_path / "conf"
+    (user / "topology").mkdir(parents=True)
+    (user / "topology" / "my_cluster.yaml").write_text(
+        "name: zionex\nnum_nodes: 3\ndevices_per_node: 4\ndevice_memory_gib: 40.0\n"
+    )
+    run_dir = tmp_path / "run"
+    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=mlperf_dcnv2", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 node(s) x 4 cuda rank(s) = 12 ranks" in proc.stdout, proc.stdout[:2000]
+    # an option in neither folder is still named, with the added one's choices
+    proc = run_plan(f"--config-dir={user}", "topology=my_clustr", f"hydra.run.dir={run_dir}")
+    assert_one_sentence(proc, "Unknown topology option 'my_clustr' (did you mean 'my_cluster'?)", "local")
