@@ -25,3 +25,7 @@ class CalibrationError(NeoError):
 
 class CheckpointError(NeoError):
     """A checkpoint cannot be read or does not fit the run resuming from it."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Training stopped early on Ctrl-C, every rank after the same step (says where it saved)."""

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
+from neo_core.errors import RunInterrupted
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 # train.yaml's config groups (topology is added with +topology=<option>)
@@ -43,12 +44,13 @@ if __name__ == "__main__":
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
     # experiment=null is its default already (Hydra refuses null as a group override)
     argv = [a for a in sys.argv[1:] if a not in ("experiment=null", "experiment=")]
-    sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF))]
+    sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv))]
     try:
         sys.exit(main())
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         print(
+            f"interrupted: {exc}" if isinstance(exc, RunInterrupted) else
             "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; "
             "continue with trainer.resume=true",
             file=sys.stderr,

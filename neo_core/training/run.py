@@ -34,7 +34,7 @@ from neo_core.cache import CachePolicy
 from neo_core.compression import Compressor
 from neo_core.config import RunConfig, instantiate, validate
 from neo_core.data import DataSource
-from neo_core.errors import ConfigError
+from neo_core.errors import ConfigError, RunInterrupted
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
@@ -245,19 +245,29 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     else:
         import torch.multiprocessing as mp
 
+        from neo_core.training.interrupt import parent_of_ranks
+
         port = _free_port()
-        mp.start_processes(
-            _spawned_rank,
-            args=(launch, payload, port),
-            nprocs=launch.world_size,
-            join=True,
-            start_method="spawn",
-        )
+        with parent_of_ranks():
+            mp.start_processes(
+                _spawned_rank,
+                args=(launch, payload, port),
+                nprocs=launch.world_size,
+                join=True,
+                start_method="spawn",
+            )
     metrics_path = out / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     for key in ("val_auc", "val_loss"):  # null in the file: not measured
         if key in metrics and metrics[key] is None:
             metrics[key] = math.nan
+    if metrics.get("interrupted"):
+        saved = (
+            f"checkpoint at step {metrics['steps']} in {out / 'checkpoint'}; continue with trainer.resume=true"
+            if run.trainer.checkpoint
+            else "no checkpoint (trainer.checkpoint=false)"
+        )
+        raise RunInterrupted(f"stopped after step {metrics['steps']} of {run.trainer.max_steps}: {saved}")
     if rank0 and metrics:
         print(
             f"done: {metrics['steps']} steps, val AUC {metrics['val_auc']:.4f}, val loss "
@@ -293,6 +303,7 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
     from neo_core.config import TrainerConfig
     from neo_core.training.checkpoint import DistributedCheckpoint, read_checkpoint_step
     from neo_core.training.datasets import RankStream
+    from neo_core.training.interrupt import StopOnInterrupt
     from neo_core.training.module import NeoModule
     from neo_core.training.strategy import NeoStrategy
 
@@ -348,6 +359,8 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
         ckpt_dir, every_n_steps=cfg.checkpoint_every_n_steps, save_at_end=cfg.checkpoint,
         resume=cfg.resume and start_step > 0, step_offset=start_step,
     )
+    # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
+    stop = StopOnInterrupt(cfg.log_every_n_steps, announce=launch.external or launch.world_size == 1)
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()
     trainer = pl.Trainer(
@@ -358,7 +371,7 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
         max_steps=remaining,
         max_epochs=1,
         logger=CSVLogger(str(out), name="logs", version=""),
-        callbacks=[checkpoint],
+        callbacks=[stop, checkpoint],
         enable_checkpointing=False,
         enable_progress_bar=cfg.progress_bar and rank == 0,
         enable_model_summary=False,
@@ -372,16 +385,17 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
     log_csv = out / "logs" / "metrics.csv"  # the CSV logger rewrites it: keep what a resumed run had
     earlier_log = log_csv.read_text() if start_step > 0 and rank == 0 and log_csv.is_file() else None
     started = time.perf_counter()
-    trainer.fit(
-        module,
-        train_dataloaders=loader(train_stream, batch_size=None),
-        val_dataloaders=loader(val_stream, batch_size=None) if cfg.val_batches else None,
-    )
-    wall = time.perf_counter() - started
-    if rank == 0:
-        if earlier_log is not None and log_csv.is_file():
-            _join_logs(log_csv, earlier_log, start_step)
-        _write_results(out, module, run, launch, wall)
+    with stop.installed():
+        trainer.fit(
+            module,
+            train_dataloaders=loader(train_stream, batch_size=None),
+            val_dataloaders=loader(val_stream, batch_size=None) if cfg.val_batches else None,
+        )
+        wall = time.perf_counter() - started
+        if rank == 0:
+            if earlier_log is not None and log_csv.is_file():
+                _join_logs(log_csv, earlier_log, start_step)
+            _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -417,7 +431,9 @@ def _no_nan(value: Any) -> Any:
     return value
 
 
-def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall: float) -> None:
+def _write_results(
+    out: Path, module: Any, run: RunConfig, launch: Launch, wall: float, interrupted: bool = False
+) -> None:
     history = list(module.history)
     previous = out / "metrics.json"
     if module.step_offset and previous.exists():  # a resumed run keeps the earlier steps' record
@@ -427,6 +443,8 @@ def _write_results(out: Path, module: Any, run: RunConfig, launch: Launch, wall:
     val = module.val_history[-1] if module.val_history else {"auc": math.nan, "loss": math.nan}
     metrics = {
         "steps": module.global_step + module.step_offset,
+        "max_steps": run.trainer.max_steps,
+        "interrupted": interrupted,  # stopped by Ctrl-C before max_steps
         "world_size": launch.world_size,
         "device": launch.device_type,
         "global_batch_size": module.global_batch_size,

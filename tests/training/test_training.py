@@ -98,3 +98,72 @@ def test_a_save_interrupted_at_any_point_leaves_the_newest_finished_checkpoint(t
         (path / "meta.json").write_text(bad)
         with pytest.raises(CheckpointError, match=r"checkpoint/meta.json (is unreadable|names step)"):
             latest_checkpoint(path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> None:
+    """SIGINT to the whole run (as a terminal sends it): both ranks stop after the same step,
+    the checkpoint holds that step, and a resumed run goes on from it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT, subprocess_env
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "recipes" / "train.py"), "trainer=smoke", "trainer.max_steps=100000",
+         "trainer.checkpoint=true", "trainer.checkpoint_every_n_steps=3", "trainer.log_every_n_steps=2",
+         f"hydra.run.dir={out}"],
+        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    meta = out / "checkpoint" / "meta.json"
+    try:
+        deadline = time.monotonic() + 240
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # a periodic checkpoint: the ranks are training
+        assert meta.exists(), proc.communicate(timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("stopping: the ranks finish their step") == 1, stderr[-3000:]
+    step = json.loads(meta.read_text())["step"]
+    assert 3 <= step < 100000 and step % 2 == 0  # after a step where the ranks compared notes
+    assert f"interrupted: stopped after step {step} of 100000: checkpoint at step {step}" in stderr, stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["steps"] == step
+    assert not (out / "checkpoint.tmp").exists()
+
+    from neo_core.training.run import train
+
+    resumed = train(composed(["trainer=smoke", "trainer.checkpoint=true", "trainer.resume=true",
+                              f"trainer.max_steps={step + 2}"], out))
+    assert resumed["steps"] == step + 2 and resumed["interrupted"] is False
+    assert [h["step"] for h in resumed["history"]][-2:] == [step + 1, step + 2]
+
+
+def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
+    import signal
+
+    from neo_core.training.interrupt import StopOnInterrupt, parent_of_ranks
+
+    before = signal.getsignal(signal.SIGINT)
+    stop = StopOnInterrupt(every_n_steps=4, announce=True)
+    with stop.installed():
+        signal.raise_signal(signal.SIGINT)  # noted, not raised
+        assert stop.asked
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
+    with pytest.raises(KeyboardInterrupt), parent_of_ranks():
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
