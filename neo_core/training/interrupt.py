@@ -6,6 +6,11 @@ step when it arrives. So a rank only notes it; every ``every_n_steps`` steps the
 (one all-reduce of a flag) and, if any was asked, all stop after that step. The fit then ends
 as a finished one does: the checkpoint callback saves (unless ``trainer.checkpoint=false``)
 and the results are written, marked ``interrupted``.
+
+Ranks started here (``run_ranks``) begin with SIGINT ignored, so one arriving while they
+import, plan or shard cannot kill them half-way; the starting process notes it in a flag the
+ranks share, and they stop at their first agreement point. A second Ctrl-C ends the ranks
+there and then.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
@@ -23,22 +28,30 @@ STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctr
 
 
 class StopOnInterrupt(pl.Callback):
-    """Stop all ranks after one agreed step once any rank got SIGINT."""
+    """Stop all ranks after one agreed step once any rank, or the process that started them
+    (``shared``, an ``Event``), got SIGINT.
 
-    def __init__(self, every_n_steps: int = 1, announce: bool = False) -> None:
+    ``alone``: no starting process watches this rank (one process, or torchrun), so this rank
+    says it is stopping and stops at once on a second SIGINT. Otherwise the starting process
+    does both (``run_ranks``): ranks that stopped on their own at different points of a
+    collective would leave the others waiting in it.
+    """
+
+    def __init__(self, every_n_steps: int = 1, alone: bool = False, shared: Any = None) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
-        self.announce = announce  # say so on the first SIGINT (no parent process to say it)
+        self.alone = alone
+        self.shared = shared
         self.asked = False  # this rank got a SIGINT
         self.stopped_at: int | None = None  # the trainer step after which all ranks stopped
         self._steps = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.asked:  # the second: stop now (Lightning tears the rank down)
+        if self.asked and self.alone:  # the second: stop now (Lightning tears the rank down)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
-        self.asked = True
-        if self.announce:
+        if not self.asked and self.alone:
             print(STOPPING, file=sys.stderr, flush=True)
+        self.asked = True
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -52,33 +65,61 @@ class StopOnInterrupt(pl.Callback):
         finally:
             signal.signal(signal.SIGINT, previous)
 
+    def requested(self) -> bool:
+        return self.asked or (self.shared is not None and self.shared.is_set())
+
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
         self._steps += 1
         if self._steps % self.every_n_steps:
             return
         # every rank calls this at the same step: the collective cannot deadlock
-        if trainer.strategy.reduce_boolean_decision(self.asked, all=False):
+        if trainer.strategy.reduce_boolean_decision(self.requested(), all=False):
             trainer.should_stop = True
             self.stopped_at = trainer.global_step
 
 
-@contextlib.contextmanager
-def parent_of_ranks() -> Iterator[None]:
-    """In the process that started the ranks: the first SIGINT is left to them (they stop after
-    an agreed step and save), the second raises KeyboardInterrupt here as well."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    asked: list[bool] = []
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait.
+
+    The ranks start with SIGINT ignored (they take it over for training, ``StopOnInterrupt``).
+    Here the first SIGINT sets ``stop_event`` and says so; the second ends the ranks (SIGTERM)
+    and raises KeyboardInterrupt. Ranks that end on an interrupt are a KeyboardInterrupt too,
+    not an error.
+    """
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    stop = mp.get_context("spawn").Event()
+    main = threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: Any) -> None:
-        if asked:
+        if stop.is_set():
             raise KeyboardInterrupt
-        asked.append(True)
+        stop.set()
         print(STOPPING, file=sys.stderr, flush=True)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = signal.getsignal(signal.SIGINT)
+    if main:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the ranks as they start
     try:
-        yield
+        context = mp.start_processes(fn, args=(*args, stop), nprocs=nprocs, join=False, start_method="spawn")
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if main:
+            signal.signal(signal.SIGINT, handler)
+    try:
+        while not context.join():
+            pass
+    except KeyboardInterrupt:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join(30)
+        raise
+    except (ProcessExitedException, ProcessRaisedException):
+        if stop.is_set():  # a rank that got the interrupt outside training, on another path
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)

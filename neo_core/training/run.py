@@ -243,19 +243,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     elif launch.world_size == 1:
         rank_main(0, launch, payload, port=_free_port())
     else:
-        import torch.multiprocessing as mp
+        from neo_core.training.interrupt import run_ranks
 
-        from neo_core.training.interrupt import parent_of_ranks
-
-        port = _free_port()
-        with parent_of_ranks():
-            mp.start_processes(
-                _spawned_rank,
-                args=(launch, payload, port),
-                nprocs=launch.world_size,
-                join=True,
-                start_method="spawn",
-            )
+        run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size)
     metrics_path = out / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     for key in ("val_auc", "val_loss"):  # null in the file: not measured
@@ -277,9 +267,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     return metrics
 
 
-def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int) -> None:
+def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, stop: Any) -> None:
     try:
-        rank_main(local_rank, launch, payload, port=port)
+        rank_main(local_rank, launch, payload, port=port, stop_event=stop)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: the parent reports it once
         import signal
 
@@ -294,8 +284,11 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore")
 
 
-def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | None = None) -> None:
-    """Body of one rank: shard, train, validate, checkpoint, report."""
+def rank_main(
+    rank: int, launch: Launch, payload: dict[str, Any], port: int | None = None, stop_event: Any = None
+) -> None:
+    """Body of one rank: shard, train, validate, checkpoint, report. ``stop_event``: set by the
+    process that started the ranks on Ctrl-C (``interrupt.run_ranks``)."""
     import lightning.pytorch as pl
     from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
     from lightning.pytorch.loggers import CSVLogger
@@ -360,7 +353,7 @@ def rank_main(rank: int, launch: Launch, payload: dict[str, Any], port: int | No
         resume=cfg.resume and start_step > 0, step_offset=start_step,
     )
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
-    stop = StopOnInterrupt(cfg.log_every_n_steps, announce=launch.external or launch.world_size == 1)
+    stop = StopOnInterrupt(cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event)
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()
     trainer = pl.Trainer(

@@ -152,18 +152,57 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
 def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
     import signal
 
-    from neo_core.training.interrupt import StopOnInterrupt, parent_of_ranks
+    from neo_core.training.interrupt import StopOnInterrupt
 
     before = signal.getsignal(signal.SIGINT)
-    stop = StopOnInterrupt(every_n_steps=4, announce=True)
+    stop = StopOnInterrupt(every_n_steps=4, alone=True)
     with stop.installed():
         signal.raise_signal(signal.SIGINT)  # noted, not raised
-        assert stop.asked
+        assert stop.requested()
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
     assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
-    with pytest.raises(KeyboardInterrupt), parent_of_ranks():
+    # a rank started by run_ranks leaves both the message and the second Ctrl-C to its parent
+    started = StopOnInterrupt(every_n_steps=4)
+    with started.installed():
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)
+    assert started.requested() and capsys.readouterr().err == ""
+
+
+def _rank_waits_for_stop(local_rank: int, stop: Any) -> None:
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # started ignoring it
+    if not stop.wait(120):
+        raise SystemExit(3)
+
+
+def _rank_never_stops(local_rank: int, stop: Any) -> None:
+    import time
+
+    time.sleep(600)
+
+
+def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_second(capsys) -> None:
+    import os
+    import signal
+    import threading
+    import time
+
+    from neo_core.training.interrupt import run_ranks
+
+    before = signal.getsignal(signal.SIGINT)
+    interrupt = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
+    threading.Timer(1.0, interrupt).start()
+    run_ranks(_rank_waits_for_stop, (), 2)  # each rank sees the flag and ends normally
+    assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
+    timers = [threading.Timer(t, interrupt) for t in (1.0, 1.5)]
+    for timer in timers:
+        timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_ranks(_rank_never_stops, (), 2)
+    assert time.monotonic() - start < 60  # the ranks were ended, not waited for
     assert signal.getsignal(signal.SIGINT) is before
