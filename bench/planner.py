@@ -147,7 +147,7 @@ def bench_case(
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
     if torchrec and "cache_load_factor" in extra and not torchrec_cached:
-        row["torchrec"] = {"skipped": "skipped for time (about 4 min: 800 tables); --torchrec-cached runs it"}
+        row["torchrec"] = {"skipped": "skipped for time (about 3 min: 800 tables); --torchrec-cached runs it"}
     elif torchrec:
         # on the cached (UVM) suite TorchRec's planner gets the same cache and weight precision
         # (torchrec_score.constraints, meta_module)
@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument("--no-torchrec", action="store_true")
     parser.add_argument(
         "--torchrec-cached", action="store_true",
-        help="also run TorchRec's planner on the cached 12T suite (about 4 min more; off to stay under 15 min)",
+        help="also run TorchRec's planner on the cached 12T suite (about 3 min more; off to stay under 15 min)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="Neo planning runs per case (min time)")
     args = parser.parse_args()

@@ -105,15 +105,15 @@ def check_group_options(
 
 
 def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:
-    """``conf`` and the config directories ``argv`` adds with ``--config-dir``/``-cd``."""
-    dirs, args = [Path(conf)], list(argv)
+    """``conf`` and the config directory ``argv`` adds with ``--config-dir``/``-cd`` (the last
+    one given, as Hydra takes it)."""
+    added, args = None, list(argv)
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
         if flag in ("--config-dir", "-cd"):
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            if value:
-                dirs.append(Path(value))
-    return dirs
+            added = Path(value) if value else added
+    return [Path(conf)] if added is None else [Path(conf), added]
 
 
 def config_groups(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
+from neo_core.cli import check_group_options, config_dirs, config_groups, force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -37,8 +37,9 @@ def check_options(argv: list[str]) -> None:
 
 
 def _model_alias(argv: list[str]) -> list[str]:
-    """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``)."""
-    names = {p.stem for p in (CONF / "plan_model").glob("*.yaml")}
+    """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
+    the plan_model/ folder of a ``--config-dir``."""
+    names = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")

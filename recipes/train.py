@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ if __name__ == "__main__":
         sys.exit(main())
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
+        if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it
+            sys.exit(130)
         print(
             f"interrupted: {exc}" if isinstance(exc, RunInterrupted) else
             "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; "

@@ -244,10 +244,15 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
     (user / "topology" / "my_cluster.yaml").write_text(
         "name: zionex\nnum_nodes: 3\ndevices_per_node: 4\ndevice_memory_gib: 40.0\n"
     )
+    (user / "plan_model").mkdir()
+    (user / "plan_model" / "my_model.yaml").write_text(
+        "generator: mlperf_dcnv2\nparams:\n  embedding_dim: 64\nglobal_batch: 4096\n"
+    )
     run_dir = tmp_path / "run"
-    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=mlperf_dcnv2", f"hydra.run.dir={run_dir}")
+    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_model", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 node(s) x 4 cuda rank(s) = 12 ranks" in proc.stdout, proc.stdout[:2000]
+    assert {t["shard_shapes"][0][1] for t in json.loads((run_dir / "plan.json").read_text())["tables"]} <= {64, 32, 16}
     # an option in neither folder is still named, with the added one's choices
     proc = run_plan(f"--config-dir={user}", "topology=my_clustr", f"hydra.run.dir={run_dir}")
     assert_one_sentence(proc, "Unknown topology option 'my_clustr' (did you mean 'my_cluster'?)", "local")

@@ -19,12 +19,19 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 
 STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"
+
+
+class HardStop(BaseException):
+    """The second Ctrl-C inside ``fit``. Not a KeyboardInterrupt, which Lightning turns into
+    ``sys.exit(1)``; Lightning tears down and re-raises this, and ``rank_main`` turns it back
+    into a KeyboardInterrupt."""
 
 
 class StopOnInterrupt(pl.Callback):
@@ -37,9 +44,10 @@ class StopOnInterrupt(pl.Callback):
     collective would leave the others waiting in it.
     """
 
-    def __init__(self, every_n_steps: int = 1, alone: bool = False, shared: Any = None) -> None:
+    def __init__(self, every_n_steps: int = 1, alone: bool = False, shared: Any = None, announce: bool = True) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.alone = alone
+        self.announce = alone and announce  # one rank of a torchrun job says it, not each
         self.shared = shared
         self.asked = False  # this rank got a SIGINT
         self.stopped_at: int | None = None  # the trainer step after which all ranks stopped
@@ -48,8 +56,8 @@ class StopOnInterrupt(pl.Callback):
     def _handler(self, signum: int, frame: Any) -> None:
         if self.asked and self.alone:  # the second: stop now (Lightning tears the rank down)
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        if not self.asked and self.alone:
+            raise HardStop
+        if not self.asked and self.announce:
             print(STOPPING, file=sys.stderr, flush=True)
         self.asked = True
 
@@ -72,6 +80,8 @@ class StopOnInterrupt(pl.Callback):
         self._steps += 1
         if self._steps % self.every_n_steps:
             return
+        if trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps:
+            return  # the last step: the run ends as a finished one
         # every rank calls this at the same step: the collective cannot deadlock
         if trainer.strategy.reduce_boolean_decision(self.requested(), all=False):
             trainer.should_stop = True
@@ -113,8 +123,12 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
         for process in context.processes:
             if process.is_alive():
                 process.terminate()
-        for process in context.processes:
-            process.join(30)
+        deadline = time.monotonic() + 10
+        for process in context.processes:  # SIGTERM inside fit waits for a collective: not long
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
         raise
     except (ProcessExitedException, ProcessRaisedException):
         if stop.is_set():  # a rank that got the interrupt outside training, on another path

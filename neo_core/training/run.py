@@ -252,9 +252,13 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         if key in metrics and metrics[key] is None:
             metrics[key] = math.nan
     if metrics.get("interrupted"):
+        from neo_core.training.checkpoint import latest_checkpoint
+
+        latest = latest_checkpoint(out / "checkpoint")
         saved = (
-            f"checkpoint at step {metrics['steps']} in {out / 'checkpoint'}; continue with trainer.resume=true"
-            if run.trainer.checkpoint
+            f"checkpoint at step {latest[1]} in {latest[0]}; continue with trainer.resume=true "
+            f"hydra.run.dir={out}"
+            if latest
             else "no checkpoint (trainer.checkpoint=false)"
         )
         raise RunInterrupted(f"stopped after step {metrics['steps']} of {run.trainer.max_steps}: {saved}")
@@ -296,7 +300,7 @@ def rank_main(
     from neo_core.config import TrainerConfig
     from neo_core.training.checkpoint import DistributedCheckpoint, read_checkpoint_step
     from neo_core.training.datasets import RankStream
-    from neo_core.training.interrupt import StopOnInterrupt
+    from neo_core.training.interrupt import HardStop, StopOnInterrupt
     from neo_core.training.module import NeoModule
     from neo_core.training.strategy import NeoStrategy
 
@@ -353,7 +357,7 @@ def rank_main(
         resume=cfg.resume and start_step > 0, step_offset=start_step,
     )
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
-    stop = StopOnInterrupt(cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event)
+    stop = StopOnInterrupt(cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0)
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()
     trainer = pl.Trainer(
@@ -378,17 +382,20 @@ def rank_main(
     log_csv = out / "logs" / "metrics.csv"  # the CSV logger rewrites it: keep what a resumed run had
     earlier_log = log_csv.read_text() if start_step > 0 and rank == 0 and log_csv.is_file() else None
     started = time.perf_counter()
-    with stop.installed():
-        trainer.fit(
-            module,
-            train_dataloaders=loader(train_stream, batch_size=None),
-            val_dataloaders=loader(val_stream, batch_size=None) if cfg.val_batches else None,
-        )
-        wall = time.perf_counter() - started
-        if rank == 0:
-            if earlier_log is not None and log_csv.is_file():
-                _join_logs(log_csv, earlier_log, start_step)
-            _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
+    try:
+        with stop.installed():
+            trainer.fit(
+                module,
+                train_dataloaders=loader(train_stream, batch_size=None),
+                val_dataloaders=loader(val_stream, batch_size=None) if cfg.val_batches else None,
+            )
+            wall = time.perf_counter() - started
+            if rank == 0:
+                if earlier_log is not None and log_csv.is_file():
+                    _join_logs(log_csv, earlier_log, start_step)
+                _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
+    except HardStop:  # the second Ctrl-C (inside fit, Lightning has torn the rank down)
+        raise KeyboardInterrupt from None
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

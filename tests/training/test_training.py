@@ -136,7 +136,8 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
     assert stderr.count("stopping: the ranks finish their step") == 1, stderr[-3000:]
     step = json.loads(meta.read_text())["step"]
     assert 3 <= step < 100000 and step % 2 == 0  # after a step where the ranks compared notes
-    assert f"interrupted: stopped after step {step} of 100000: checkpoint at step {step}" in stderr, stderr[-3000:]
+    assert (f"interrupted: stopped after step {step} of 100000: checkpoint at step {step} in {out / 'checkpoint'}; "
+            f"continue with trainer.resume=true hydra.run.dir={out}") in stderr, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["steps"] == step
     assert not (out / "checkpoint.tmp").exists()
@@ -152,14 +153,14 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
 def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
     import signal
 
-    from neo_core.training.interrupt import StopOnInterrupt
+    from neo_core.training.interrupt import HardStop, StopOnInterrupt
 
     before = signal.getsignal(signal.SIGINT)
     stop = StopOnInterrupt(every_n_steps=4, alone=True)
     with stop.installed():
         signal.raise_signal(signal.SIGINT)  # noted, not raised
         assert stop.requested()
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(HardStop):  # not a KeyboardInterrupt: Lightning would exit(1) on that
             signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
     assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
@@ -169,6 +170,34 @@ def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)
     assert started.requested() and capsys.readouterr().err == ""
+
+
+def test_ranks_stop_together_at_agreement_points_but_not_after_the_last_step() -> None:
+    from types import SimpleNamespace
+
+    from neo_core.training.interrupt import StopOnInterrupt
+
+    asked_anywhere = []  # what each rank brought to the all-reduce
+    strategy = SimpleNamespace(reduce_boolean_decision=lambda d, all: asked_anywhere.append(d) or d)
+    trainer = SimpleNamespace(strategy=strategy, global_step=0, max_steps=10, should_stop=False)
+    stop = StopOnInterrupt(every_n_steps=3)
+    stop.asked = True
+    for step in (1, 2):
+        trainer.global_step = step
+        stop.on_train_batch_end(trainer, None, None, None, step)
+    assert not trainer.should_stop and asked_anywhere == []  # no agreement point yet
+    trainer.global_step = 3
+    stop.on_train_batch_end(trainer, None, None, None, 3)
+    assert trainer.should_stop and stop.stopped_at == 3 and asked_anywhere == [True]
+    last = StopOnInterrupt(every_n_steps=5)
+    last.asked = True
+    trainer = SimpleNamespace(strategy=strategy, global_step=0, max_steps=10, should_stop=False)
+    for step in range(1, 11):
+        trainer.global_step = step
+        if step < 10:
+            last.asked = step >= 7  # asked after the agreement point at step 5
+        last.on_train_batch_end(trainer, None, None, None, step)
+    assert not trainer.should_stop and last.stopped_at is None  # step 10 was the last: finished
 
 
 def _rank_waits_for_stop(local_rank: int, stop: Any) -> None:

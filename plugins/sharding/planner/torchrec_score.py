@@ -11,12 +11,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 import time
 import types
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
+
+_QUICK_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -31,8 +34,10 @@ def quick_estimates() -> Iterator[None]:
       a new module is built for every call here, so the copy is never read and is skipped.
 
     Each change applies only where this TorchRec version has the function it replaces, and only
-    inside the block. ``tests/planner/test_torchrec_estimator.py`` checks that figures with and
-    without it are equal. TorchRec's own planner (``torchrec_plan_and_score``) runs without it.
+    inside the block; the changes are process-wide, so one thread at a time runs such a block
+    (TorchRec's planner in another thread would see them too: run it apart, as the benchmark
+    does). ``tests/planner/test_torchrec_estimator.py`` checks that figures with and without it
+    are equal. TorchRec's own planner (``torchrec_plan_and_score``) runs without it.
     """
     import torch
     from torchrec.distributed.planner import enumerators
@@ -50,20 +55,16 @@ def quick_estimates() -> Iterator[None]:
         setattr(owner, name, new)
 
     def per_config(scan: Any) -> Any:
-        found: dict[tuple[int, str, str | None], tuple[Any, Any]] = {}
+        found: dict[tuple[Any, ...], tuple[Any, Any]] = {}
 
-        def lookup(config: Any, attr: str, sharding_type: str | None = None) -> Any:
-            key = (id(config), attr, sharding_type)
+        def lookup(config: Any, *args: Any, **kwargs: Any) -> Any:
+            key = (id(config), args, tuple(sorted(kwargs.items())))
             hit = found.get(key)
             if hit is None:  # the config is held, so its id is not reused inside the block
-                hit = found[key] = (config, scan(config, attr, sharding_type))
+                hit = found[key] = (config, scan(config, *args, **kwargs))
             return hit[1]
 
         return lookup
-
-    for name in ("_get_annotated_method", "_get_coefficient_method"):
-        if annotations is not None and callable(getattr(annotations, name, None)):
-            swap(annotations, name, per_config(getattr(annotations, name)))
 
     reset = torch.nn.EmbeddingBag.reset_parameters
 
@@ -71,24 +72,26 @@ def quick_estimates() -> Iterator[None]:
         if self.weight.device.type != "meta":
             reset(self)
 
-    swap(torch.nn.EmbeddingBag, "reset_parameters", reset_unless_meta)
+    def deepcopy(x: Any, memo: Any = None) -> Any:
+        if isinstance(x, list) and x and isinstance(x[0], ShardingOption):
+            return x  # the stored search space: never read again (new module per call)
+        return copy.deepcopy(x, memo)
 
-    if getattr(enumerators, "copy", None) is copy:
-
-        def deepcopy(x: Any, memo: Any = None) -> Any:
-            if isinstance(x, list) and x and isinstance(x[0], ShardingOption):
-                return x  # the stored search space: never read again (new module per call)
-            return copy.deepcopy(x, memo)
-
-        shim = types.ModuleType("copy")
-        shim.__dict__.update(vars(copy))
-        shim.deepcopy = deepcopy  # type: ignore[attr-defined]
-        swap(enumerators, "copy", shim)
-    try:
-        yield
-    finally:
-        for owner, name, old in reversed(saved):
-            setattr(owner, name, old)
+    with _QUICK_LOCK:
+        try:
+            for name in ("_get_annotated_method", "_get_coefficient_method"):
+                if annotations is not None and callable(getattr(annotations, name, None)):
+                    swap(annotations, name, per_config(getattr(annotations, name)))
+            swap(torch.nn.EmbeddingBag, "reset_parameters", reset_unless_meta)
+            if getattr(enumerators, "copy", None) is copy:
+                shim = types.ModuleType("copy")
+                shim.__dict__.update(vars(copy))
+                shim.deepcopy = deepcopy  # type: ignore[attr-defined]
+                swap(enumerators, "copy", shim)
+            yield
+        finally:
+            for owner, name, old in reversed(saved):
+                setattr(owner, name, old)
 
 
 def meta_module(tables: Sequence[TableSpec], context: PlanningContext | None = None) -> Any:
