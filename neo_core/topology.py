@@ -116,9 +116,16 @@ class Topology:
 
     def to_torchrec(self) -> Any:
         """The equivalent TorchRec planner ``Topology`` (bandwidths in bytes/ms)."""
+        import inspect
+
         from torchrec.distributed.planner.types import Topology as TorchRecTopology
 
+        # TorchRec warns when a Topology is not made by its TopologyFactory, which fills figures
+        # in from the hardware it detects; these are a cluster's stated (and checked) figures,
+        # often of a cluster other than this machine, so they are passed as they are
+        quiet = {"created_by_factory": True} if "created_by_factory" in inspect.signature(TorchRecTopology).parameters else {}
         return TorchRecTopology(
+            **quiet,
             world_size=self.world_size,
             local_world_size=self.devices_per_node,
             compute_device=self.compute_device,
