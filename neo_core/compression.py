@@ -16,6 +16,17 @@ class Compressor:
     forward_precision: str = "fp32"
     backward_precision: str = "fp32"
 
+    def __post_init__(self) -> None:
+        from neo_core.errors import ConfigError
+
+        for key in ("forward_precision", "backward_precision"):
+            value = getattr(self, key)
+            if value not in _PRECISION_BYTES:
+                raise ConfigError(
+                    f"compression {self.name!r}: {key}={value!r} is not a precision; choose one of "
+                    f"{', '.join(_PRECISION_BYTES)}."
+                )
+
     @property
     def forward_bytes(self) -> int:
         return _PRECISION_BYTES[self.forward_precision]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from neo_core.checks import is_number, is_whole
-from neo_core.errors import ConfigError
+from neo_core.errors import ConfigError, PluginError
 from neo_core.plugins import KINDS, Plugins, get_plugins
 
 PLUGIN_GROUPS: tuple[str, ...] = tuple(group for _, group in KINDS.values())
@@ -211,7 +211,19 @@ def register_plugin_options(conf_dir: str | Path | None = None, plugins: Plugins
         cs.store(group=group, name=name, node=node)
 
     for registry in plugins.registries.values():
+        taken = {e.name: f"the {registry.kind} plugin {e.name!r} ({e.provider})" for e in registry.entries()}
         for entry in registry.entries():
             store(registry.group, entry.name, plugin_default_node(entry))
             for option, params in entry.options.items():
+                # an option must not quietly stand in for another: a plugin's own, another
+                # plugin's option, or a YAML file (which would win, hiding the option)
+                other = taken.get(option)
+                if other is None and conf is not None and (conf / registry.group / f"{option}.yaml").exists():
+                    other = f"the option file {conf / registry.group / option}.yaml"
+                if other is not None:
+                    raise PluginError(
+                        f"{registry.group} option {option!r} of {registry.kind} plugin {entry.name!r} "
+                        f"({entry.provider}) clashes with {other}; rename the option."
+                    )
+                taken[option] = f"an option of the {registry.kind} plugin {entry.name!r} ({entry.provider})"
                 store(registry.group, option, {"name": entry.name, **dict(params)})

@@ -48,6 +48,27 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 BUILTIN_DISTRIBUTION = "neo-dlrm"
 
 
+def result_types() -> dict[str, type]:
+    """kind -> the class every factory of that kind must return (README, 'Writing a plugin')."""
+    from neo_core.cache import CachePolicy
+    from neo_core.compression import Compressor
+    from neo_core.data import DataSource
+    from neo_core.kernels import EmbeddingKernel
+    from neo_core.models import ModelBuilder
+    from neo_core.sharding import Planner
+    from neo_core.topology import Topology
+
+    return {
+        "topology": Topology,
+        "sharder": Planner,
+        "kernel": EmbeddingKernel,
+        "cache policy": CachePolicy,
+        "compressor": Compressor,
+        "model": ModelBuilder,
+        "dataset": DataSource,
+    }
+
+
 class PluginLoadWarning(UserWarning):
     """A plugin failed to load and was skipped."""
 
@@ -88,12 +109,18 @@ def _new_manager() -> pluggy.PluginManager:
     return pm
 
 
-def _register_module(pm: pluggy.PluginManager, module: Any, name: str) -> None:
+def _register_module(
+    pm: pluggy.PluginManager, module: Any, name: str, provider: str, providers: dict[str, str]
+) -> None:
     if pm.is_registered(module):
         return
     if pm.has_plugin(name):  # a different plugin under a taken name would be dropped silently
-        raise PluginError(f"Two Neo plugins are named {name!r}; rename one (its entry point or __name__).")
+        raise PluginError(
+            f"Two Neo plugins are named {name!r} ({providers.get(name, 'unknown')} and {provider}); "
+            "rename one (its entry point or __name__)."
+        )
     pm.register(module, name=name)
+    providers[name] = provider
 
 
 def _report_failure(name: str, exc: BaseException, failed: dict[str, str], strict: bool) -> None:
@@ -129,20 +156,17 @@ def load_plugins(
             except Exception as exc:  # a broken third-party plugin must not stop Neo
                 _report_failure(ep.name, exc, failed, strict)
                 continue
-            _register_module(pm, module, ep.name)
-            providers[ep.name] = dist
+            _register_module(pm, module, ep.name, dist, providers)
     for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
         if pm.has_plugin(module_name) or any(
             getattr(p, "__name__", None) == module_name for p in pm.get_plugins()
         ):
             continue
         module = importlib.import_module(module_name)
-        _register_module(pm, module, module_name)
-        providers[module_name] = BUILTIN_DISTRIBUTION
+        _register_module(pm, module, module_name, BUILTIN_DISTRIBUTION, providers)
     for plugin in extra:
         name = getattr(plugin, "__name__", None) or type(plugin).__name__
-        _register_module(pm, plugin, name)
-        providers[name] = getattr(plugin, "__neo_provider__", name)
+        _register_module(pm, plugin, name, getattr(plugin, "__neo_provider__", name), providers)
 
     unknown = [
         f"{impl.plugin_name}.{hook_name}"
@@ -158,12 +182,15 @@ def load_plugins(
     pm.check_pending()
 
     registries: dict[str, Registry[Any]] = {}
+    returns = result_types()
     for kind, (hook_name, group) in KINDS.items():
-        registry: Registry[Any] = Registry(kind, group)
+        registry: Registry[Any] = Registry(kind, group, returns.get(kind))
         hook = getattr(pm.hook, hook_name)
         for impl in reversed(hook.get_hookimpls()):
             plugin_name = impl.plugin_name
-            registry._set_provider(providers.get(plugin_name, plugin_name))
+            if plugin_name in failed:  # a plugin that failed in another hook is skipped whole
+                continue
+            registry._set_provider(providers.get(plugin_name, plugin_name), plugin_name)
             try:
                 impl.function(registry=registry)
             except PluginError:
@@ -171,6 +198,9 @@ def load_plugins(
             except Exception as exc:
                 _report_failure(plugin_name, exc, failed, strict)
         registries[kind] = registry
+    for plugin_name in failed:  # and what it registered before failing goes too
+        for registry in registries.values():
+            registry.drop_plugin(plugin_name)
     return Plugins(pm=pm, registries=registries, failed=failed)
 
 

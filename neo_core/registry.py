@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -22,9 +24,15 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
     ``Optional[...]``), which also takes null. Anything else (lists, unions, none given) is
     left to the plugin. A whole float for an ``int`` comes back as an int.
     """
+    optional = False
+    if not isinstance(annotation, str) and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)  # Optional[int], int | None (evaluated annotations)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) != 1:
+            return value  # a union of several kinds: the plugin's to check
+        annotation, optional = rest[0], len(rest) < len(args)
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     text = text.replace(" ", "")
-    optional = False
     if text.startswith("Optional[") and text.endswith("]"):
         text, optional = text[len("Optional[") : -1], True
     for none in ("|None", "None|"):
@@ -53,6 +61,7 @@ class Entry(Generic[T]):
     provider: str  # distribution (or module) that registered it
     description: str = ""
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    plugin: str = ""  # the plugin (entry point or module) whose hook registered it
 
     def parameters(self) -> dict[str, Any]:
         """The factory's keyword parameters with their defaults (``inspect.Parameter.empty`` if none)."""
@@ -81,11 +90,13 @@ class Entry(Generic[T]):
 class Registry(Generic[T]):
     """Plugins of one kind (``group`` is the config group that selects them)."""
 
-    def __init__(self, kind: str, group: str) -> None:
+    def __init__(self, kind: str, group: str, returns: type | None = None) -> None:
         self.kind = kind
         self.group = group
+        self.returns = returns  # what every factory must return (None: not checked)
         self._entries: dict[str, Entry[T]] = {}
         self._provider = "unknown"
+        self._plugin = ""
 
     def register(
         self,
@@ -115,7 +126,7 @@ class Registry(Generic[T]):
             doc = inspect.getdoc(factory) or ""
             description = doc.splitlines()[0] if doc else ""
         self._entries[name] = Entry(
-            name, factory, self.kind, self._provider, description, dict(options or {})
+            name, factory, self.kind, self._provider, description, dict(options or {}), self._plugin
         )
 
     def names(self) -> list[str]:
@@ -168,9 +179,24 @@ class Registry(Generic[T]):
                     f"{self.kind} plugin {name!r} needs {', '.join(f'{self.group}.{m}' for m in missing)}."
                 )
         try:
-            return entry.factory(**params)
+            made = entry.factory(**params)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{self.group}={name}: {exc}") from exc
+            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}") from exc
+        if self.returns is not None and not isinstance(made, self.returns):
+            expected = f"{self.returns.__module__}.{self.returns.__qualname__}"
+            raise PluginError(
+                f"{self.kind} plugin {name!r} ({entry.provider}) returned {type(made).__name__}, not "
+                f"{expected}: its factory must return one (README, 'Writing a plugin')."
+            )
+        return made
 
-    def _set_provider(self, provider: str) -> None:
+    def _set_provider(self, provider: str, plugin: str = "") -> None:
         self._provider = provider
+        self._plugin = plugin
+
+    def drop_plugin(self, plugin: str) -> list[str]:
+        """Remove what ``plugin`` registered (it failed part-way); the names removed."""
+        gone = [n for n, e in self._entries.items() if e.plugin == plugin]
+        for n in gone:
+            del self._entries[n]
+        return gone

@@ -24,6 +24,7 @@ from neo_core.plugins import (
     load_plugins,
     reset_plugins,
 )
+from neo_core.registry import Registry, check_kind
 
 BUILTINS = {
     "topology": ["local", "zionex"],
@@ -251,8 +252,8 @@ def test_installed_plugin_is_discovered_with_its_distribution(installed) -> None
     # the plugin that raises on import is reported by its entry-point name and skipped
     assert list(plugins.failed) == ["broken"]
     assert "neo_broken_plugin is broken on purpose" in plugins.failed["broken"]
-    # a factory's ValueError becomes a ConfigError naming the group
-    with pytest.raises(ConfigError, match=r"cache=my_policy: cache.load_factor must be in"):
+    # a factory's ValueError becomes a ConfigError naming the group and the distribution
+    with pytest.raises(ConfigError, match=r"cache=my_policy \(neo-example-plugin\): cache.load_factor must be in"):
         plugins.create("cache", "my_policy", {"load_factor": 2.0})
 
 
@@ -352,7 +353,7 @@ def test_builtin_cache_policies_lru_and_lfu() -> None:
 
 def test_plugin_parameters_are_checked_by_their_annotations_not_their_defaults() -> None:
     plugins = load_plugins(autoload=False)
-    registry = plugins.registry("topology")
+    registry: Registry[Any] = Registry("topology", "topology")  # no result type: any factory
 
     def roomy(gbps: float = 25, nodes: int = 2, flag: bool = False, sizes: tuple[int, ...] | int = (1,)) -> Any:
         return (gbps, nodes, flag, sizes)
@@ -360,14 +361,14 @@ def test_plugin_parameters_are_checked_by_their_annotations_not_their_defaults()
     registry.register("roomy_topology", roomy)
     # a float annotation takes a fraction though its default is whole; 1e7 (a float on the
     # command line) is a whole number; a list-or-number parameter takes either
-    assert plugins.create("topology", "roomy_topology", {"gbps": 12.5, "nodes": 1e7, "sizes": 5}) == (
+    assert registry.create("roomy_topology", {"gbps": 12.5, "nodes": 1e7, "sizes": 5}) == (
         12.5, 10_000_000, False, 5)
-    assert plugins.create("topology", "roomy_topology", {"flag": 1})[2] == 1
+    assert registry.create("roomy_topology", {"flag": 1})[2] == 1
     for params, message in (({"nodes": 2.5}, "topology.nodes must be a whole number, got 2.5."),
                             ({"gbps": "fast"}, "topology.gbps must be a number, got 'fast'."),
                             ({"flag": "maybe"}, "topology.flag must be true or false, got 'maybe'.")):
         with pytest.raises(ConfigError, match=re.escape(message)):
-            plugins.create("topology", "roomy_topology", params)
+            registry.create("roomy_topology", params)
     # the built-in data plugin takes one number for every table, as documented
     data = plugins.create("data", "synthetic", {"rows": 1000, "num_sparse": 2, "pooling": 2})
     assert [t.num_embeddings for t in data.tables(16)] == [1000, 1000]
@@ -386,3 +387,130 @@ def test_synthetic_data_sizes_are_not_truncated_or_taken_from_bools(params, mess
         load_plugins(autoload=False).create("data", "synthetic", {"num_sparse": 2, **params})
     assert [t.num_embeddings for t in load_plugins(autoload=False).create(
         "data", "synthetic", {"num_sparse": 2, "rows": [1e3, 20]}).tables(16)] == [1000, 20]
+
+
+def test_evaluated_optional_annotations_are_checked_too() -> None:
+    # a plugin module without ``from __future__ import annotations`` has real typing objects
+    from typing import Optional
+
+    for annotation in (Optional[int], int | None):
+        assert check_kind("cache.ways", None, annotation) is None
+        assert check_kind("cache.ways", 4.0, annotation) == 4
+        with pytest.raises(ConfigError, match=re.escape("cache.ways must be a whole number (or null), got 'abc'.")):
+            check_kind("cache.ways", "abc", annotation)
+    assert check_kind("cache.size", "any", int | str) == "any"  # a union of kinds: the plugin's to check
+
+
+def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
+    class WrongType:
+        __name__ = "wrong_type_plugin"
+
+        @hookimpl
+        def neo_register_compressors(self, registry):
+            registry.register("half_as_dict", lambda: {"forward": "fp16"})
+
+            def refuses(level: int = 3):
+                raise ValueError(f"level {level} is not supported")
+
+            registry.register("refuses", refuses)
+
+    plugins = register_plugin(WrongType())
+    with pytest.raises(PluginError) as err:
+        plugins.create("compression", "half_as_dict")
+    assert str(err.value) == (
+        "compressor plugin 'half_as_dict' (wrong_type_plugin) returned dict, not "
+        "neo_core.compression.Compressor: its factory must return one (README, 'Writing a plugin')."
+    )
+    # a factory's own TypeError/ValueError names the plugin's distribution
+    with pytest.raises(ConfigError, match=r"^compression=refuses \(wrong_type_plugin\): level 5 is not supported$"):
+        plugins.create("compression", "refuses", {"level": 5})
+
+
+def test_compressor_precisions_are_checked() -> None:
+    from neo_core.compression import Compressor
+
+    with pytest.raises(ConfigError, match=r"compression 'mine': backward_precision='fp12' is not a precision; "
+                                          r"choose one of fp32, fp16, bf16, fp8, int8\."):
+        Compressor("mine", "fp16", "fp12")
+
+
+def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
+    class HalfDone:
+        __name__ = "half_done_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("half_cache", lambda: CachePolicy("half_cache", 0.5))
+            raise RuntimeError("second policy broke")
+
+        @hookimpl
+        def neo_register_topologies(self, registry):
+            registry.register("half_topology", lambda: None)
+
+    with pytest.warns(PluginLoadWarning):
+        plugins = load_plugins(extra=[HalfDone()], autoload=False, strict=False)
+    assert plugins.failed == {"half_done_plugin": "RuntimeError: second policy broke"}
+    assert "half_cache" not in plugins.registry("cache") and "half_topology" not in plugins.registry("topology")
+    assert "lru" in plugins.registry("cache")  # the others stay
+
+
+@pytest.mark.parametrize(
+    ("option", "clash"),
+    [
+        ("lfu", "the cache policy plugin 'lfu' (neo-dlrm)"),  # a plugin's own name
+        ("mine_small", "an option of the cache policy plugin 'mine' (options_plugin)"),  # its other option
+    ],
+)
+def test_an_option_that_would_stand_in_for_another_raises(register_plugin, option, clash) -> None:
+    from neo_core.config import register_plugin_options
+
+    class Options:
+        __name__ = "options_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
+                              options={"mine_small": {"load_factor": 0.1}})
+            registry.register("mine_too", lambda load_factor=0.2: CachePolicy("mine_too", load_factor),
+                              options={option: {"load_factor": 0.3}})
+
+    plugins = register_plugin(Options())
+    with pytest.raises(PluginError) as err:
+        register_plugin_options(None, plugins=plugins)
+    assert str(err.value) == (
+        f"cache option {option!r} of cache policy plugin 'mine_too' (options_plugin) clashes with {clash}; "
+        "rename the option."
+    )
+
+
+def test_an_option_hidden_by_a_yaml_file_raises(register_plugin, tmp_path) -> None:
+    from neo_core.config import register_plugin_options
+
+    class Shadowed:
+        __name__ = "shadowed_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
+                              options={"tiny": {"load_factor": 0.1}})
+
+    conf = tmp_path / "conf"
+    (conf / "cache").mkdir(parents=True)
+    (conf / "cache" / "tiny.yaml").write_text("name: lru\nload_factor: 0.01\n")
+    with pytest.raises(PluginError, match=r"'tiny' of cache policy plugin 'mine' \(shadowed_plugin\) clashes with "
+                                          r"the option file .*cache/tiny\.yaml"):
+        register_plugin_options(conf, plugins=register_plugin(Shadowed()))
+
+
+def test_the_readme_plugin_example_loads_and_runs() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Writing a plugin"):]
+    code = re.search(r"```python\n# (\w+)\.py\n(.*?)```", section, re.S)
+    entry = re.search(r"\[project\.entry-points\.neo\]\n(\w+) = \"(\w+)\"", section)
+    assert code and entry and entry.group(2) == code.group(1)
+    module = types.ModuleType(code.group(1))
+    exec(compile(code.group(2), "README.md", "exec"), module.__dict__)
+    plugins = load_plugins(extra=[module], autoload=False, strict=True)  # no clash with a built-in
+    name = re.search(r"cache\.name=(\w+)", section).group(1)
+    policy = plugins.create("cache", name, {"load_factor": 0.1})
+    assert isinstance(policy, CachePolicy) and policy.load_factor == 0.1
