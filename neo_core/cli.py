@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import inspect
+import json
 import os
 import sys
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
 
@@ -75,6 +78,14 @@ def option_names(conf: str | os.PathLike[str], group: str, argv: Sequence[str] =
     return sorted(names)
 
 
+def _failed_note() -> str:
+    """Plugins that failed to load, for a message about an option that is missing."""
+    from neo_core.plugins import get_plugins
+
+    failed = get_plugins().failed
+    return f" (Plugin(s) {', '.join(map(repr, failed))} failed to load; see the warning above.)" if failed else ""
+
+
 def check_group_options(
     argv: Sequence[str],
     conf: str | os.PathLike[str],
@@ -101,7 +112,9 @@ def check_group_options(
             if option and option != "null" and option not in choices:
                 close = difflib.get_close_matches(option, choices, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.")
+                raise ConfigError(
+                    f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{_failed_note()}"
+                )
 
 
 def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:
@@ -121,6 +134,16 @@ def config_groups(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> lis
     return sorted({p.name for d in config_dirs(conf, argv) if d.is_dir() for p in d.iterdir() if p.is_dir()})
 
 
+def _as_typed(value: Any) -> str:
+    """A default as it is typed in an override (null, true, [2, 4, 8])."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def list_plugins() -> str:
     """Every registered plugin, grouped by kind, with the distribution that provided it."""
     from neo_core.plugins import get_plugins
@@ -132,6 +155,13 @@ def list_plugins() -> str:
         for entry in registry.entries():
             desc = f"  {entry.description}" if entry.description else ""
             lines.append(f"  {entry.name:<14} [{entry.provider}]{desc}")
+            keys = ", ".join(
+                k if v is inspect.Parameter.empty else f"{k}={_as_typed(v)}" for k, v in entry.parameters().items()
+            )
+            if keys:
+                lines.append(f"  {'':<14} keys: {keys}")
+            if entry.options:
+                lines.append(f"  {'':<14} options: {', '.join(entry.options)}")
         if not len(registry):
             lines.append("  (none)")
     for name, error in plugins.failed.items():

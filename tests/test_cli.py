@@ -34,7 +34,7 @@ class ListedPlugin:
             """A cache policy that shows up in the listing."""
             return CachePolicy("listed_cache", load_factor)
 
-        registry.register("listed_cache", listed_cache)
+        registry.register("listed_cache", listed_cache, options={"listed_cache_small": {"load_factor": 0.01}})
 
 
 def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> None:
@@ -46,6 +46,8 @@ def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> 
         for entry in registry.entries():
             assert f"  {entry.name:<14} [{entry.provider}]" in out
     assert "  listed_cache   [neo-listed-dist]  A cache policy that shows up in the listing." in out
+    assert "                 keys: load_factor=0.1" in out  # what cache.<key>= takes
+    assert "                 options: listed_cache_small" in out
     assert "  zionex         [neo-dlrm]" in out
     assert "failed to load" not in out
 
@@ -61,6 +63,9 @@ def test_neo_plugins_reports_failed_plugins(register_plugin) -> None:
     with pytest.warns(UserWarning):
         register_plugin(Failing(), strict=False)
     assert list_plugins().splitlines()[-1] == "failed to load: failing_listed: ImportError: needs a missing package"
+    # an option it would have given is reported missing with the failure beside it
+    with pytest.raises(ConfigError, match=r"Unknown model option 'its_model'.*'failing_listed' failed to load"):
+        check_group_options(["model=its_model"], ROOT / "conf", ("model",))
 
 
 def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
