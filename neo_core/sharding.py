@@ -250,7 +250,7 @@ class PlanResult:
         has_host = any(r.host_memory for r in self.ranks)
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
-            "device's size" + ("; 'host' is host memory (weights and optimizer of cached tables)" if has_host else "")
+            "device's size" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise)" if has_host else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)

@@ -89,8 +89,13 @@ def check_model_values(model: dict[str, Any]) -> None:
             raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
 
 
-def run(cfg: dict[str, Any]) -> Any:
-    """Plan the configured table set; returns the PlanResult."""
+def run(cfg: dict[str, Any], cache_share_set: bool = False) -> Any:
+    """Plan the configured table set; returns the PlanResult.
+
+    A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
+    the selected cache policy (its eviction kept; ``cache=none`` becomes LRU) unless
+    ``cache_share_set`` (``cache.load_factor`` given on the command line).
+    """
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve
@@ -109,8 +114,12 @@ def run(cfg: dict[str, Any]) -> Any:
     if model.get("weight_bytes") is not None:
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
     cache = resolve("cache", cfg["cache"])
-    if model.get("cache_load_factor") is not None and cache.load_factor is None:
-        cache = CachePolicy("lru", load_factor=float(model["cache_load_factor"]))
+    share = model.get("cache_load_factor")
+    if share is not None and not cache_share_set:
+        if cache.load_factor is None:
+            cache = CachePolicy("lru", load_factor=float(share))
+        else:
+            cache = dataclasses.replace(cache, load_factor=float(share))
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
     planner = resolve("sharding", cfg["sharding"])
     print(topology.describe())
@@ -124,8 +133,12 @@ def run(cfg: dict[str, Any]) -> Any:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="plan")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = HydraConfig.get().overrides.task
+    share_set = any(o.split("=", 1)[0].lstrip("+~") == "cache.load_factor" for o in overrides)
     with user_errors():
-        run(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+        run(OmegaConf.to_container(cfg, resolve=True), cache_share_set=share_set)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -256,3 +256,19 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
     # an option in neither folder is still named, with the added one's choices
     proc = run_plan(f"--config-dir={user}", "topology=my_clustr", f"hydra.run.dir={run_dir}")
     assert_one_sentence(proc, "Unknown topology option 'my_clustr' (did you mean 'my_cluster'?)", "local")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("cache=lfu",), "cache lfu (load factor 0.1)"),  # the model's share, the policy's eviction
+        (("cache=lfu", "cache.load_factor=0.3"), "cache lfu (load factor 0.3)"),  # the user's share
+        ((), "cache lru (load factor 0.1)"),  # no cache selected: LRU at the model's share
+    ],
+    ids=["model-share", "user-share", "default-lru"],
+)
+def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path: Path, overrides, expected) -> None:
+    proc = run_plan("+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2",
+                    "plan_model.cache_load_factor=0.1", *overrides, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert expected in proc.stdout, proc.stdout[-2000:]

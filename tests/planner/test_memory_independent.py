@@ -15,7 +15,10 @@ and shard shapes of each table; shard sizes and placements of the TorchRec
 - a data-parallel table is replicated on every rank, with a dense fp32 gradient of the
   whole table besides its weights and optimizer state;
 - a cached shard (``fused_uvm_caching``) keeps ``ceil(load_factor * rows)`` rows in device
-  memory and its weights and optimizer state in host memory;
+  memory, with FBGEMM's cache state there too (a 4-byte table map entry per row, 8 bytes of
+  cache state per slot, and the LRU's 8 bytes per slot or the LFU's 8 bytes per row, as
+  ``split_table_batched_embeddings_ops_training`` lists them); its weights are in host memory,
+  and so is its optimizer state unless that is row-wise, which FBGEMM keeps on the device;
 - the usable device memory of a rank is its capacity less the reserve (15% by default);
   host memory has no reserve.
 
@@ -89,6 +92,7 @@ class Case:
     device_gib: float = 40.0  # zionex only
     host_gib_per_node: float = 1536.0  # zionex only
     tight: str = ""  # "device" / "host": that memory must end up nearly full
+    algorithm: str = "lru"  # the cache's eviction (the LFU keeps a counter per row on the device)
 
     @property
     def label(self) -> str:
@@ -96,7 +100,7 @@ class Case:
         if self.dense:
             parts.append("dense")
         if self.load_factor is not None:
-            parts.append(f"lf{self.load_factor}")
+            parts.append(f"lf{self.load_factor}{self.algorithm}")
         return "-".join(parts + [f"fill{self.fill}"])
 
 
@@ -114,7 +118,7 @@ CASES = [
     Case(9, "zionex", 2, load_factor=0.05, fill=2.5),
     Case(10, "zionex", 4, SparseOptimizer.ADAGRAD, load_factor=0.2, fill=1.6, tight="device"),
     Case(11, "zionex", 2, weight_bytes=2, load_factor=0.5, fill=1.3, tight="device"),
-    Case(12, "zionex", 16, load_factor=0.1, fill=1.5, tables=40, tight="device"),
+    Case(12, "zionex", 16, load_factor=0.1, fill=1.5, tables=40, tight="device", algorithm="lfu"),
     # host memory binds too: small hosts, most of the bytes behind the cache
     Case(13, "zionex", 2, load_factor=0.1, fill=0.85, host_fill=True, device_gib=8.0,
          host_gib_per_node=256.0, tight="host"),
@@ -175,7 +179,7 @@ def plan_case(case: Case, module: bool = False):
     """Tables, context, planner and plan of ``case`` (planned once per session)."""
     topo = make_topology(case)
     tables = random_tables(case, topo)
-    cache = CachePolicy("lru", load_factor=case.load_factor) if case.load_factor is not None else None
+    cache = CachePolicy(case.algorithm, load_factor=case.load_factor, algorithm=case.algorithm) if case.load_factor else None
     ctx = make_context(topo, 512, kernel=make_kernel(case), cache=cache)
     planner = NeoPlanner(time_budget_s=1.0)
     if not module:
@@ -213,14 +217,19 @@ def check_shards_tile(name: str, rows: int, dim: int, shards: list[tuple[int, in
 
 
 def shard_memory(
-    rows: int, cols: int, cached: bool, load_factor: float | None, kernel: EmbeddingKernel
+    rows: int, cols: int, cached: bool, load_factor: float | None, kernel: EmbeddingKernel, algorithm: str = "lru"
 ) -> tuple[int, int]:
     """(device, host) bytes of one sharded (not replicated) shard."""
     weights = rows * cols * kernel.weight_bytes
     state = state_bytes(kernel.optimizer, rows, cols)
     if cached:
         assert load_factor is not None
-        return math.ceil(load_factor * rows) * cols * kernel.weight_bytes, weights + state
+        slots = math.ceil(load_factor * rows)
+        cache_state = 4 * rows + 8 * slots + (8 * rows if algorithm == "lfu" else 8 * slots)
+        device = slots * cols * kernel.weight_bytes + cache_state
+        if kernel.optimizer in (SparseOptimizer.ROWWISE_ADAGRAD, SparseOptimizer.SGD):
+            return device + state, weights  # row-wise state (or none) in device memory
+        return device, weights + state
     return weights + state, 0
 
 
@@ -283,7 +292,7 @@ def memory_from_assignments(result, tables, ctx) -> tuple[np.ndarray, np.ndarray
                 c0 += bshapes[0][1]
         check_shards_tile(a.name, R, d, tiles)
         for r, (_, _, nr, nc) in zip(ranks, tiles):
-            dd, hh = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel)
+            dd, hh = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
             dev[r] += dd
             host[r] += hh
     return dev, host
@@ -312,7 +321,8 @@ def memory_from_torchrec(plan, tables, ctx, load_factor_of) -> tuple[np.ndarray,
         for m in shards:
             r = m.placement.rank()
             assert 0 <= r < W, (name, m)
-            dd, hh = shard_memory(*m.shard_sizes, cached, load_factor_of(ps) if cached else None, kernel)
+            dd, hh = shard_memory(*m.shard_sizes, cached, load_factor_of(ps) if cached else None, kernel,
+                                  ctx.cache.algorithm)
             dev[r] += dd
             host[r] += hh
     return dev, host
@@ -333,8 +343,8 @@ def even_split_uplift(result, tables, ctx) -> tuple[np.ndarray, np.ndarray]:
             split = a.shard_shapes[start : start + n]
             largest = max(nr for nr, _ in split)
             for r, (nr, nc) in zip(a.ranks[start : start + n], split):
-                full = shard_memory(largest, nc, cached, ctx.cache.load_factor, kernel)
-                own = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel)
+                full = shard_memory(largest, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
+                own = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
                 dev[r] += full[0] - own[0]
                 host[r] += full[1] - own[1]
     return dev, host

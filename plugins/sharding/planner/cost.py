@@ -169,6 +169,8 @@ class CostModel:
         self.host_reserve = self.params.host_reserve_fraction * self.capacity_host
         load = context.cache.load_factor
         self.cache_load_factor = load if topo.compute_device == "cuda" else None
+        self.cache_algorithm = context.cache.algorithm.lower()
+        self.cache_prefetch = bool(context.cache.prefetch_pipeline)
 
     # ---- building blocks -------------------------------------------------------------
     def row_bytes(self, cols: np.ndarray) -> np.ndarray:
@@ -241,7 +243,21 @@ class CostModel:
         opt = rows_f * self.opt_row_bytes(cols)
         zero = np.zeros_like(weights)
         if placement == CACHED and self.cache_load_factor is not None:
-            cache = np.ceil(rows_f * self.cache_load_factor) * cols * self.e
+            # FBGEMM's UVM cache (split_table_batched_embeddings_ops_training): the cached rows,
+            # and its state in device memory: a 4-byte table map per row, 8 bytes of cache
+            # state per slot, the LRU's 8 bytes per slot or the LFU's 8-byte counter per row,
+            # and with a prefetch pipeline a 4-byte lock counter per slot
+            slots = np.ceil(rows_f * self.cache_load_factor)
+            state = rows_f * 4 + slots * 8 + (rows_f * 8 if self.cache_algorithm == "lfu" else slots * 8)
+            if self.cache_prefetch:
+                state = state + slots * 4
+            cache = slots * cols * self.e + state
+            # row-wise optimizer state stays in device memory (construct_split_state: "if
+            # optimizer state is rowwise, optimizer is on device"); element-wise state goes to
+            # host memory with the weights
+            rowwise = self.context.kernel.optimizer_state_bytes(1, 2) == self.context.kernel.optimizer_state_bytes(1, 1)
+            if rowwise:
+                return cache + opt, weights, weights, opt, zero, cache
             return cache, weights + opt, weights, opt, zero, cache
         return weights + opt, zero, weights, opt, zero, zero
 

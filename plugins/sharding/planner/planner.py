@@ -453,10 +453,11 @@ def build_result(
             option_bytes[o] = np.stack(model.comm_bytes(search.t, opt.sharding_type, opt.k), axis=1)
         if W > 1:
             np.add.at(sent, ranks, option_bytes[o][i])
-        if opt.placement == CACHED:
+        if opt.placement == CACHED:  # optimizer state: row-wise on the device, else on the host
             np.add.at(mem["cache"], ranks, c.cache[i])
+            np.add.at(mem["optimizer"], ranks, c.mem_device[i] - c.cache[i])
             np.add.at(host["weights"], ranks, c.weights[i])
-            np.add.at(host["optimizer"], ranks, c.optimizer[i])
+            np.add.at(host["optimizer"], ranks, c.mem_host[i] - c.weights[i])
         else:
             np.add.at(mem["weights"], ranks, c.weights[i])
             np.add.at(mem["optimizer"], ranks, c.optimizer[i])
