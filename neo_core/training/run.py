@@ -224,6 +224,10 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
     if run.trainer.resume:
         check_resumable(out / "config.json", run.to_dict())
+    # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
+    # sharding=torchrec); the plan text below says what matters
+    torchrec_log = logging.getLogger("torchrec")
+    torchrec_log.setLevel(max(torchrec_log.getEffectiveLevel(), logging.WARNING))
     parts = build_parts(run, launch)
     plan = plan_run(parts)
     if rank0:

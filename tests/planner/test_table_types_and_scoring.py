@@ -104,3 +104,15 @@ def test_rank_lists_are_cut_after_the_last_whole_run_that_fits(step: int) -> Non
     assert listed == ranks[: len(listed)]  # shard order, nothing skipped
     assert len(kept) <= 40 < len(f"{kept},{ranks[len(listed)]}")  # the next one would not fit
     assert _compact_ranks([3, 4, 5, 9], width=40) == "3-5,9"
+
+
+def test_cache_and_compression_unused_by_the_dense_kernel_are_noted() -> None:
+    from neo_core.api import make_context
+
+    tables = [TableSpec(f"t{i}", 1000, 16, 2.0) for i in range(3)]
+    ctx = make_context({"name": "zionex", "num_nodes": 2}, 256, kernel="dense", compressor="fp16", cache="lru")
+    notes = NeoPlanner().plan(tables, ctx).notes
+    assert any(n.startswith("cache lru and compression fp16 not used: kernel dense replicates every table")
+               for n in notes), notes
+    fused = make_context({"name": "zionex", "num_nodes": 2}, 256, compressor="fp16", cache="lru")
+    assert not any("not used" in n for n in NeoPlanner().plan(tables, fused).notes)

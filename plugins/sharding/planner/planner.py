@@ -191,7 +191,18 @@ class NeoPlanner(Planner):
         subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
-        if context.cache.load_factor is not None and model.cache_load_factor is None:
+        if context.kernel.data_parallel_only and (
+            context.cache.load_factor is not None or context.compressor.forward_precision != "fp32"
+            or context.compressor.backward_precision != "fp32"
+        ):
+            unused = [f"cache {context.cache.name}"] if context.cache.load_factor is not None else []
+            if context.compressor.forward_precision != "fp32" or context.compressor.backward_precision != "fp32":
+                unused.append(f"compression {context.compressor.name}")
+            result.notes.append(
+                f"{' and '.join(unused)} not used: kernel {context.kernel.name} replicates every table (data "
+                "parallel), so no table sits behind a cache and no pooled embeddings are exchanged"
+            )
+        elif context.cache.load_factor is not None and model.cache_load_factor is None:
             result.notes.append(
                 f"cache {context.cache.name} not used: {context.topology.compute_device} ranks have no device "
                 "memory apart from host memory, so every table stays in place"
