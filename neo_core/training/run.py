@@ -34,7 +34,7 @@ from neo_core.cache import CachePolicy
 from neo_core.compression import Compressor
 from neo_core.config import RunConfig, instantiate, validate
 from neo_core.data import DataSource
-from neo_core.errors import ConfigError, RunInterrupted
+from neo_core.errors import ConfigError, PlanningError, RunInterrupted
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
@@ -162,6 +162,39 @@ def plan_run(parts: RunParts) -> PlanResult:
     return result
 
 
+def _available_memory() -> float | None:
+    """Bytes of memory this machine can still give (MemAvailable), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_this_machine(plan: PlanResult, launch: Launch, topology: Topology) -> None:
+    """CPU ranks hold their tables in this machine's memory: refuse a plan that cannot fit it.
+
+    An emulated topology (ZionEX on a laptop) plans with its own per-device memory, which this
+    machine may not have: the ranks would be killed for memory part-way through building.
+    """
+    if launch.device_type != "cpu" or launch.external:
+        return
+    need = sum(
+        sum(v for k, v in r.memory.items() if k != "reserve") + sum(r.host_memory.values()) for r in plan.ranks
+    )
+    available = _available_memory()
+    if available is None or need <= 0.9 * available:
+        return
+    raise PlanningError(
+        f"The plan puts {need / 2**30:,.1f} GiB of embedding tables, optimizer state and gradients on "
+        f"this machine's {launch.world_size} CPU rank(s) (topology {topology.name}), but only "
+        f"{available / 2**30:,.1f} GiB of memory is available; make the tables smaller (data.rows), "
+        "or plan with this machine's memory (topology=local)."
+    )
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -230,6 +263,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     torchrec_log.setLevel(max(torchrec_log.getEffectiveLevel(), logging.WARNING))
     parts = build_parts(run, launch)
     plan = plan_run(parts)
+    check_fits_this_machine(plan, launch, parts.topology)
     if rank0:
         for note in parts.notes:
             print(f"note: {note}")

@@ -235,3 +235,14 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
         run_ranks(_rank_never_stops, (), 2)
     assert time.monotonic() - start < 60  # the ranks were ended, not waited for
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_plan_larger_than_this_machines_memory_is_refused_before_ranks_start(tmp_path: Path, monkeypatch) -> None:
+    from neo_core.errors import PlanningError
+    from neo_core.training import run
+
+    monkeypatch.setattr(run, "_available_memory", lambda: 2**20)  # 1 MiB left on this machine
+    with pytest.raises(PlanningError, match=r"on this machine's 2 CPU rank\(s\) \(topology zionex\), but only "
+                                            r"0\.0 GiB of memory is available; make the tables smaller"):
+        run.train(composed(["trainer=smoke", "+topology=zionex"], tmp_path))
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "plan.json").exists()
