@@ -454,6 +454,21 @@ def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
     assert "lru" in plugins.registry("cache")  # the others stay
 
 
+def cache_policies_plugin(plugin_name: str, options: dict[str, dict[str, dict[str, float]]]) -> Any:
+    """A plugin registering cache policies (name -> its extra options), each a plain CachePolicy."""
+
+    class Policies:
+        __name__ = plugin_name
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            for name, extra in options.items():
+                registry.register(name, lambda load_factor=0.2, name=name: CachePolicy(name, load_factor),
+                                  options=extra)
+
+    return Policies()
+
+
 @pytest.mark.parametrize(
     ("option", "clash"),
     [
@@ -464,17 +479,9 @@ def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
 def test_an_option_that_would_stand_in_for_another_raises(register_plugin, option, clash) -> None:
     from neo_core.config import register_plugin_options
 
-    class Options:
-        __name__ = "options_plugin"
-
-        @hookimpl
-        def neo_register_cache_policies(self, registry):
-            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
-                              options={"mine_small": {"load_factor": 0.1}})
-            registry.register("mine_too", lambda load_factor=0.2: CachePolicy("mine_too", load_factor),
-                              options={option: {"load_factor": 0.3}})
-
-    plugins = register_plugin(Options())
+    plugins = register_plugin(cache_policies_plugin(
+        "options_plugin", {"mine": {"mine_small": {"load_factor": 0.1}}, "mine_too": {option: {"load_factor": 0.3}}}
+    ))
     with pytest.raises(PluginError) as err:
         register_plugin_options(None, plugins=plugins)
     assert str(err.value) == (
@@ -486,20 +493,13 @@ def test_an_option_that_would_stand_in_for_another_raises(register_plugin, optio
 def test_an_option_hidden_by_a_yaml_file_raises(register_plugin, tmp_path) -> None:
     from neo_core.config import register_plugin_options
 
-    class Shadowed:
-        __name__ = "shadowed_plugin"
-
-        @hookimpl
-        def neo_register_cache_policies(self, registry):
-            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
-                              options={"tiny": {"load_factor": 0.1}})
-
+    shadowed = cache_policies_plugin("shadowed_plugin", {"mine": {"tiny": {"load_factor": 0.1}}})
     conf = tmp_path / "conf"
     (conf / "cache").mkdir(parents=True)
     (conf / "cache" / "tiny.yaml").write_text("name: lru\nload_factor: 0.01\n")
     with pytest.raises(PluginError, match=r"'tiny' of cache policy plugin 'mine' \(shadowed_plugin\) clashes with "
                                           r"the option file .*cache/tiny\.yaml"):
-        register_plugin_options(conf, plugins=register_plugin(Shadowed()))
+        register_plugin_options(conf, plugins=register_plugin(shadowed))
 
 
 def test_the_readme_plugin_example_loads_and_runs() -> None:
