@@ -454,6 +454,19 @@ def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
     assert "lru" in plugins.registry("cache")  # the others stay
 
 
+@pytest.fixture
+def config_store() -> Iterator[None]:
+    """Hydra's ConfigStore is process-wide: put back what a test stored in it (options stored
+    without a config folder would shadow conf/'s YAML files in later tests)."""
+    import copy
+
+    from hydra.core.config_store import ConfigStore
+
+    saved = copy.deepcopy(ConfigStore.instance().repo)
+    yield
+    ConfigStore.instance().repo = saved
+
+
 def cache_policies_plugin(plugin_name: str, options: dict[str, dict[str, dict[str, float]]]) -> Any:
     """A plugin registering cache policies (name -> its extra options), each a plain CachePolicy."""
 
@@ -476,7 +489,7 @@ def cache_policies_plugin(plugin_name: str, options: dict[str, dict[str, dict[st
         ("mine_small", "an option of the cache policy plugin 'mine' (options_plugin)"),  # its other option
     ],
 )
-def test_an_option_that_would_stand_in_for_another_raises(register_plugin, option, clash) -> None:
+def test_an_option_that_would_stand_in_for_another_raises(register_plugin, config_store, option, clash) -> None:
     from neo_core.config import register_plugin_options
 
     plugins = register_plugin(cache_policies_plugin(
@@ -490,7 +503,7 @@ def test_an_option_that_would_stand_in_for_another_raises(register_plugin, optio
     )
 
 
-def test_an_option_hidden_by_a_yaml_file_raises(register_plugin, tmp_path) -> None:
+def test_an_option_hidden_by_a_yaml_file_raises(register_plugin, config_store, tmp_path) -> None:
     from neo_core.config import register_plugin_options
 
     shadowed = cache_policies_plugin("shadowed_plugin", {"mine": {"tiny": {"load_factor": 0.1}}})
