@@ -100,6 +100,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False) -> Any:
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve
     from neo_core.cache import CachePolicy
+    from neo_core.errors import ConfigError
     from neo_plugins.sharding.planner.report import save_all
     from neo_plugins.sharding.planner.tables import make_tables
 
@@ -119,7 +120,13 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False) -> Any:
         if cache.load_factor is None:
             cache = CachePolicy("lru", load_factor=float(share))
         else:
-            cache = dataclasses.replace(cache, load_factor=float(share))
+            try:
+                cache = dataclasses.replace(cache, load_factor=float(share))
+            except TypeError:  # a plugin's CachePolicy subclass with its own __init__
+                raise ConfigError(
+                    f"plan_model.cache_load_factor={share} cannot be applied to cache {cache.name!r}; give "
+                    "its share with cache.load_factor=<share>."
+                ) from None
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
     planner = resolve("sharding", cfg["sharding"])
     print(topology.describe())
@@ -136,7 +143,8 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = HydraConfig.get().overrides.task
-    share_set = any(o.split("=", 1)[0].lstrip("+~") == "cache.load_factor" for o in overrides)
+    # an explicit share (cache.load_factor=...) wins over the model's; deleting the key does not
+    share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
     with user_errors():
         run(OmegaConf.to_container(cfg, resolve=True), cache_share_set=share_set)  # type: ignore[arg-type]
 

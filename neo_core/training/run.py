@@ -187,11 +187,15 @@ def check_fits_this_machine(plan: PlanResult, launch: Launch, topology: Topology
     available = _available_memory()
     if available is None or need <= 0.9 * available:
         return
+    fix = (
+        "lower topology.memory_fraction or free memory"
+        if topology.name == "local"
+        else "or plan with this machine's memory (topology=local)"
+    )
     raise PlanningError(
         f"The plan puts {need / 2**30:,.1f} GiB of embedding tables, optimizer state and gradients on "
         f"this machine's {launch.world_size} CPU rank(s) (topology {topology.name}), but only "
-        f"{available / 2**30:,.1f} GiB of memory is available; make the tables smaller (data.rows), "
-        "or plan with this machine's memory (topology=local)."
+        f"{available / 2**30:,.1f} GiB of memory is available; make the tables smaller (data.rows), {fix}."
     )
 
 
@@ -260,9 +264,13 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
     # sharding=torchrec); the plan text below says what matters
     torchrec_log = logging.getLogger("torchrec")
+    level = torchrec_log.level
     torchrec_log.setLevel(max(torchrec_log.getEffectiveLevel(), logging.WARNING))
-    parts = build_parts(run, launch)
-    plan = plan_run(parts)
+    try:
+        parts = build_parts(run, launch)
+        plan = plan_run(parts)
+    finally:
+        torchrec_log.setLevel(level)
     check_fits_this_machine(plan, launch, parts.topology)
     if rank0:
         for note in parts.notes:
