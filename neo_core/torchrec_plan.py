@@ -74,7 +74,7 @@ def build_sharding_plan(
                         f"{context.cache.name!r} has no load_factor; plan and train with the same cache "
                         "(e.g. cache=lru cache.load_factor=0.2)."
                     )
-                generator = _with_cache(generator, context.cache.cache_params())
+                generator = _with_cache(generator, _one_width_cache(context.cache.cache_params(), assignment))
             generators[name] = generator
         plan[path] = construct_module_sharding_plan(
             child,
@@ -180,6 +180,22 @@ def _with_kernel(generator: Any, kernel: str) -> Any:
         return sharding
 
     return generate
+
+
+def _one_width_cache(cache_params: Any, assignment: TableAssignment) -> Any:
+    """The cache parameters of one cached table, marked with its shard width.
+
+    TorchRec puts the cached tables of one sharding type on a rank into one FBGEMM table batch
+    unless their fused parameters differ, and FBGEMM makes that batch's cache rows as wide as
+    its widest table (``max_D_cache``), while the cost model counts each shard's cache at its
+    own width. ``reserved_memory`` (bytes FBGEMM keeps free of cache, read only when a cache
+    would not fit the free memory) set to the shard width, a few hundred bytes at most, keeps
+    each batch to tables of one width, so each cache is as wide as its tables.
+    """
+    import dataclasses
+
+    width = assignment.shard_shapes[0][1] if assignment.shard_shapes else 0
+    return dataclasses.replace(cache_params, reserved_memory=float(width)) if width else cache_params
 
 
 def _with_cache(generator: Any, cache_params: Any) -> Any:

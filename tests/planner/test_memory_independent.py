@@ -479,6 +479,42 @@ def test_torchrec_plan_builds_caches_of_the_planned_size(case):
     )
     assert_fits(case, ctx, dev, host, f"TorchRec plan as built, load factors {set(factors.values())}")
     assert set(factors.values()) == {case.load_factor}
+    # FBGEMM sizes a table batch's cache at its widest table; each cached table carries its
+    # shard width, so TorchRec batches only tables of one width and the per-shard count holds
+    for name in cached:
+        widths = {int(size[1]) for size in (s.shard_sizes for s in params[name].sharding_spec.shards)}
+        assert len(widths) == 1 and params[name].cache_params.reserved_memory == float(widths.pop()), name
+
+
+def test_cached_tables_of_one_width_share_an_fbgemm_batch_and_no_other():
+    from torchrec.distributed.embedding_sharding import group_tables
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel, ShardedEmbeddingTable
+    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.utils import add_params_from_parameter_sharding
+
+    from neo_core.sharding import TableAssignment
+    from neo_core.torchrec_plan import _one_width_cache
+
+    cache = CachePolicy("lru", load_factor=0.1).cache_params()
+
+    def table(name: str, dim: int, one_width: bool) -> ShardedEmbeddingTable:
+        params = cache
+        if one_width:
+            params = _one_width_cache(cache, TableAssignment(name, "table_wise", CACHED_KERNEL, [0], [(100, dim)]))
+        fused = add_params_from_parameter_sharding(
+            {}, ParameterSharding(sharding_type="table_wise", compute_kernel=CACHED_KERNEL, ranks=[0], cache_params=params)
+        )
+        return ShardedEmbeddingTable(
+            name=name, embedding_dim=dim, num_embeddings=100, feature_names=[name], local_rows=100, local_cols=dim,
+            compute_kernel=EmbeddingComputeKernel.FUSED_UVM_CACHING, fused_params=fused,
+        )
+
+    def batches(one_width: bool) -> list[list[str]]:
+        [rank] = group_tables([[table("a", 32, one_width), table("b", 128, one_width), table("c", 32, one_width)]])
+        return [[t.name for t in group.embedding_tables] for group in rank]
+
+    assert batches(one_width=False) == [["a", "b", "c"]]  # one cache, 128 wide for all three
+    assert batches(one_width=True) == [["a", "c"], ["b"]]
 
 
 def test_random_cases_bind_memory_and_use_the_cache():

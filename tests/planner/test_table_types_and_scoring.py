@@ -117,19 +117,3 @@ def test_cache_and_compression_unused_by_the_dense_kernel_are_noted() -> None:
     fused = make_context({"name": "zionex", "num_nodes": 2}, 256, compressor="fp16", cache="lru")
     assert not any("not used" in n for n in NeoPlanner().plan(tables, fused).notes)
 
-
-def test_batched_caches_are_counted_at_their_widest_table() -> None:
-    from types import SimpleNamespace
-
-    from neo_plugins.sharding.planner.planner import batched_cache_excess
-
-    model = SimpleNamespace(cache_load_factor=0.1, e=2)
-    tables = [
-        TableAssignment("narrow", "table_wise", "fused_uvm_caching", [0], [(1000, 32)]),
-        TableAssignment("wide", "table_wise", "fused_uvm_caching", [0], [(500, 128)]),
-        TableAssignment("other_type", "column_wise", "fused_uvm_caching", [0, 1], [(1000, 64), (1000, 64)]),
-        TableAssignment("on_device", "table_wise", "fused", [1], [(10**6, 256)]),
-    ]
-    # rank 0's table-wise cache: narrow's 100 slots at 128 columns, not 32; column-wise is its own batch
-    assert batched_cache_excess(tables, model) == {0: 100 * (128 - 32) * 2}
-    assert batched_cache_excess(tables, SimpleNamespace(cache_load_factor=None, e=2)) == {}

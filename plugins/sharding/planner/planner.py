@@ -544,41 +544,4 @@ def build_result(
         short = ShardingType(a.sharding_type).short
         counts[short] = counts.get(short, 0) + 1
     result.notes.append("types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    wide = batched_cache_excess(assignments, model)
-    usable = model.capacity_device - model.reserve
-    over = {r: reports[r].memory_total - model.reserve + extra - usable for r, extra in wide.items()}
-    over = {r: v for r, v in over.items() if v > 0}
-    if over:
-        worst = max(over, key=over.get)  # type: ignore[arg-type]
-        result.notes.append(
-            f"device memory may run short: FBGEMM gives all cached tables of one sharding type on a rank one cache, as wide "
-            f"as the widest of them; counted that way, {len(over)} rank(s) exceed their usable device "
-            f"memory (rank {worst} by {over[worst] / GiB:.2f} GiB), which this cost model, costing each "
-            "cached shard at its own width, does not see; lower the cache's load factor or add ranks"
-        )
     return result
-
-
-def batched_cache_excess(assignments: Sequence[TableAssignment], model: CostModel) -> dict[int, float]:
-    """Device bytes per rank that FBGEMM's batched caches take beyond the per-shard count.
-
-    TorchRec puts every cached table of one sharding type on a rank into one table batch, and
-    FBGEMM sizes its cache rows at the batch's widest table (``max_D_cache``); the cost model
-    charges each shard at its own width.
-    """
-    lf, e = model.cache_load_factor, model.e
-    if lf is None:
-        return {}
-    groups: dict[tuple[int, str], list[tuple[float, int]]] = {}
-    for a in assignments:
-        if a.compute_kernel != "fused_uvm_caching":
-            continue
-        for r, (rows, cols) in zip(a.ranks, a.shard_shapes):
-            groups.setdefault((int(r), a.sharding_type), []).append((math.ceil(lf * rows), int(cols)))
-    excess: dict[int, float] = {}
-    for (r, _), shards in groups.items():
-        widest = max(c for _, c in shards)
-        extra = sum(slots * (widest - c) for slots, c in shards) * e
-        if extra:
-            excess[r] = excess.get(r, 0.0) + float(extra)
-    return excess
