@@ -325,6 +325,14 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         raise SystemExit(130) from None
+    # Everything is written and the process group is gone. Leave without the interpreter's
+    # teardown: under load a rank was seen to abort there ("terminate called without an
+    # active exception", a communication thread still joinable as objects were freed),
+    # failing a run whose results were complete.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(0)
 
 
 def _quiet() -> None:
