@@ -191,13 +191,10 @@ class NeoPlanner(Planner):
         subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
         self.last_search = search
         result = build_result(self.name, search, tables, context)
-        if context.kernel.data_parallel_only and (
-            context.cache.load_factor is not None or context.compressor.forward_precision != "fp32"
-            or context.compressor.backward_precision != "fp32"
-        ):
-            unused = [f"cache {context.cache.name}"] if context.cache.load_factor is not None else []
-            if context.compressor.forward_precision != "fp32" or context.compressor.backward_precision != "fp32":
-                unused.append(f"compression {context.compressor.name}")
+        compressed = {context.compressor.forward_precision, context.compressor.backward_precision} != {"fp32"}
+        unused = [f"cache {context.cache.name}"] if context.cache.load_factor is not None else []
+        unused += [f"compression {context.compressor.name}"] if compressed else []
+        if context.kernel.data_parallel_only and unused:
             result.notes.append(
                 f"{' and '.join(unused)} not used: kernel {context.kernel.name} replicates every table (data "
                 "parallel), so no table sits behind a cache and no pooled embeddings are exchanged"
