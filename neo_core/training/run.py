@@ -32,9 +32,9 @@ import torch
 
 from neo_core.cache import CachePolicy
 from neo_core.compression import Compressor
-from neo_core.config import RunConfig, instantiate, validate
+from neo_core.config import RunConfig, instantiate, plugin_default_node, validate
 from neo_core.data import DataSource
-from neo_core.errors import ConfigError, PlanningError, RunInterrupted
+from neo_core.errors import ConfigError, PlanningError, PluginError, RunInterrupted
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
@@ -239,8 +239,19 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
             return {k: v for key, sub in node.items() for k, v in flat(sub, f"{prefix}.{key}").items()}
         return {prefix: node}
 
-    old = {k: v for key in RESUME_KEYS for k, v in flat(before.get(key), key).items()}
-    new = {k: v for key in RESUME_KEYS for k, v in flat(config.get(key), key).items()}
+    def effective(group: str, node: Any) -> Any:
+        # a key left out means the plugin's default: a run started from YAML (every key written)
+        # and one from Python (only the keys given) with the same settings are the same run
+        if not isinstance(node, Mapping) or "name" not in node:
+            return node
+        try:
+            entry = get_plugins().registry(group).get(str(node["name"]))
+        except (PluginError, KeyError):
+            return node
+        return {**plugin_default_node(entry), **node}
+
+    old = {k: v for key in RESUME_KEYS for k, v in flat(effective(key, before.get(key)), key).items()}
+    new = {k: v for key in RESUME_KEYS for k, v in flat(effective(key, config.get(key)), key).items()}
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
     if changed:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])

@@ -246,3 +246,24 @@ def test_a_plan_larger_than_this_machines_memory_is_refused_before_ranks_start(t
                                             r"0\.0 GiB of memory is available; make the tables smaller"):
         run.train(composed(["trainer=smoke", "+topology=zionex"], tmp_path))
     assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "plan.json").exists()
+
+
+def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> None:
+    from neo_core.config import validate
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import check_resumable
+
+    # the run that wrote the checkpoint came from YAML (every key of the kernel written) ...
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps(validate(composed(["trainer=smoke"], tmp_path)).to_dict()))
+    written = json.loads(saved.read_text())["kernel"]
+    assert written["name"] == "fused" and "optimizer" in written
+    # ... the resumed one from Python, naming only the kernel: the same settings, so accepted
+    python_run = validate(composed(["trainer=smoke"], tmp_path)).to_dict()
+    python_run["kernel"] = {"name": "fused"}
+    check_resumable(saved, python_run)
+    # a left-out key whose default differs from what was written is still a change
+    python_run["kernel"] = {"name": "fused", "learning_rate": written["learning_rate"]}
+    saved.write_text(json.dumps({**json.loads(saved.read_text()), "kernel": {**written, "optimizer": "adam"}}))
+    with pytest.raises(ConfigError, match=r"kernel\.optimizer: 'adam' -> 'rowwise_adagrad'"):
+        check_resumable(saved, python_run)
