@@ -150,6 +150,51 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
     assert [h["step"] for h in resumed["history"]][-2:] == [step + 1, step + 2]
 
 
+@pytest.mark.slow
+def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Path) -> None:
+    """Under torchrun the agent takes the terminal's SIGINT and passes it on to each rank (its
+    workers run in their own session); the ranks stop after the same agreed step and save
+    before the agent's shutdown timeout."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT, subprocess_env
+    from tests.distributed.multi_process import free_port
+
+    out = tmp_path / "run"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.Popen(
+        [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "--shutdown-timeout=120",
+         str(ROOT / "recipes" / "train.py"), "trainer=smoke", "trainer.max_steps=100000",
+         "trainer.checkpoint=true", "trainer.checkpoint_every_n_steps=3", "trainer.log_every_n_steps=2",
+         "trainer.progress_bar=false", f"hydra.run.dir={out}"],
+        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )
+    meta = out / "checkpoint" / "meta.json"
+    try:
+        deadline = time.monotonic() + 240
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert meta.exists(), proc.communicate(timeout=60)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal: the agent's process group
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0  # torchrun reports the signal it got
+    assert stderr.count("stopping: the ranks finish their step") == 1, stderr[-3000:]  # rank 0 only
+    step = json.loads(meta.read_text())["step"]
+    assert 3 <= step < 100000 and step % 2 == 0, stderr[-3000:]
+    assert f"interrupted: stopped after step {step} of 100000" in stderr, stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["interrupted"] is True and metrics["steps"] == step and metrics["world_size"] == 2
+    assert not (out / "checkpoint.tmp").exists()
+
+
 def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
     import signal
 
