@@ -1,5 +1,6 @@
 """Ctrl-C during training: the first stops every rank after the same step, with a checkpoint;
-the second stops at once.
+the second stops at once. SIGTERM (a batch system's preemption, torchrun passing one on) is a
+request to stop the same way; it never stops at once (SIGKILL does that).
 
 A terminal sends SIGINT to every process of the run, but each rank is at its own point of its
 step when it arrives. So a rank only notes it; every ``every_n_steps`` steps the ranks agree
@@ -10,22 +11,24 @@ and the results are written, marked ``interrupted``.
 Ranks started here (``run_ranks``) begin with SIGINT ignored, so one arriving while they
 import, plan or shard cannot kill them half-way; the starting process notes it in a flag the
 ranks share, and they stop at their first agreement point. A second Ctrl-C ends the ranks
-there and then.
+there and then. A rank whose starting process is gone (killed outright) stops the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import lightning.pytorch as pl
 
 STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"
+STOPPING_TERM = "\nstopping on SIGTERM: the ranks finish their step, then save a checkpoint"
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class HardStop(BaseException):
@@ -36,7 +39,8 @@ class HardStop(BaseException):
 
 class StopOnInterrupt(pl.Callback):
     """Stop all ranks after one agreed step once any rank, or the process that started them
-    (``shared``, an ``Event``), got SIGINT.
+    (``shared``, an ``Event``), got SIGINT or SIGTERM, or that process is gone (``parent``:
+    its pid, for ranks it started).
 
     ``alone``: no starting process watches this rank (one process, or torchrun), so this rank
     says it is stopping and stops at once on a second SIGINT. Otherwise the starting process
@@ -44,37 +48,62 @@ class StopOnInterrupt(pl.Callback):
     collective would leave the others waiting in it.
     """
 
-    def __init__(self, every_n_steps: int = 1, alone: bool = False, shared: Any = None, announce: bool = True) -> None:
+    def __init__(
+        self,
+        every_n_steps: int = 1,
+        alone: bool = False,
+        shared: Any = None,
+        announce: bool = True,
+        parent: int | None = None,
+    ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.alone = alone
         self.announce = alone and announce  # one rank of a torchrun job says it, not each
         self.shared = shared
-        self.asked = False  # this rank got a SIGINT
+        self.parent = parent
+        self.asked = False  # this rank got a SIGINT or SIGTERM
+        self._installed = False  # inside ``installed`` on the main thread
         self.stopped_at: int | None = None  # the trainer step after which all ranks stopped
         self._steps = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.asked and self.alone:  # the second: stop now (Lightning tears the rank down)
+        term = signum == signal.SIGTERM
+        if self.asked and self.alone and not term:  # the second Ctrl-C: stop now (Lightning tears the rank down)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise HardStop
         if not self.asked and self.announce:
-            print(STOPPING, file=sys.stderr, flush=True)
+            print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
         self.asked = True
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Catch SIGINT in this process while the block runs (main thread only; else no change)."""
+        """Catch SIGINT and SIGTERM in this process while the block runs (main thread only;
+        else no change)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._handler)
+        previous = {sig: signal.signal(sig, self._handler) for sig in SIGNALS}
+        self._installed = True
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            self._installed = False
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def on_train_start(self, trainer: pl.Trainer, module: Any) -> None:
+        # Lightning's fit puts its own SIGTERM handler first, one that broadcasts from inside
+        # the handler (ranks caught at different points of a step then wait in mismatched
+        # collectives) and ends the fit without the end-of-training save: SIGTERM is taken
+        # back here, for this fit (Lightning restores the handler it found when fit ends)
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._handler)
 
     def requested(self) -> bool:
-        return self.asked or (self.shared is not None and self.shared.is_set())
+        if self.asked or (self.shared is not None and self.shared.is_set()):
+            return True
+        # the starting process was killed outright: its ranks would otherwise train on unwatched
+        return self.parent is not None and os.getppid() != self.parent
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
         self._steps += 1
@@ -91,10 +120,10 @@ class StopOnInterrupt(pl.Callback):
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait.
 
-    The ranks start with SIGINT ignored (they take it over for training, ``StopOnInterrupt``).
-    Here the first SIGINT sets ``stop_event`` and says so; the second ends the ranks (SIGTERM)
-    and raises KeyboardInterrupt. Ranks that end on an interrupt are a KeyboardInterrupt too,
-    not an error.
+    The ranks start with SIGINT and SIGTERM ignored (they take them over for training,
+    ``StopOnInterrupt``). Here the first SIGINT or SIGTERM sets ``stop_event`` and says so; a
+    second SIGINT ends the ranks (SIGKILL: they take SIGTERM as a request) and raises
+    KeyboardInterrupt. Ranks that end on an interrupt are a KeyboardInterrupt too, not an error.
     """
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
@@ -103,32 +132,33 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
     main = threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: Any) -> None:
+        term = signum == signal.SIGTERM
         if stop.is_set():
+            if term:  # noted already; only a second Ctrl-C stops at once
+                return
             raise KeyboardInterrupt
         stop.set()
-        print(STOPPING, file=sys.stderr, flush=True)
+        print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
 
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     if main:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the ranks as they start
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)  # inherited by the ranks as they start
     try:
         context = mp.start_processes(fn, args=(*args, stop), nprocs=nprocs, join=False, start_method="spawn")
     finally:
         if main:
-            signal.signal(signal.SIGINT, handler)
+            for sig in SIGNALS:
+                signal.signal(sig, handler)
     try:
         while not context.join():
             pass
     except KeyboardInterrupt:
         for process in context.processes:
             if process.is_alive():
-                process.terminate()
-        deadline = time.monotonic() + 10
-        for process in context.processes:  # SIGTERM inside fit waits for a collective: not long
-            process.join(max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
                 process.kill()
-                process.join()
+        for process in context.processes:
+            process.join()
         raise
     except (ProcessExitedException, ProcessRaisedException):
         if stop.is_set():  # a rank that got the interrupt outside training, on another path
@@ -136,4 +166,5 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
         raise
     finally:
         if main:
-            signal.signal(signal.SIGINT, previous)
+            for sig, old in previous.items():
+                signal.signal(sig, old)

@@ -329,8 +329,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
 
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, stop: Any) -> None:
+    parent = os.getppid()  # the process that started this rank (run_ranks)
     try:
-        rank_main(local_rank, launch, payload, port=port, stop_event=stop)
+        rank_main(local_rank, launch, payload, port=port, stop_event=stop, parent=parent)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: the parent reports it once
         import signal
 
@@ -354,10 +355,15 @@ def _quiet() -> None:
 
 
 def rank_main(
-    rank: int, launch: Launch, payload: dict[str, Any], port: int | None = None, stop_event: Any = None
+    rank: int,
+    launch: Launch,
+    payload: dict[str, Any],
+    port: int | None = None,
+    stop_event: Any = None,
+    parent: int | None = None,
 ) -> None:
     """Body of one rank: shard, train, validate, checkpoint, report. ``stop_event``: set by the
-    process that started the ranks on Ctrl-C (``interrupt.run_ranks``)."""
+    process that started the ranks (``parent``) on Ctrl-C or SIGTERM (``interrupt.run_ranks``)."""
     import lightning.pytorch as pl
     from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
     from lightning.pytorch.loggers import CSVLogger
@@ -422,7 +428,9 @@ def rank_main(
         resume=cfg.resume and start_step > 0, step_offset=start_step,
     )
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
-    stop = StopOnInterrupt(cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0)
+    stop = StopOnInterrupt(
+        cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0, parent=parent
+    )
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()
     trainer = pl.Trainer(

@@ -101,9 +101,11 @@ def test_a_save_interrupted_at_any_point_leaves_the_newest_finished_checkpoint(t
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> None:
-    """SIGINT to the whole run (as a terminal sends it): both ranks stop after the same step,
-    the checkpoint holds that step, and a resumed run goes on from it."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: str) -> None:
+    """SIGINT to the whole run (as a terminal sends it), or SIGTERM (as a batch system
+    preempting the job): both ranks stop after the same step, the checkpoint holds that step,
+    and a resumed run goes on from it."""
     import os
     import signal
     import subprocess
@@ -126,14 +128,15 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
         while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)  # a periodic checkpoint: the ranks are training
         assert meta.exists(), proc.communicate(timeout=60)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, getattr(signal, sig))
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    assert stderr.count("stopping: the ranks finish their step") == 1, stderr[-3000:]
+    said = "stopping on SIGTERM: the ranks" if sig == "SIGTERM" else "stopping: the ranks finish their step"
+    assert stderr.count(said) == 1 and stderr.count("stopping") == 1, stderr[-3000:]
     step = json.loads(meta.read_text())["step"]
     assert 3 <= step < 100000 and step % 2 == 0  # after a step where the ranks compared notes
     assert (f"interrupted: stopped after step {step} of 100000: checkpoint at step {step} in {out / 'checkpoint'}; "
@@ -151,10 +154,11 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Path) -> None:
-    """Under torchrun the agent takes the terminal's SIGINT and passes it on to each rank (its
-    workers run in their own session); the ranks stop after the same agreed step and save
-    before the agent's shutdown timeout."""
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Path, sig: str) -> None:
+    """Under torchrun the agent takes the terminal's SIGINT (or a batch system's SIGTERM) and
+    passes it on to each rank (its workers run in their own session); the ranks stop after the
+    same agreed step and save before the agent's shutdown timeout."""
     import os
     import signal
     import subprocess
@@ -180,13 +184,14 @@ def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Pa
         while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert meta.exists(), proc.communicate(timeout=60)
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal: the agent's process group
+        os.killpg(proc.pid, getattr(signal, sig))  # as a terminal: the agent's process group
         stdout, stderr = proc.communicate(timeout=240)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0  # torchrun reports the signal it got
-    assert stderr.count("stopping: the ranks finish their step") == 1, stderr[-3000:]  # rank 0 only
+    said = "stopping on SIGTERM: the ranks" if sig == "SIGTERM" else "stopping: the ranks finish their step"
+    assert stderr.count(said) == 1, stderr[-3000:]  # rank 0 only
     step = json.loads(meta.read_text())["step"]
     assert 3 <= step < 100000 and step % 2 == 0, stderr[-3000:]
     assert f"interrupted: stopped after step {step} of 100000" in stderr, stderr[-3000:]
@@ -215,6 +220,24 @@ def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
         signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)
     assert started.requested() and capsys.readouterr().err == ""
+    # SIGTERM (preemption, or torchrun passing one on) asks to stop; repeated, it never stops at once
+    term_before = signal.getsignal(signal.SIGTERM)
+    termed = StopOnInterrupt(every_n_steps=4, alone=True)
+    with termed.installed():
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+        assert termed.requested()
+    assert signal.getsignal(signal.SIGTERM) is term_before
+    assert capsys.readouterr().err.count("stopping on SIGTERM") == 1
+
+
+def test_a_rank_whose_starting_process_is_gone_stops() -> None:
+    import os
+
+    from neo_core.training.interrupt import StopOnInterrupt
+
+    assert not StopOnInterrupt(parent=os.getppid()).requested()
+    assert StopOnInterrupt(parent=os.getppid() + 10**7).requested()  # not this process's parent
 
 
 def test_ranks_stop_together_at_agreement_points_but_not_after_the_last_step() -> None:
@@ -248,7 +271,8 @@ def test_ranks_stop_together_at_agreement_points_but_not_after_the_last_step() -
 def _rank_waits_for_stop(local_rank: int, stop: Any) -> None:
     import signal
 
-    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # started ignoring it
+    assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # started ignoring them
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     if not stop.wait(120):
         raise SystemExit(3)
 
@@ -272,6 +296,11 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
     threading.Timer(1.0, interrupt).start()
     run_ranks(_rank_waits_for_stop, (), 2)  # each rank sees the flag and ends normally
     assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
+    terminate = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
+    for t in (1.0, 1.5):  # SIGTERM, twice: a request to stop, passed on once
+        threading.Timer(t, terminate).start()
+    run_ranks(_rank_waits_for_stop, (), 2)
+    assert capsys.readouterr().err.count("stopping on SIGTERM") == 1
     timers = [threading.Timer(t, interrupt) for t in (1.0, 1.5)]
     for timer in timers:
         timer.start()
