@@ -96,8 +96,15 @@ class StopOnInterrupt(pl.Callback):
         # the handler (ranks caught at different points of a step then wait in mismatched
         # collectives) and ends the fit without the end-of-training save: SIGTERM is taken
         # back here, for this fit (Lightning restores the handler it found when fit ends)
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._handler)
+        if not self._installed:
+            return
+        signal.signal(signal.SIGTERM, self._handler)
+        # Lightning also broadcasts its SIGTERM flag before every training step (a collective
+        # and a host sync per step); only its handler, now replaced, could set that flag. Every
+        # rank runs this callback on its main thread, so every rank skips the broadcast.
+        epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        if epoch_loop is not None and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
 
     def requested(self) -> bool:
         if self.asked or (self.shared is not None and self.shared.is_set()):
@@ -115,6 +122,10 @@ class StopOnInterrupt(pl.Callback):
         if trainer.strategy.reduce_boolean_decision(self.requested(), all=False):
             trainer.should_stop = True
             self.stopped_at = trainer.global_step
+
+
+def _no_broadcast() -> None:
+    """Stands in for Lightning's per-step SIGTERM broadcast (``StopOnInterrupt.on_train_start``)."""
 
 
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:

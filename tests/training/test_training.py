@@ -224,6 +224,16 @@ def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
     term_before = signal.getsignal(signal.SIGTERM)
     termed = StopOnInterrupt(every_n_steps=4, alone=True)
     with termed.installed():
+        # fit puts Lightning's SIGTERM handler (and its per-step broadcast) in place; training
+        # start takes both back
+        from types import SimpleNamespace
+
+        signal.signal(signal.SIGTERM, lambda *_: pytest.fail("Lightning's handler ran"))
+        broadcasts = []
+        loop = SimpleNamespace(_broadcast_sigterm_tensor=lambda: broadcasts.append(1))
+        termed.on_train_start(SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=loop)), None)
+        loop._broadcast_sigterm_tensor()
+        assert broadcasts == []
         signal.raise_signal(signal.SIGTERM)
         signal.raise_signal(signal.SIGTERM)
         assert termed.requested()
