@@ -28,4 +28,11 @@ class CheckpointError(NeoError):
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Training stopped early on Ctrl-C, every rank after the same step (says where it saved)."""
+    """Training stopped early on Ctrl-C, every rank after the same step (says where it saved).
+    ``summary``: what stopped and where it saved; ``resume_dir``: the run's folder when a
+    checkpoint there can be continued."""
+
+    def __init__(self, summary: str, resume_dir: str | None = None) -> None:
+        hint = f"; continue with trainer.resume=true hydra.run.dir={resume_dir}" if resume_dir else ""
+        super().__init__(summary + hint)
+        self.summary, self.resume_dir = summary, resume_dir

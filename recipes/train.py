@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -34,8 +35,20 @@ def main(cfg: DictConfig) -> float:
     config = OmegaConf.to_container(cfg, resolve=True)
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
-    with user_errors():
-        metrics = train(config)  # type: ignore[arg-type]
+    try:
+        with user_errors():
+            metrics = train(config)  # type: ignore[arg-type]
+    except RunInterrupted as exc:
+        if exc.resume_dir is None:
+            raise
+        # the command to continue: this run's overrides (as typed: this recipe adds the ``++``
+        # itself), resuming in its folder
+        typed = [o.removeprefix("++") for o in HydraConfig.get().overrides.task]
+        keep = [o for o in typed if not o.startswith(("trainer.resume=", "output_dir="))]
+        command = " ".join(shlex.quote(a) for a in [*keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"])
+        launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
+            "python recipes/train.py")
+        raise RunInterrupted(f"{exc.summary}; continue with: {launcher} {command}") from None
     return float(metrics.get("val_auc", float("nan")))
 
 

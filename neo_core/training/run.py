@@ -225,14 +225,22 @@ def check_output_dir(out: Path) -> None:
         raise ConfigError(f"{blocked[0]} is in the way of the run's output; remove it or choose another output_dir.")
 
 
-def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
-    """Before any rank starts: the run resumed must match the one that wrote the checkpoint."""
+# Settings a resumed run may change (the plan and world size may change: shards are resharded
+# on load); a change is noted, so that a resume command missing an override is seen
+NOTED_KEYS = ("topology", "sharding", "cache", "compression", "trainer", "seed")
+
+
+def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
+    """Before any rank starts: the run resumed must match the one that wrote the checkpoint in
+    ``RESUME_KEYS``; returns the other settings that differ (``NOTED_KEYS``), as ``key: old ->
+    new``."""
     if not saved.is_file():
-        return
+        return []
     try:
         before = json.loads(saved.read_text())
     except (OSError, ValueError):
-        return  # no record to compare with; loading the checkpoint will say if it does not fit
+        return []  # no record to compare with; loading the checkpoint will say if it does not fit
+    config = json.loads(json.dumps(config))  # as it would be saved: tuples are lists
 
     def flat(node: Any, prefix: str) -> dict[str, Any]:
         if isinstance(node, Mapping):
@@ -250,17 +258,45 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> None:
             return node
         return {**plugin_default_node(entry), **node}
 
-    old = {k: v for key in RESUME_KEYS for k, v in flat(effective(key, before.get(key)), key).items()}
-    new = {k: v for key in RESUME_KEYS for k, v in flat(effective(key, config.get(key)), key).items()}
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    def differences(keys: tuple[str, ...]) -> list[str]:
+        old = {k: v for key in keys for k, v in flat(effective(key, before.get(key)), key).items()}
+        new = {k: v for key in keys for k, v in flat(effective(key, config.get(key)), key).items()}
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "trainer.resume")
+        return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed]
+
+    changed = differences(RESUME_KEYS)
     if changed:
-        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:4])
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
         raise ConfigError(
             f"trainer.resume=true, but this run differs from the one that wrote {saved.parent / 'checkpoint'}: "
-            f"{shown}{more}. Resume with the settings in {saved}, or set trainer.resume=false or another "
-            "output_dir."
+            f"{'; '.join(changed[:4])}{more}. Resume with the settings in {saved}, or set trainer.resume=false "
+            "or another output_dir."
         )
+    return differences(NOTED_KEYS)
+
+
+def check_fresh_start(out: Path, run: RunConfig) -> int:
+    """Before any rank starts: the checkpoint step a resumed run starts from (0: none); a run
+    that does not resume must not write over an earlier run's checkpoint, and a resumed one
+    must have steps left."""
+    from neo_core.training.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(out / "checkpoint")
+    if latest is None:
+        return 0
+    folder, step = latest
+    if not run.trainer.resume:
+        raise ConfigError(
+            f"{out} holds the checkpoint of an earlier run (step {step}, {folder}); continue it with "
+            f"trainer.resume=true, or choose another output folder (hydra.run.dir=... or output_dir=...), "
+            f"or remove {folder} to start over there."
+        )
+    if step >= run.trainer.max_steps:
+        raise ConfigError(
+            f"The checkpoint in {folder} is at step {step}, not before trainer.max_steps="
+            f"{run.trainer.max_steps}; raise trainer.max_steps to train further."
+        )
+    return step
 
 
 def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
@@ -270,8 +306,12 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     out = Path(run.output_dir)
     check_output_dir(out)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
-    if run.trainer.resume:
-        check_resumable(out / "config.json", run.to_dict())
+    resumed_from = check_fresh_start(out, run)
+    changes = check_resumable(out / "config.json", run.to_dict()) if resumed_from else []
+    if rank0 and changes:
+        more = f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
+        print(f"note: resuming from step {resumed_from} with settings that differ from the run that wrote "
+              f"the checkpoint: {'; '.join(changes[:6])}{more}")
     # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
     # sharding=torchrec); the plan text below says what matters
     torchrec_log = logging.getLogger("torchrec")
@@ -312,13 +352,11 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         from neo_core.training.checkpoint import latest_checkpoint
 
         latest = latest_checkpoint(out / "checkpoint")
-        saved = (
-            f"checkpoint at step {latest[1]} in {latest[0]}; continue with trainer.resume=true "
-            f"hydra.run.dir={out}"
-            if latest
-            else "no checkpoint (trainer.checkpoint=false)"
+        saved = f"checkpoint at step {latest[1]} in {latest[0]}" if latest else "no checkpoint (trainer.checkpoint=false)"
+        raise RunInterrupted(
+            f"stopped after step {metrics['steps']} of {run.trainer.max_steps}: {saved}",
+            resume_dir=str(out) if latest else None,
         )
-        raise RunInterrupted(f"stopped after step {metrics['steps']} of {run.trainer.max_steps}: {saved}")
     if rank0 and metrics:
         print(
             f"done: {metrics['steps']} steps, val AUC {metrics['val_auc']:.4f}, val loss "
@@ -507,13 +545,17 @@ def _no_nan(value: Any) -> Any:
 def _write_results(
     out: Path, module: Any, run: RunConfig, launch: Launch, wall: float, interrupted: bool = False
 ) -> None:
-    history = list(module.history)
+    history, val_history = list(module.history), list(module.val_history)
     previous = out / "metrics.json"
     if module.step_offset and previous.exists():  # a resumed run keeps the earlier steps' record
         earlier = json.loads(previous.read_text())
         history = [h for h in earlier.get("history", []) if h["step"] <= module.step_offset] + history
+        val_history = [
+            {k: math.nan if v is None else v for k, v in h.items()}  # null in the file: not measured
+            for h in earlier.get("val_history", []) if h["step"] <= module.step_offset
+        ] + val_history
     last = history[-10:]
-    val = module.val_history[-1] if module.val_history else {"auc": math.nan, "loss": math.nan}
+    val = val_history[-1] if val_history else {"auc": math.nan, "loss": math.nan}
     metrics = {
         "steps": module.global_step + module.step_offset,
         "max_steps": run.trainer.max_steps,
@@ -533,7 +575,7 @@ def _write_results(
         "topology": run.topology["name"],
         "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
         "history": history,
-        "val_history": module.val_history,
+        "val_history": val_history,
     }
     # strict JSON: a value that is not a number (no validation: trainer.val_batches=0) is null
     (out / "metrics.json").write_text(json.dumps(_no_nan(metrics), indent=2, allow_nan=False) + "\n")

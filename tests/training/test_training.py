@@ -60,6 +60,16 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
+    assert [v["step"] for v in resumed["val_history"]] == [3, 6]  # the first run's validation is kept
+    assert resumed["val_history"][-1] == whole["val_history"][-1]
+    # a run that does not resume is refused before it writes over the checkpoint
+    from neo_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"holds the checkpoint of an earlier run \(step 6, .*\); continue it with "
+                                          r"trainer.resume=true, or choose another output folder"):
+        train(composed([*smoke, "trainer.max_steps=9"], tmp_path / "split"))
+    with pytest.raises(ConfigError, match=r"is at step 6, not before trainer.max_steps=6; raise trainer.max_steps"):
+        train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
     # the resumed run's log rows follow the first run's, counted on from its last step
     def log_rows(run: str) -> list[tuple[str, str]]:
         lines = (tmp_path / run / "logs" / "metrics.csv").read_text().splitlines()
@@ -69,8 +79,6 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
 
     assert log_rows("split") == log_rows("whole") and len(log_rows("whole")) == 6
     # resuming with another model is refused before any rank starts, naming what changed
-    from neo_core.errors import ConfigError
-
     with pytest.raises(ConfigError, match=r"differs from the one that wrote .*model\.embedding_dim: 16 -> 8"):
         train(composed([*smoke, "trainer.max_steps=9", "trainer.resume=true", "model.embedding_dim=8"],
                        tmp_path / "split"))
@@ -139,8 +147,11 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: s
     assert stderr.count(said) == 1 and stderr.count("stopping") == 1, stderr[-3000:]
     step = json.loads(meta.read_text())["step"]
     assert 3 <= step < 100000 and step % 2 == 0  # after a step where the ranks compared notes
+    # the command to continue repeats the run's overrides
     assert (f"interrupted: stopped after step {step} of 100000: checkpoint at step {step} in {out / 'checkpoint'}; "
-            f"continue with trainer.resume=true hydra.run.dir={out}") in stderr, stderr[-3000:]
+            "continue with: python recipes/train.py trainer=smoke trainer.max_steps=100000 trainer.checkpoint=true "
+            "trainer.checkpoint_every_n_steps=3 trainer.log_every_n_steps=2 trainer.resume=true "
+            f"hydra.run.dir={out}") in stderr, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["steps"] == step
     assert not (out / "checkpoint.tmp").exists()
@@ -278,13 +289,16 @@ def test_ranks_stop_together_at_agreement_points_but_not_after_the_last_step() -
     assert not trainer.should_stop and last.stopped_at is None  # step 10 was the last: finished
 
 
-def _rank_waits_for_stop(local_rank: int, stop: Any) -> None:
+def _rank_waits_for_stop(local_rank: int, *args: Any) -> None:
     import signal
+    import time
 
+    *linger, stop = args
     assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # started ignoring them
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     if not stop.wait(120):
         raise SystemExit(3)
+    time.sleep(linger[0] if linger else 0.0)
 
 
 def _rank_never_stops(local_rank: int, stop: Any) -> None:
@@ -303,13 +317,18 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
 
     before = signal.getsignal(signal.SIGINT)
     interrupt = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
-    threading.Timer(1.0, interrupt).start()
+    timer = threading.Timer(1.0, interrupt)
+    timer.start()
     run_ranks(_rank_waits_for_stop, (), 2)  # each rank sees the flag and ends normally
+    timer.join()
     assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
     terminate = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
-    for t in (1.0, 1.5):  # SIGTERM, twice: a request to stop, passed on once
-        threading.Timer(t, terminate).start()
-    run_ranks(_rank_waits_for_stop, (), 2)
+    timers = [threading.Timer(t, terminate) for t in (1.0, 1.3)]  # twice: one request, passed on once
+    for timer in timers:
+        timer.start()
+    run_ranks(_rank_waits_for_stop, (1.5,), 2)  # the ranks linger: both arrive while they run
+    for timer in timers:
+        timer.join()
     assert capsys.readouterr().err.count("stopping on SIGTERM") == 1
     timers = [threading.Timer(t, interrupt) for t in (1.0, 1.5)]
     for timer in timers:
@@ -317,6 +336,8 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         run_ranks(_rank_never_stops, (), 2)
+    for timer in timers:
+        timer.join()
     assert time.monotonic() - start < 60  # the ranks were ended, not waited for
     assert signal.getsignal(signal.SIGINT) is before
 
@@ -345,7 +366,11 @@ def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> No
     # ... the resumed one from Python, naming only the kernel: the same settings, so accepted
     python_run = validate(composed(["trainer=smoke"], tmp_path)).to_dict()
     python_run["kernel"] = {"name": "fused"}
-    check_resumable(saved, python_run)
+    python_run["model"] = {**python_run["model"], "dense_arch": tuple(python_run["model"]["dense_arch"])}
+    assert check_resumable(saved, python_run) == []  # a tuple is saved as a list: no change either
+    # settings a resumed run may change are returned, to be noted
+    python_run["trainer"] = {**python_run["trainer"], "max_steps": 300, "resume": True}
+    assert check_resumable(saved, python_run) == ["trainer.max_steps: 5 -> 300"]
     # a left-out key whose default differs from what was written is still a change
     python_run["kernel"] = {"name": "fused", "learning_rate": written["learning_rate"]}
     saved.write_text(json.dumps({**json.loads(saved.read_text()), "kernel": {**written, "optimizer": "adam"}}))
