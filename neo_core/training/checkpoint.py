@@ -9,19 +9,28 @@ to ``checkpoint.tmp``, finished with its ``meta.json``, and only then swapped in
 (``checkpoint`` -> ``checkpoint.old``, ``checkpoint.tmp`` -> ``checkpoint``, the old one
 removed). A crash at any point leaves at least one complete checkpoint, and resuming takes
 the latest complete one of the three folders.
+
+A resumed run may plan differently (another world size or planner): weights are resharded on
+load. A table that moved between data parallel (a torch optimizer's state) and sharded (the
+fused optimizer's) has optimizer state of another form in the checkpoint; its weights load
+and its optimizer state starts afresh, which the run notes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from neo_core.errors import CheckpointError
 
@@ -67,6 +76,21 @@ def _state(trainer: pl.Trainer, module: Any) -> dict[str, Any]:
     return {"model": module.model.state_dict(), "optim": trainer.optimizers[0].state_dict()}
 
 
+def _optimizer_state_not_saved(state: dict[str, Any], folder: Path) -> list[str]:
+    """Optimizer state keys of this run that the checkpoint lacks, when every model key is
+    there (then those may load partially); otherwise [] (a full load, which says what is
+    missing)."""
+    try:
+        saved = set(dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - unreadable: the load itself reports it
+        return []
+    flat, _ = flatten_state_dict(state)
+    missing = [k for k in flat if k not in saved]
+    if any(not k.startswith("optim.") for k in missing):
+        return []
+    return missing
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -82,8 +106,10 @@ class DistributedCheckpoint(pl.Callback):
         save_at_end: bool = True,
         resume: bool = False,
         step_offset: int = 0,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.path = Path(path)
+        self.config = config  # the run's settings, kept with each checkpoint (config.json)
         self.every_n_steps = every_n_steps
         self.save_at_end = save_at_end
         self.resume = resume
@@ -101,6 +127,8 @@ class DistributedCheckpoint(pl.Callback):
         dcp.save(_state(trainer, module), checkpoint_id=str(tmp))
         _barrier()
         if trainer.is_global_zero:
+            if self.config is not None:  # what resuming compares with: the run that wrote it
+                (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             (tmp / "meta.json").write_text(json.dumps({"step": step}) + "\n")
             shutil.rmtree(old, ignore_errors=True)
             if self.path.exists():
@@ -125,8 +153,18 @@ class DistributedCheckpoint(pl.Callback):
             raise CheckpointError(f"{self.path} holds no finished checkpoint to resume from.")
         folder = latest[0]
         state = _state(trainer, module)
+        fresh = _optimizer_state_not_saved(state, folder)
+        if fresh and trainer.is_global_zero:
+            tables = sorted({m.group(1) for k in fresh if (m := re.search(r"\.([^.]+)\.weight\b", k))})
+            shown = ", ".join(tables[:8]) + (f" (and {len(tables) - 8} more)" if len(tables) > 8 else "")
+            print(
+                f"note: the optimizer state of {shown or 'some parameters'} starts afresh: the checkpoint's "
+                "plan had them data-parallel where this one shards them, or the other way round (their "
+                "weights are loaded)",
+                file=sys.stderr,
+            )
         try:
-            dcp.load(state, checkpoint_id=str(folder))
+            dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=bool(fresh)))
             module.model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optim"])
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - each means the same to the user

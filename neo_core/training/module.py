@@ -3,8 +3,11 @@
 The model arrives unsharded, with its tables on the meta device; :class:`NeoStrategy` calls
 :meth:`NeoModule.shard`, which plans and wraps it in TorchRec's ``DistributedModelParallel``.
 Embedding tables on the fused kernel are updated inside backward by FBGEMM; everything else
-(MLPs, replicated tables on the dense kernel) by the dense optimizer. Both live in one
-TorchRec ``CombinedOptimizer``, fused first, so the closure Lightning passes runs once.
+(MLPs) by the dense optimizer, and replicated tables on the dense kernel by the kernel's
+optimizer, unfused. All live in one TorchRec ``CombinedOptimizer``, whose ``step`` hands
+Lightning's closure (forward and backward) to every part that takes one: with two torch
+parts, every step ran forward and backward twice, fused tables were updated twice and the
+logged loss was the second pass's. :class:`OneClosureOptimizer` runs the closure once.
 """
 
 from __future__ import annotations
@@ -19,10 +22,24 @@ import torch.distributed as dist
 from torch import nn
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
+from torchrec.optim.keyed import CombinedOptimizer
 
 from neo_core.config import TrainerConfig
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import PlanResult
+
+
+class OneClosureOptimizer(CombinedOptimizer):
+    """TorchRec's ``CombinedOptimizer`` that runs the step's closure once, then steps every part."""
+
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for _, opt in self.optimizers:
+            opt.step()
+        return loss
 
 
 def _torch_optimizer(name: str, lr: float, eps: float = 1e-8) -> Callable[[Any], torch.optim.Optimizer]:
@@ -93,7 +110,7 @@ class NeoModule(pl.LightningModule):
         return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+        from torchrec.optim.keyed import KeyedOptimizerWrapper
         from torchrec.optim.optimizers import in_backward_optimizer_filter
 
         model = self.model
@@ -113,7 +130,7 @@ class NeoModule(pl.LightningModule):
             parts.append(
                 ("embedding", KeyedOptimizerWrapper(embedding, _torch_optimizer(opt, self.kernel.learning_rate)))
             )
-        return CombinedOptimizer(parts)
+        return OneClosureOptimizer(parts)
 
     # -- training -----------------------------------------------------------------------
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

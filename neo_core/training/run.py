@@ -258,32 +258,41 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
             return node
         return {**plugin_default_node(entry), **node}
 
+    def name(node: Any) -> Any:
+        return node.get("name") if isinstance(node, Mapping) else None
+
     def differences(keys: tuple[str, ...]) -> list[str]:
-        old = {k: v for key in keys for k, v in flat(effective(key, before.get(key)), key).items()}
-        new = {k: v for key in keys for k, v in flat(effective(key, config.get(key)), key).items()}
-        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "trainer.resume")
-        return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed]
+        found = []
+        for key in keys:
+            if name(before.get(key)) != name(config.get(key)):  # another plugin: its keys differ too
+                found.append(f"{key}: {name(before.get(key))!r} -> {name(config.get(key))!r}")
+                continue
+            old = flat(effective(key, before.get(key)), key)
+            new = flat(effective(key, config.get(key)), key)
+            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "trainer.resume")
+            found += [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed]
+        return found
 
     changed = differences(RESUME_KEYS)
     if changed:
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
         raise ConfigError(
-            f"trainer.resume=true, but this run differs from the one that wrote {saved.parent / 'checkpoint'}: "
-            f"{'; '.join(changed[:4])}{more}. Resume with the settings in {saved}, or set trainer.resume=false "
-            "or another output_dir."
+            f"trainer.resume=true, but this run differs from the one that wrote the checkpoint: "
+            f"{'; '.join(changed[:4])}{more}. Resume with that run's settings ({saved}), or set "
+            "trainer.resume=false or another output folder."
         )
     return differences(NOTED_KEYS)
 
 
-def check_fresh_start(out: Path, run: RunConfig) -> int:
-    """Before any rank starts: the checkpoint step a resumed run starts from (0: none); a run
-    that does not resume must not write over an earlier run's checkpoint, and a resumed one
-    must have steps left."""
+def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
+    """Before any rank starts: the checkpoint a resumed run starts from (folder, step), None if
+    there is none; a run that does not resume must not write over an earlier run's
+    checkpoint, and a resumed one must have steps left."""
     from neo_core.training.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(out / "checkpoint")
     if latest is None:
-        return 0
+        return None
     folder, step = latest
     if not run.trainer.resume:
         raise ConfigError(
@@ -296,7 +305,7 @@ def check_fresh_start(out: Path, run: RunConfig) -> int:
             f"The checkpoint in {folder} is at step {step}, not before trainer.max_steps="
             f"{run.trainer.max_steps}; raise trainer.max_steps to train further."
         )
-    return step
+    return latest
 
 
 def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
@@ -307,10 +316,13 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     check_output_dir(out)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
     resumed_from = check_fresh_start(out, run)
-    changes = check_resumable(out / "config.json", run.to_dict()) if resumed_from else []
+    changes = []
+    if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
+        saved = resumed_from[0] / "config.json"
+        changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
     if rank0 and changes:
         more = f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
-        print(f"note: resuming from step {resumed_from} with settings that differ from the run that wrote "
+        print(f"note: resuming from step {resumed_from[1]} with settings that differ from the run that wrote "
               f"the checkpoint: {'; '.join(changes[:6])}{more}")
     # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
     # sharding=torchrec); the plan text below says what matters
@@ -463,7 +475,7 @@ def rank_main(
     num_nodes = max(1, world // local_world)
     checkpoint = DistributedCheckpoint(
         ckpt_dir, every_n_steps=cfg.checkpoint_every_n_steps, save_at_end=cfg.checkpoint,
-        resume=cfg.resume and start_step > 0, step_offset=start_step,
+        resume=cfg.resume and start_step > 0, step_offset=start_step, config=run.to_dict(),
     )
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
     stop = StopOnInterrupt(

@@ -79,9 +79,42 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
 
     assert log_rows("split") == log_rows("whole") and len(log_rows("whole")) == 6
     # resuming with another model is refused before any rank starts, naming what changed
-    with pytest.raises(ConfigError, match=r"differs from the one that wrote .*model\.embedding_dim: 16 -> 8"):
+    with pytest.raises(ConfigError, match=r"differs from the one that wrote the checkpoint: model\.embedding_dim: 16 -> 8\. Resume with that "
+                       r"run's settings \(.*/checkpoint/config\.json\)"):
         train(composed([*smoke, "trainer.max_steps=9", "trainer.resume=true", "model.embedding_dim=8"],
                        tmp_path / "split"))
+
+
+@pytest.mark.slow
+def test_a_run_resumed_under_another_plan_loads_tables_that_moved_to_or_from_data_parallel(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Their weights load (the next step's loss is the uninterrupted run's) and their optimizer
+    state, of another form in the checkpoint, starts afresh with a note naming them."""
+    from neo_core.training.run import train
+
+    base = ["trainer=smoke", "trainer.checkpoint=true", "trainer.batch_size=256"]
+    whole = train(composed([*base, "trainer.max_steps=4"], tmp_path / "whole"))
+    train(composed([*base, "trainer.max_steps=3"], tmp_path / "split"))
+    first = json.loads((tmp_path / "split" / "plan.json").read_text())
+    assert json.loads((tmp_path / "split" / "checkpoint" / "config.json").read_text())["sharding"]["name"] == "neo"
+    capfd.readouterr()
+    resumed = train(composed([*base, "trainer.max_steps=4", "trainer.resume=true", "sharding=torchrec"],
+                             tmp_path / "split"))
+    second = json.loads((tmp_path / "split" / "plan.json").read_text())
+
+    def data_parallel(plan: dict[str, Any]) -> set[str]:
+        return {t["name"] for t in plan["tables"] if t["sharding_type"] == "data_parallel"}
+
+    moved = data_parallel(first) ^ data_parallel(second)
+    assert moved  # the two plans disagree on which tables are data-parallel
+    said = capfd.readouterr()
+    assert "note: resuming from step 3 with settings that differ from the run that wrote the checkpoint: " \
+           "sharding: 'neo' -> 'torchrec'" in said.out
+    assert "starts afresh" in said.err and all(name in said.err for name in moved), said.err[-2000:]
+    assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4]
+    # step 4's loss comes from the weights loaded at step 3, whatever their new sharding
+    assert resumed["history"][3]["loss"] == pytest.approx(whole["history"][3]["loss"], rel=1e-5)
 
 
 def test_a_save_interrupted_at_any_point_leaves_the_newest_finished_checkpoint(tmp_path: Path) -> None:
@@ -376,3 +409,32 @@ def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> No
     saved.write_text(json.dumps({**json.loads(saved.read_text()), "kernel": {**written, "optimizer": "adam"}}))
     with pytest.raises(ConfigError, match=r"kernel\.optimizer: 'adam' -> 'rowwise_adagrad'"):
         check_resumable(saved, python_run)
+
+
+def test_the_combined_optimizer_runs_the_step_closure_once() -> None:
+    """Lightning's closure is the step's forward and backward: TorchRec's CombinedOptimizer
+    hands it to every part, so with two torch parts (MLPs, replicated tables) it ran twice."""
+    import torch
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+
+    from neo_core.training.module import OneClosureOptimizer
+
+    mlp, table = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))
+    parts = [
+        ("dense", KeyedOptimizerWrapper({"mlp": mlp}, lambda ps: torch.optim.SGD(ps, lr=0.5))),
+        ("embedding", KeyedOptimizerWrapper({"table": table}, lambda ps: torch.optim.SGD(ps, lr=0.5))),
+    ]
+    calls = []
+
+    def closure() -> torch.Tensor:
+        calls.append(1)
+        for p in (mlp, table):
+            p.grad = None
+        loss = (mlp.sum() + table.sum()) ** 2 / 2
+        loss.backward()
+        return loss
+
+    loss = OneClosureOptimizer(parts).step(closure)
+    assert len(calls) == 1 and float(loss.detach()) == 12.5
+    # both parts stepped on that one pass's gradients (d loss / d p = 5)
+    assert mlp.tolist() == [-1.5, -1.5] and table.tolist() == [-1.5, -1.5, -1.5]
