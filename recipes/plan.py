@@ -38,14 +38,20 @@ def check_options(argv: list[str]) -> None:
 
 def _model_alias(argv: list[str]) -> list[str]:
     """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
-    the plan_model/ folder of a ``--config-dir``."""
+    the plan_model/ folder of a ``--config-dir``; ``model=<a>,<b>`` (a sweep) too. Give
+    ``cache.load_factor`` without a cache policy and the policy is LRU (the cache a plan
+    model's share applies to)."""
     names = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")
-        if key in ("model", "+model") and value in names:
+        if key in ("model", "+model") and value and all(v.strip() in names for v in value.split(",")):
             arg = f"plan_model={value}"
         out.append(arg)
+    keys = [a.partition("=")[0].lstrip("+") for a in out]
+    if "cache.load_factor" in keys and "cache" not in keys:
+        print("note: cache.load_factor without a cache policy: planning with cache=lru", file=sys.stderr)
+        out.insert(0, "cache=lru")
     return out
 
 
@@ -89,12 +95,13 @@ def check_model_values(model: dict[str, Any]) -> None:
             raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
 
 
-def run(cfg: dict[str, Any], cache_share_set: bool = False) -> Any:
+def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False) -> Any:
     """Plan the configured table set; returns the PlanResult.
 
     A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
-    the selected cache policy (its eviction kept; ``cache=none`` becomes LRU) unless
-    ``cache_share_set`` (``cache.load_factor`` given on the command line).
+    the selected cache policy (its eviction kept; the default ``cache=none`` becomes LRU)
+    unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
+    ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
     """
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
@@ -116,7 +123,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False) -> Any:
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
     cache = resolve("cache", cfg["cache"])
     share = model.get("cache_load_factor")
-    if share is not None and not cache_share_set:
+    if share is not None and not cache_share_set and not no_cache:
         if cache.load_factor is None:
             cache = CachePolicy("lru", load_factor=float(share))
         else:
@@ -145,8 +152,9 @@ def main(cfg: DictConfig) -> None:
     overrides = HydraConfig.get().overrides.task
     # an explicit share (cache.load_factor=...) wins over the model's; deleting the key does not
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
+    no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
     with user_errors():
-        run(OmegaConf.to_container(cfg, resolve=True), cache_share_set=share_set)  # type: ignore[arg-type]
+        run(OmegaConf.to_container(cfg, resolve=True), cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

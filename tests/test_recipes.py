@@ -264,11 +264,21 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
         (("cache=lfu",), "cache lfu (load factor 0.1)"),  # the model's share, the policy's eviction
         (("cache=lfu", "cache.load_factor=0.3"), "cache lfu (load factor 0.3)"),  # the user's share
         ((), "cache lru (load factor 0.1)"),  # no cache selected: LRU at the model's share
+        (("cache=none",), "cache none"),  # said so: no cache
+        (("cache.load_factor=0.3",), "cache lru (load factor 0.3)"),  # a share alone: LRU at it
     ],
-    ids=["model-share", "user-share", "default-lru"],
+    ids=["model-share", "user-share", "default-lru", "said-none", "share-alone"],
 )
 def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path: Path, overrides, expected) -> None:
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2",
                     "plan_model.cache_load_factor=0.1", *overrides, f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert expected in proc.stdout, proc.stdout[-2000:]
+
+
+def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> None:
+    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "model=mlperf_dcnv2,production_like",
+                    f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "0" / "plan.json").is_file() and (tmp_path / "1" / "plan.json").is_file()
+    assert "26 tables" in proc.stdout and "500 tables" in proc.stdout, proc.stdout[-2000:]

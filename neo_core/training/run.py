@@ -394,6 +394,12 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
+    try:  # semaphores this rank created unregister from the resource tracker (else it warns of a leak)
+        import multiprocessing.util
+
+        multiprocessing.util._run_finalizers(0)
+    except Exception:  # noqa: BLE001 - private API: at worst, the tracker's warning
+        pass
     os._exit(0)
 
 

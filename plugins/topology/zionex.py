@@ -8,6 +8,9 @@ body: they are commonly reported values and are marked as assumed.
 
 from __future__ import annotations
 
+import math
+
+from neo_core.checks import is_number
 from neo_core.errors import ConfigError
 from neo_core.topology import GB, GiB, Topology
 
@@ -29,6 +32,19 @@ def zionex_topology(
     """ZionEX cluster (16 nodes x 8 A100, one 200 Gb/s RoCE NIC per GPU); bandwidths in GB/s."""
     if devices_per_node < 1:  # node figures are shared by its devices below
         raise ConfigError(f"topology.devices_per_node must be at least 1, got {devices_per_node}.")
+    given = {
+        "device_memory_gib": device_memory_gib,
+        "host_memory_gib_per_node": host_memory_gib_per_node,
+        "device_memory_bw_gbps": device_memory_bw_gbps,
+        "host_memory_bw_gbps_per_node": host_memory_bw_gbps_per_node,
+        "host_to_device_bw_gbps": host_to_device_bw_gbps,
+        "intra_node_bw_gbps": intra_node_bw_gbps,
+        "inter_node_bw_gbps": inter_node_bw_gbps,
+    }
+    for key, value in given.items():  # named as given: the figures below are converted to bytes
+        if not is_number(value) or not 0 < value < math.inf:
+            unit = "GiB" if key.endswith(("_gib", "_gib_per_node")) else "GB/s"
+            raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
     return Topology(
         name="zionex",
         num_nodes=num_nodes,

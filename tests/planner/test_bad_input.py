@@ -83,6 +83,14 @@ def test_cpu_ranks_are_told_about_ram_not_device_memory():
     assert "device" not in msg and "add ranks or memory" in msg
 
 
+def test_an_emulated_topology_is_told_about_its_device_memory():
+    emulated = cluster().emulated_on(2, "cpu")
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("huge", 2_000_000_000_000, 128, 1.0)], emulated, 256)
+    assert "device memory (of test (2x4), emulated on CPU ranks) usable on each of 2 ranks" in str(err.value)
+    assert "share of RAM" not in str(err.value)
+
+
 def test_numpy_integers_are_accepted_as_plain_ints():
     spec = TableSpec("t", np.int64(10), np.int32(16))
     assert spec == TableSpec("t", 10, 16)
@@ -216,6 +224,11 @@ def test_topology_figures_are_checked_by_kind_and_range(changes, fragment) -> No
 def test_topology_plugins_check_their_arguments_before_dividing_by_them(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"topology.devices_per_node must be at least 1, got 0."):
         zionex_topology(devices_per_node=0)
+    # named as the user gave them, in their units (not the bytes they become)
+    with pytest.raises(ConfigError, match=r"^topology.device_memory_gib must be a positive number of GiB, got -1.$"):
+        zionex_topology(device_memory_gib=-1)
+    with pytest.raises(ConfigError, match=r"^topology.inter_node_bw_gbps must be a positive number of GB/s, got 0.$"):
+        zionex_topology(inter_node_bw_gbps=0)
     with pytest.raises(ConfigError, match=r"topology.world_size must be at least 1, got 0."):
         local_topology(world_size=0, compute_device="cpu")
     missing = tmp_path / "calibration.json"  # a named calibration must exist: a typo is not "none"

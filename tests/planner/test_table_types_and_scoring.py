@@ -27,6 +27,13 @@ def test_table_sharding_types_reject_unknown_or_impossible() -> None:
         NeoPlanner(table_sharding_types={"nope": ["TW"]}).plan(TABLES, cpu_context(1, 2))
     with pytest.raises(ConfigError, match="t0"):  # no TWRW on a single node
         NeoPlanner(table_sharding_types={"t0": ["TWRW"]}).plan(TABLES, cpu_context(1, 2))
+    # dim 16 splits into columns narrower than min_col_width: the message names the lever
+    narrow = [TableSpec("n0", 1000, 16, 4.0)]
+    with pytest.raises(ConfigError, match=r"'n0' allows only CW, .*column splits of its dim 16 would be narrower "
+                                          r"than sharding.min_col_width=16; lower that"):
+        NeoPlanner(table_sharding_types={"n0": ["CW"]}).plan(narrow, cpu_context(1, 2))
+    result = NeoPlanner(table_sharding_types={"n0": ["CW"]}, min_col_width=8).plan(narrow, cpu_context(1, 2))
+    assert ShardingType(result.tables[0].sharding_type).short == "CW"
 
 
 def test_score_assignments_matches_planner_and_sees_imbalance() -> None:

@@ -173,7 +173,7 @@ class NeoPlanner(Planner):
         if context.kernel.data_parallel_only:
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
-        restrict_per_table(options, tables, self.table_types)
+        restrict_per_table(options, tables, self.table_types, self.min_col_width)
         restrict_unaligned(options, tables, context)
         if self.estimator == "torchrec":
             from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
@@ -236,7 +236,10 @@ class NeoPlanner(Planner):
 
 
 def restrict_per_table(
-    options: list[Option], tables: Sequence[TableSpec], table_types: dict[str, set[ShardingType]]
+    options: list[Option],
+    tables: Sequence[TableSpec],
+    table_types: dict[str, set[ShardingType]],
+    min_col_width: int = 16,
 ) -> None:
     """Mark options invalid for tables whose allowed types (``table_sharding_types``) exclude them."""
     if not table_types:
@@ -251,9 +254,15 @@ def restrict_per_table(
     for i, t in enumerate(tables):
         if t.name in table_types and not any(o.valid[i] for o in options):
             allowed = ", ".join(sorted(s.short for s in table_types[t.name]))
+            narrow = ""
+            if table_types[t.name] & set(MULTI_COL) and t.embedding_dim < 2 * min_col_width:
+                narrow = (
+                    f" (column splits of its dim {t.embedding_dim} would be narrower than "
+                    f"sharding.min_col_width={min_col_width}; lower that, to a multiple of 4)"
+                )
             raise ConfigError(
                 f"Table {t.name!r} allows only {allowed}, none of which is possible on this "
-                "topology or with the global sharding_types; allow another type."
+                f"topology or with the global sharding_types{narrow}; allow another type."
             )
 
 
@@ -292,9 +301,16 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     cols = np.arange(len(t))
     need_dev, need_host = dev[order, cols], host[order, cols]
     never = ~search.usable.any(axis=0)
-    on_gpu = search.model.context.topology.compute_device == "cuda"
-    # CPU ranks hold their tables in RAM: the topology's "device memory" is each rank's share
-    mem = "device memory" if on_gpu else "memory (each CPU rank's share of RAM)"
+    topology = search.model.context.topology
+    on_gpu = topology.compute_device == "cuda"
+    # CPU ranks hold their tables in RAM: the topology's "device memory" is each rank's share,
+    # unless a larger topology is emulated here (its own per-device memory is planned for)
+    if on_gpu:
+        mem = "device memory"
+    elif topology.emulated_from:
+        mem = f"device memory (of {topology.emulated_from}, emulated on CPU ranks)"
+    else:
+        mem = "memory (each CPU rank's share of RAM)"
     mem_short = "device memory" if on_gpu else "memory"
     cached = search.model.cache_load_factor is not None
     host_usable = " usable" if search.model.host_reserve else ""
