@@ -602,3 +602,20 @@ def test_why_says_which_option_has_the_least_total_time():
             assert other < mine and ("larger shards" in text) == (float(m.group(6)) > float(m.group(2))), text
     assert "least total would be TW" in why["cat_0"][1] and why["cat_0"][0] == "GRID"
     assert "the least total" in why["cat_5"][1] and why["cat_5"][0] == "DP"
+
+
+def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
+    # 16 tables of 1.43 GiB on 8 ranks of 2 GiB: half of them go to host memory behind the cache
+    import re
+
+    from neo_core.cache import CachePolicy
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 8.0) for i in range(16)]
+    result = plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                         cache=CachePolicy("lru", load_factor=0.05))
+    cached = [a for a in result.tables if a.compute_kernel == "fused_uvm_caching"]
+    assert cached
+    for a in cached:
+        assert "host memory behind device cache" in a.why
+        assert re.search(r"least total would be \S+ on device .*, more device memory per shard$", a.why), a.why

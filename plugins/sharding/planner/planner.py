@@ -431,8 +431,14 @@ def _why(opt: Option, search: Search, i: int) -> str:
         if alt[j] >= search.total[search.choice[i], i]:
             cmp = f"; the least total (next: {search.opts[j].label} {cost(j)})"
         else:
-            larger = search.opts[j].shard_time[i] > opt.shard_time[i]
-            cmp = f"; least total would be {search.opts[j].label} {cost(j)}" + (", larger shards" if larger else "")
+            other = search.opts[j]
+            label = other.label + (" on device" if opt.placement == CACHED and other.placement != CACHED else "")
+            why_not = []
+            if other.shard_time[i] > opt.shard_time[i]:
+                why_not.append("larger shards")
+            if other.cost.mem_device[i] > opt.cost.mem_device[i] * 1.01:  # what memory-tight plans give up
+                why_not.append("more device memory per shard")
+            cmp = f"; least total would be {label} {cost(j)}" + "".join(f", {w}" for w in why_not)
     if whole >= GiB / 10:
         size = f"{whole / GiB:.2f} GiB"
     elif whole >= 2**20 / 10:
