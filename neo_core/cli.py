@@ -16,25 +16,29 @@ from typing import Any
 from neo_core.errors import ConfigError, NeoError
 
 
+def user_error_message(exc: BaseException) -> str | None:
+    """The one line to show for a :class:`NeoError`, also one raised inside a spawned rank
+    (it arrives wrapped, as text); None for anything else (a bug: its traceback is wanted)."""
+    if isinstance(exc, NeoError):
+        return str(exc)
+    if isinstance(exc, Exception):
+        for line in reversed(str(exc).splitlines()):
+            if line.startswith("neo_core.errors.") and ": " in line:
+                return line.split(": ", 1)[1]
+    return None
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Print a :class:`NeoError` as one line and exit with status 2 (no traceback)."""
     try:
         yield
-    except NeoError as exc:
-        if os.environ.get("NEO_TRACEBACK"):
+    except Exception as exc:
+        message = user_error_message(exc)
+        if message is None or os.environ.get("NEO_TRACEBACK"):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
-    except Exception as exc:  # errors raised inside spawned ranks arrive wrapped
-        message = str(exc)
-        for line in reversed(message.splitlines()):
-            if line.startswith("neo_core.errors.") and ": " in line:
-                if os.environ.get("NEO_TRACEBACK"):
-                    raise
-                print(f"error: {line.split(': ', 1)[1]}", file=sys.stderr)
-                raise SystemExit(2) from None
-        raise
 
 
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
@@ -24,6 +25,37 @@ from neo_core.errors import RunInterrupted
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 # train.yaml's config groups (topology is added with +topology=<option>)
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "data", "trainer", "experiment")
+
+
+# jobs of this sweep that stopped on an error: (job number, overrides, message)
+FAILED_JOBS: list[tuple[int, str, str]] = []
+
+
+def _sweep_job(config: dict) -> dict:
+    """One job of a sweep: an error in it (a bad combination, a plan that does not fit) is
+    reported, kept in the job's folder (``error.txt``) and the sweep goes on; the command
+    exits 2 at the end, listing the failed jobs. Anything else (a bug) stops the sweep."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from neo_core.cli import user_error_message
+    from neo_core.training.run import train
+
+    try:
+        return train(config)  # type: ignore[arg-type]
+    except RunInterrupted:
+        raise
+    except Exception as exc:
+        message = user_error_message(exc)
+        if message is None or os.environ.get("NEO_TRACEBACK"):
+            raise
+        job = HydraConfig.get().job
+        overrides = " ".join(o.removeprefix("++") for o in HydraConfig.get().overrides.task)
+        out = Path(config["output_dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "error.txt").write_text(message + "\n")
+        print(f"error: job #{job.num} ({overrides}): {message}", file=sys.stderr)
+        FAILED_JOBS.append((job.num, overrides, message))
+        return {}
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
@@ -36,8 +68,11 @@ def main(cfg: DictConfig) -> float:
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
     try:
-        with user_errors():
-            metrics = train(config)  # type: ignore[arg-type]
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            metrics = _sweep_job(config)
+        else:
+            with user_errors():
+                metrics = train(config)  # type: ignore[arg-type]
     except RunInterrupted as exc:
         if exc.resume_dir is None:
             raise
@@ -60,7 +95,13 @@ if __name__ == "__main__":
     argv = [a for a in sys.argv[1:] if a not in ("experiment=null", "experiment=")]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv))]
     try:
-        sys.exit(main())
+        main()
+        if FAILED_JOBS:
+            print(f"{len(FAILED_JOBS)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
+            for num, overrides, message in FAILED_JOBS:
+                print(f"  #{num} {overrides}: {message[:200]}", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(0)
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it

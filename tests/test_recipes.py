@@ -282,3 +282,15 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "0" / "plan.json").is_file() and (tmp_path / "1" / "plan.json").is_file()
     assert "26 tables" in proc.stdout and "500 tables" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
+    proc = run_recipe("-m", "model.embedding_dim=7,16", "trainer=smoke", "trainer.max_steps=2",
+                      f"hydra.sweep.dir={tmp_path}", timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = "model.dense_arch must end with the embedding dim (7), got [64, 16]."
+    assert f"error: job #0 (model.embedding_dim=7 trainer=smoke trainer.max_steps=2): {said}" in proc.stderr
+    assert (tmp_path / "0" / "error.txt").read_text() == said + "\n"
+    assert json.loads((tmp_path / "1" / "metrics.json").read_text())["steps"] == 2  # the next job ran
+    assert "1 job(s) of the sweep failed" in proc.stderr and "  #0 model.embedding_dim=7" in proc.stderr
