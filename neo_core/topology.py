@@ -157,7 +157,8 @@ class Topology:
             f"{mark('inter_node_bw')}",
         ]
         if self.assumed:
-            lines.append("  (* assumed, not verified against a primary source)")
+            measure = "; `neo calibrate` measures this machine's" if self.name == "local" else ""
+            lines.append(f"  (* assumed, not verified against a primary source{measure})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

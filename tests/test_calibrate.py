@@ -82,6 +82,7 @@ def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pyt
     path, data, _ = calibration
     uncalibrated = local_topology()  # conftest points NEO_CALIBRATION at a missing file
     assert set(uncalibrated.assumed) == set(CALIBRATED_KEYS)
+    assert "`neo calibrate` measures this machine's" in uncalibrated.describe()  # how to replace them
     baseline = plan_tables(TABLES, "local", 1024).predicted_step_time
 
     monkeypatch.setenv("NEO_CALIBRATION", str(path))
