@@ -27,6 +27,10 @@ class CheckpointError(NeoError):
     """A checkpoint cannot be read or does not fit the run resuming from it."""
 
 
+class TrainingError(NeoError):
+    """Training ended without the results it must leave."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Training stopped early on Ctrl-C, every rank after the same step (says where it saved).
     ``summary``: what stopped and where it saved; ``resume_dir``: the run's folder when a

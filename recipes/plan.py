@@ -51,7 +51,7 @@ def _model_alias(argv: list[str]) -> list[str]:
     keys = [a.partition("=")[0].lstrip("+") for a in out]
     if "cache.load_factor" in keys and "cache" not in keys:
         print("note: cache.load_factor without a cache policy: planning with cache=lru", file=sys.stderr)
-        out.insert(0, "cache=lru")
+        out.append("cache=lru")  # after any Hydra flag; Hydra applies a group choice before values
     return out
 
 

@@ -27,6 +27,26 @@ CONF = str(Path(__file__).resolve().parent.parent / "conf")
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "data", "trainer", "experiment")
 
 
+# Hydra's config-folder flags as given (--config-dir ...): the command that continues a run needs them
+CONFIG_FLAGS: list[str] = []
+
+
+def config_flags(argv: list[str]) -> list[str]:
+    """The config-folder and config-name flags among ``argv``, with their values."""
+    names = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
+    out, take = [], False
+    for arg in argv:
+        if take:
+            out.append(arg)
+            take = False
+        elif arg in names:
+            out.append(arg)
+            take = True
+        elif arg.startswith(tuple(f"{n}=" for n in names)):
+            out.append(arg)
+    return out
+
+
 # jobs of this sweep that stopped on an error: (job number, overrides, message)
 FAILED_JOBS: list[tuple[int, str, str]] = []
 
@@ -80,7 +100,9 @@ def main(cfg: DictConfig) -> float:
         # itself), resuming in its folder
         typed = [o.removeprefix("++") for o in HydraConfig.get().overrides.task]
         keep = [o for o in typed if not o.startswith(("trainer.resume=", "output_dir="))]
-        command = " ".join(shlex.quote(a) for a in [*keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"])
+        command = " ".join(
+            shlex.quote(a) for a in [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"]
+        )
         launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
             "python recipes/train.py")
         raise RunInterrupted(f"{exc.summary}; continue with: {launcher} {command}") from None
@@ -88,6 +110,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    CONFIG_FLAGS[:] = config_flags(sys.argv[1:])
     with user_errors():
         register_plugin_options(CONF)
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))

@@ -278,10 +278,11 @@ def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path
 
 def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> None:
     proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "model=mlperf_dcnv2,production_like",
-                    f"hydra.sweep.dir={tmp_path}")
+                    "cache.load_factor=0.3", f"hydra.sweep.dir={tmp_path}")  # a share alone: LRU, after -m
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "0" / "plan.json").is_file() and (tmp_path / "1" / "plan.json").is_file()
     assert "26 tables" in proc.stdout and "500 tables" in proc.stdout, proc.stdout[-2000:]
+    assert proc.stdout.count("cache lru (load factor 0.3)") == 2, proc.stdout[-2000:]
 
 
 @pytest.mark.slow
@@ -294,3 +295,13 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert (tmp_path / "0" / "error.txt").read_text() == said + "\n"
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["steps"] == 2  # the next job ran
     assert "1 job(s) of the sweep failed" in proc.stderr and "  #0 model.embedding_dim=7" in proc.stderr
+
+
+def test_the_continue_command_keeps_the_config_folder_flags() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_recipe", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    argv = ["-m", "--config-dir", "/my/conf", "trainer=smoke", "-cn=train", "-cd=/other", "model.embedding_dim=8"]
+    assert recipe.config_flags(argv) == ["--config-dir", "/my/conf", "-cn=train", "-cd=/other"]

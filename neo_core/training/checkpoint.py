@@ -48,8 +48,8 @@ def _meta_step(folder: Path) -> int | None:
         step = json.loads(meta.read_text())["step"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(
-            f"{meta} is unreadable ({type(exc).__name__}); delete {folder} to start afresh, or set "
-            "trainer.resume=false."
+            f"{meta} is unreadable ({type(exc).__name__}); delete {folder} to start afresh there, or "
+            "choose another output folder."
         ) from None
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise CheckpointError(f"{meta} names step {step!r}, not a positive whole number; delete {folder}.")
@@ -154,13 +154,24 @@ class DistributedCheckpoint(pl.Callback):
         folder = latest[0]
         state = _state(trainer, module)
         fresh = _optimizer_state_not_saved(state, folder)
-        if fresh and trainer.is_global_zero:
-            tables = sorted({m.group(1) for k in fresh if (m := re.search(r"\.([^.]+)\.weight\b", k))})
-            shown = ", ".join(tables[:8]) + (f" (and {len(tables) - 8} more)" if len(tables) > 8 else "")
+        tables = {m.group(1) for k in fresh if (m := re.search(r"embedding_bags\.([^.]+)\.weight\b", k))}
+        others = {k.rsplit(".", 1)[0] for k in fresh if "embedding_bags." not in k}
+        if dist.is_initialized() and dist.get_world_size() > 1:  # what every rank left out, said once
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, (tables, others))
+            tables = set().union(*(g[0] for g in gathered))
+            others = set().union(*(g[1] for g in gathered))
+        if (tables or others) and trainer.is_global_zero:
+            parts = []
+            if tables:
+                names = sorted(tables)
+                shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
+                parts.append(f"tables {shown} (data-parallel in one plan, sharded in the other)")
+            if others:
+                parts.append(f"{len(others)} other parameter(s) (another optimizer)")
             print(
-                f"note: the optimizer state of {shown or 'some parameters'} starts afresh: the checkpoint's "
-                "plan had them data-parallel where this one shards them, or the other way round (their "
-                "weights are loaded)",
+                f"note: the optimizer state of {' and '.join(parts)} is not in the checkpoint and starts "
+                "afresh; their weights are loaded",
                 file=sys.stderr,
             )
         try:

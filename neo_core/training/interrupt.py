@@ -43,7 +43,8 @@ class StopOnInterrupt(pl.Callback):
     its pid, for ranks it started).
 
     ``alone``: no starting process watches this rank (one process, or torchrun), so this rank
-    says it is stopping and stops at once on a second SIGINT. Otherwise the starting process
+    says it is stopping and stops at once on a second SIGINT, or on a SIGTERM after a SIGINT
+    (torchrun's agent passes a second Ctrl-C on as SIGTERM). Otherwise the starting process
     does both (``run_ranks``): ranks that stopped on their own at different points of a
     collective would leave the others waiting in it.
     """
@@ -62,18 +63,22 @@ class StopOnInterrupt(pl.Callback):
         self.shared = shared
         self.parent = parent
         self.asked = False  # this rank got a SIGINT or SIGTERM
+        self.interrupted = False  # ... a SIGINT
         self._installed = False  # inside ``installed`` on the main thread
         self.stopped_at: int | None = None  # the trainer step after which all ranks stopped
         self._steps = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
         term = signum == signal.SIGTERM
-        if self.asked and self.alone and not term:  # the second Ctrl-C: stop now (Lightning tears the rank down)
+        if self.alone and (self.interrupted or (self.asked and not term)):
+            # the second Ctrl-C (or torchrun passing it on as SIGTERM): stop now (Lightning
+            # tears the rank down)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise HardStop
         if not self.asked and self.announce:
             print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
         self.asked = True
+        self.interrupted = self.interrupted or not term
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -91,14 +96,26 @@ class StopOnInterrupt(pl.Callback):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def setup(self, trainer: pl.Trainer, module: Any, stage: str) -> None:
+        # Lightning's fit puts its own SIGTERM handler in front of this one (chained) before
+        # training starts, one that broadcasts from inside the handler (ranks caught at
+        # different points of a step then wait in mismatched collectives) and ends the fit
+        # without the end-of-training save. Its notifier is made a no-op before it is
+        # registered (setup runs first), so a SIGTERM in between reaches this handler only
+        connector = getattr(trainer, "_signal_connector", None)
+        if self._installed and connector is not None and hasattr(connector, "_sigterm_notifier_fn"):
+            connector._sigterm_notifier_fn = _no_sigterm_notice
+
     def on_train_start(self, trainer: pl.Trainer, module: Any) -> None:
-        # Lightning's fit puts its own SIGTERM handler first, one that broadcasts from inside
-        # the handler (ranks caught at different points of a step then wait in mismatched
-        # collectives) and ends the fit without the end-of-training save: SIGTERM is taken
-        # back here, for this fit (Lightning restores the handler it found when fit ends)
+        # ... and SIGTERM is taken back here, for this fit (Lightning restores the handler it
+        # found when fit ends)
         if not self._installed:
             return
         signal.signal(signal.SIGTERM, self._handler)
+        connector = getattr(trainer, "_signal_connector", None)
+        if getattr(connector, "received_sigterm", False):  # Lightning's flag would end the fit unsaved
+            connector.received_sigterm = False
+            self.asked = True
         # Lightning also broadcasts its SIGTERM flag before every training step (a collective
         # and a host sync per step); only its handler, now replaced, could set that flag. Every
         # rank runs this callback on its main thread, so every rank skips the broadcast.
@@ -128,6 +145,10 @@ def _no_broadcast() -> None:
     """Stands in for Lightning's per-step SIGTERM broadcast (``StopOnInterrupt.on_train_start``)."""
 
 
+def _no_sigterm_notice(signum: int, frame: Any) -> None:
+    """Stands in for Lightning's SIGTERM notifier (``StopOnInterrupt.setup``)."""
+
+
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait.
 
@@ -152,30 +173,56 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
         print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
-    if main:
-        for sig in SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)  # inherited by the ranks as they start
     try:
+        if main:
+            for sig in SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)  # inherited by the ranks as they start
         context = mp.start_processes(fn, args=(*args, stop), nprocs=nprocs, join=False, start_method="spawn")
-    finally:
         if main:
             for sig in SIGNALS:
                 signal.signal(sig, handler)
-    try:
-        while not context.join():
-            pass
-    except KeyboardInterrupt:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-        for process in context.processes:
-            process.join()
-        raise
-    except (ProcessExitedException, ProcessRaisedException):
-        if stop.is_set():  # a rank that got the interrupt outside training, on another path
-            raise KeyboardInterrupt from None
-        raise
+        try:
+            _wait_for_ranks(context)
+            while not context.join():
+                pass
+        except KeyboardInterrupt:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            for process in context.processes:
+                process.join()
+            raise
+        except (ProcessExitedException, ProcessRaisedException):
+            if stop.is_set():  # a rank that got the interrupt outside training, on another path
+                raise KeyboardInterrupt from None
+            raise
     finally:
         if main:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+
+def _wait_for_ranks(context: Any) -> None:
+    """Until every rank has ended, or one has failed: then the others are ended (SIGKILL) at
+    once and ``context.join`` is left to raise the failed rank's error. torch's join would send
+    them SIGTERM, which they take as a request to stop after a step and save (waiting for the
+    failed rank in a collective), and kill them only after 30 s."""
+    from multiprocessing.connection import wait
+
+    processes = context.processes
+    while True:
+        alive = [p for p in processes if p.is_alive()]
+        failed = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0)]
+        if failed:
+            for process in alive:
+                process.kill()
+            for process in alive:
+                process.join()
+            # only the failed rank is left for join to report (it reports the first it sees)
+            for sentinel, index in list(context.sentinels.items()):
+                if index != failed[0]:
+                    context.sentinels.pop(sentinel)
+            return
+        if not alive:
+            return
+        wait([p.sentinel for p in alive])

@@ -34,7 +34,14 @@ from neo_core.cache import CachePolicy
 from neo_core.compression import Compressor
 from neo_core.config import RunConfig, instantiate, plugin_default_node, validate
 from neo_core.data import DataSource
-from neo_core.errors import ConfigError, PlanningError, PluginError, RunInterrupted
+from neo_core.errors import (
+    CheckpointError,
+    ConfigError,
+    PlanningError,
+    PluginError,
+    RunInterrupted,
+    TrainingError,
+)
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
@@ -228,6 +235,7 @@ def check_output_dir(out: Path) -> None:
 # Settings a resumed run may change (the plan and world size may change: shards are resharded
 # on load); a change is noted, so that a resume command missing an override is seen
 NOTED_KEYS = ("topology", "sharding", "cache", "compression", "trainer", "seed")
+QUIET_KEYS = ("trainer.resume", "trainer.max_steps")  # what resuming is for: not noted
 
 
 def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
@@ -269,7 +277,7 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
                 continue
             old = flat(effective(key, before.get(key)), key)
             new = flat(effective(key, config.get(key)), key)
-            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k != "trainer.resume")
+            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in QUIET_KEYS)
             found += [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed]
         return found
 
@@ -290,10 +298,18 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     checkpoint, and a resumed one must have steps left."""
     from neo_core.training.checkpoint import latest_checkpoint
 
-    latest = latest_checkpoint(out / "checkpoint")
+    writes = run.trainer.checkpoint or run.trainer.checkpoint_every_n_steps
+    try:
+        latest = latest_checkpoint(out / "checkpoint")
+    except CheckpointError:
+        if run.trainer.resume or writes:
+            raise
+        return None  # a run that writes no checkpoint leaves the damaged one alone
     if latest is None:
         return None
     folder, step = latest
+    if not run.trainer.resume and not writes:  # leaves the earlier checkpoint as it is
+        return None
     if not run.trainer.resume:
         raise ConfigError(
             f"{out} holds the checkpoint of an earlier run (step {step}, {folder}); continue it with "
@@ -347,6 +363,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         plan.save_json(out / "plan.json")
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
     payload = run.to_dict()
+    launched = time.time()
     if launch.external:
         rank_main(int(os.environ["RANK"]), launch, payload)
     elif launch.world_size == 1:
@@ -356,6 +373,13 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
 
         run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size)
     metrics_path = out / "metrics.json"
+    if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
+        # every rank ended without an error, yet none wrote this run's results (an earlier
+        # run's may be there): never report those as this run's
+        raise TrainingError(
+            f"The ranks ended without writing this run's results ({metrics_path}); the messages above "
+            "say where they stopped."
+        )
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     for key in ("val_auc", "val_loss"):  # null in the file: not measured
         if key in metrics and metrics[key] is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +285,30 @@ def test_first_ctrl_c_is_noted_and_the_second_stops(capsys) -> None:
         assert termed.requested()
     assert signal.getsignal(signal.SIGTERM) is term_before
     assert capsys.readouterr().err.count("stopping on SIGTERM") == 1
+    # torchrun's agent passes a second Ctrl-C on as SIGTERM: after a SIGINT, it stops at once
+    passed_on = StopOnInterrupt(every_n_steps=4, alone=True)
+    with passed_on.installed():
+        signal.raise_signal(signal.SIGINT)
+        with pytest.raises(HardStop):
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_lightnings_sigterm_notifier_is_silenced_before_fit_registers_it() -> None:
+    import signal
+    from types import SimpleNamespace
+
+    from neo_core.training.interrupt import StopOnInterrupt
+
+    stop = StopOnInterrupt(alone=True)
+    connector = SimpleNamespace(_sigterm_notifier_fn=lambda *_: pytest.fail("Lightning's notifier ran"),
+                                received_sigterm=False)
+    trainer = SimpleNamespace(_signal_connector=connector)
+    with stop.installed():
+        stop.setup(trainer, None, "fit")
+        connector._sigterm_notifier_fn(signal.SIGTERM, None)  # what Lightning's chained handler calls first
+        connector.received_sigterm = True  # a SIGTERM that reached Lightning before setup anyway
+        stop.on_train_start(trainer, None)
+    assert stop.requested() and connector.received_sigterm is False
 
 
 def test_a_rank_whose_starting_process_is_gone_stops() -> None:
@@ -338,6 +364,28 @@ def _rank_never_stops(local_rank: int, stop: Any) -> None:
     import time
 
     time.sleep(600)
+
+
+def _rank_one_fails(local_rank: int, stop: Any) -> None:
+    import time
+
+    if local_rank == 1:
+        time.sleep(1.0)
+        raise ValueError("rank 1 failed")
+    time.sleep(600)  # SIGTERM ignored, as ranks start
+
+
+def test_a_failing_rank_ends_the_others_at_once() -> None:
+    import time
+
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    from neo_core.training.interrupt import run_ranks
+
+    start = time.monotonic()
+    with pytest.raises(ProcessRaisedException, match="rank 1 failed"):
+        run_ranks(_rank_one_fails, (), 2)
+    assert time.monotonic() - start < 25  # not torch's 30 s SIGTERM grace before SIGKILL
 
 
 def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_second(capsys) -> None:
@@ -402,8 +450,8 @@ def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> No
     python_run["model"] = {**python_run["model"], "dense_arch": tuple(python_run["model"]["dense_arch"])}
     assert check_resumable(saved, python_run) == []  # a tuple is saved as a list: no change either
     # settings a resumed run may change are returned, to be noted
-    python_run["trainer"] = {**python_run["trainer"], "max_steps": 300, "resume": True}
-    assert check_resumable(saved, python_run) == ["trainer.max_steps: 5 -> 300"]
+    python_run["trainer"] = {**python_run["trainer"], "max_steps": 300, "resume": True, "batch_size": 128}
+    assert check_resumable(saved, python_run) == ["trainer.batch_size: 64 -> 128"]  # not what resuming is for
     # a left-out key whose default differs from what was written is still a change
     python_run["kernel"] = {"name": "fused", "learning_rate": written["learning_rate"]}
     saved.write_text(json.dumps({**json.loads(saved.read_text()), "kernel": {**written, "optimizer": "adam"}}))
@@ -438,3 +486,15 @@ def test_the_combined_optimizer_runs_the_step_closure_once() -> None:
     assert len(calls) == 1 and float(loss.detach()) == 12.5
     # both parts stepped on that one pass's gradients (d loss / d p = 5)
     assert mlp.tolist() == [-1.5, -1.5] and table.tolist() == [-1.5, -1.5, -1.5]
+
+
+def test_ranks_that_end_without_results_are_an_error_not_an_earlier_runs_figures(tmp_path: Path, monkeypatch) -> None:
+    from neo_core.errors import TrainingError
+    from neo_core.training import run
+
+    (tmp_path / "metrics.json").write_text('{"steps": 300, "val_auc": 0.9}')  # an earlier run's
+    old = time.time() - 60
+    os.utime(tmp_path / "metrics.json", (old, old))
+    monkeypatch.setattr(run, "rank_main", lambda *a, **k: None)  # ranks that stop before writing
+    with pytest.raises(TrainingError, match=r"The ranks ended without writing this run's results"):
+        run.train(composed(["trainer=smoke", "trainer.world_size=1"], tmp_path))
