@@ -143,40 +143,51 @@ def test_a_save_interrupted_at_any_point_leaves_the_newest_finished_checkpoint(t
             latest_checkpoint(path)
 
 
+# the overrides of a run that trains until stopped, with a checkpoint every 3 steps
+ENDLESS = ["trainer=smoke", "trainer.max_steps=100000", "trainer.checkpoint=true",
+           "trainer.checkpoint_every_n_steps=3", "trainer.log_every_n_steps=2"]
+
+
+def _signal_once_training(command: list[str], out: Path, sig: str) -> tuple[int, str]:
+    """Start ``command`` in its own session, send ``sig`` to its process group once the first
+    periodic checkpoint shows the ranks are training; returns its exit code and stderr."""
+    import signal
+    import subprocess
+
+    from tests.conftest import ROOT, subprocess_env
+
+    proc = subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    meta = out / "checkpoint" / "meta.json"
+    try:
+        deadline = time.monotonic() + 240
+        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert meta.exists(), proc.communicate(timeout=60)
+        os.killpg(proc.pid, getattr(signal, sig))  # as a terminal (or a batch system) would
+        _, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: str) -> None:
     """SIGINT to the whole run (as a terminal sends it), or SIGTERM (as a batch system
     preempting the job): both ranks stop after the same step, the checkpoint holds that step,
     and a resumed run goes on from it."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from tests.conftest import ROOT, subprocess_env
+    from tests.conftest import ROOT
 
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "recipes" / "train.py"), "trainer=smoke", "trainer.max_steps=100000",
-         "trainer.checkpoint=true", "trainer.checkpoint_every_n_steps=3", "trainer.log_every_n_steps=2",
-         f"hydra.run.dir={out}"],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
     meta = out / "checkpoint" / "meta.json"
-    try:
-        deadline = time.monotonic() + 240
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)  # a periodic checkpoint: the ranks are training
-        assert meta.exists(), proc.communicate(timeout=60)
-        os.killpg(proc.pid, getattr(signal, sig))
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, stderr[-3000:]
+    code, stderr = _signal_once_training(
+        [sys.executable, str(ROOT / "recipes" / "train.py"), *ENDLESS, f"hydra.run.dir={out}"], out, sig
+    )
+    assert code == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     said = "stopping on SIGTERM: the ranks" if sig == "SIGTERM" else "stopping: the ranks finish their step"
     assert stderr.count(said) == 1 and stderr.count("stopping") == 1, stderr[-3000:]
@@ -205,37 +216,20 @@ def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Pa
     """Under torchrun the agent takes the terminal's SIGINT (or a batch system's SIGTERM) and
     passes it on to each rank (its workers run in their own session); the ranks stop after the
     same agreed step and save before the agent's shutdown timeout."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
 
-    from tests.conftest import ROOT, subprocess_env
+    from tests.conftest import ROOT
     from tests.distributed.multi_process import free_port
 
     out = tmp_path / "run"
-    torchrun = Path(sys.executable).parent / "torchrun"
-    proc = subprocess.Popen(
-        [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "--shutdown-timeout=120",
-         str(ROOT / "recipes" / "train.py"), "trainer=smoke", "trainer.max_steps=100000",
-         "trainer.checkpoint=true", "trainer.checkpoint_every_n_steps=3", "trainer.log_every_n_steps=2",
-         "trainer.progress_bar=false", f"hydra.run.dir={out}"],
-        cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )
     meta = out / "checkpoint" / "meta.json"
-    try:
-        deadline = time.monotonic() + 240
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert meta.exists(), proc.communicate(timeout=60)
-        os.killpg(proc.pid, getattr(signal, sig))  # as a terminal: the agent's process group
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0  # torchrun reports the signal it got
+    torchrun = Path(sys.executable).parent / "torchrun"
+    code, stderr = _signal_once_training(
+        [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", "--shutdown-timeout=120",
+         str(ROOT / "recipes" / "train.py"), *ENDLESS, "trainer.progress_bar=false", f"hydra.run.dir={out}"],
+        out, sig,
+    )
+    assert code != 0  # torchrun reports the signal it got
     said = "stopping on SIGTERM: the ranks" if sig == "SIGTERM" else "stopping: the ranks finish their step"
     assert stderr.count(said) == 1, stderr[-3000:]  # rank 0 only
     step = json.loads(meta.read_text())["step"]
