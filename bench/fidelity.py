@@ -38,6 +38,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from planner import check_writable  # noqa: E402
+
+from neo_core.errors import ConfigError  # noqa: E402
 
 WORLD_SIZE = 2
 BATCH_PER_RANK = 1024
@@ -248,8 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be at least 1")
+    if not 0.0 <= args.quantile <= 1.0:
+        parser.error(f"--quantile {args.quantile}: must lie in [0, 1]")
+    check_writable(parser, "--json", args.json)
     start = time.perf_counter()
-    ctx = context(args.calibration)
+    try:
+        ctx = context(args.calibration)
+    except ConfigError as exc:  # a missing or damaged calibration file: one line, before any work
+        parser.error(str(exc))
     results = plans(ctx)
     print(ctx.topology.describe())
     load_before = os.getloadavg()

@@ -1,4 +1,4 @@
-"""Planner benchmark: Neo vs TorchRec's EmbeddingShardingPlanner on three suites.
+"""Planner benchmark: Neo vs TorchRec's EmbeddingShardingPlanner on three suites (a fourth on request).
 
     .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 60]
         [--suites mlperf_dcnv2 ...] [--ranks 8 16 ...] [--repeats 5] [--no-torchrec]
@@ -215,10 +215,16 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: must be at least 1")
     # the JSON is rewritten after every case: find a bad path before the first one runs
-    out = Path(args.out)
+    check_writable(parser, "--out", Path(args.out))
+
+
+def check_writable(parser: argparse.ArgumentParser, flag: str, out: Path | None) -> None:
+    """A results file that can be written, checked before any work (none: nothing to check)."""
+    if out is None:
+        return
     folder = out.parent if str(out.parent) else Path(".")
     if out.is_dir() or not folder.is_dir() or not os.access(out if out.exists() else folder, os.W_OK):
-        parser.error(f"--out {args.out}: cannot be written (is its folder there and writable?)")
+        parser.error(f"{flag} {out}: cannot be written (is its folder there and writable?)")
 
 
 def main() -> None:

@@ -21,6 +21,9 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from planner import check_writable  # noqa: E402
+
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
 CONFIGS: dict[str, list[str]] = {
@@ -54,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    if args.steps < 6:  # samples/s is timed after a 5-step warm-up
+        parser.error(f"--steps {args.steps}: must be at least 6 (5 warm-up steps are not timed)")
+    check_writable(parser, "--json", args.json)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (name, overrides) in enumerate(CONFIGS.items()):

@@ -14,7 +14,9 @@ class CachePolicy:
     """A software-managed cache in front of host-memory tables (GPU topologies).
 
     ``load_factor`` is the fraction of a table's rows held in device memory; ``None`` means
-    no caching: every table lives entirely in device memory.
+    no caching: every table lives entirely in device memory (the plan says so for a policy
+    other than ``none``: ``CachePolicy("lru")`` caches nothing; the ``lru`` plugin's default
+    share is 0.2).
     """
 
     name: str

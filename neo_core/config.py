@@ -223,7 +223,8 @@ def register_plugin_options(conf_dir: str | Path | None = None, plugins: Plugins
                 if other is not None:
                     raise PluginError(
                         f"{registry.group} option {option!r} of {registry.kind} plugin {entry.name!r} "
-                        f"({entry.provider}) clashes with {other}; rename the option."
+                        f"({entry.provider}) clashes with {other}; rename the option (meanwhile "
+                        "NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
                     )
                 taken[option] = f"an option of the {registry.kind} plugin {entry.name!r} ({entry.provider})"
                 store(registry.group, option, {"name": entry.name, **dict(params)})

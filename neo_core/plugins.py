@@ -168,17 +168,18 @@ def load_plugins(
         name = getattr(plugin, "__name__", None) or type(plugin).__name__
         _register_module(pm, plugin, name, getattr(plugin, "__neo_provider__", name), providers)
 
-    unknown = [
-        f"{impl.plugin_name}.{hook_name}"
-        for hook_name, hook_caller in vars(pm.hook).items()
-        if isinstance(hook_caller, pluggy.HookCaller) and not hook_caller.has_spec()
-        for impl in hook_caller.get_hookimpls()
-    ]
-    if unknown:
-        raise PluginError(
-            f"Unknown hook implementation(s) {', '.join(unknown)}; "
-            f"valid hooks: {', '.join(h for h, _ in KINDS.values())}."
+    unknown: dict[str, list[str]] = {}  # plugin -> hooks it implements that Neo does not have
+    for hook_name, hook_caller in list(vars(pm.hook).items()):
+        if isinstance(hook_caller, pluggy.HookCaller) and not hook_caller.has_spec():
+            for impl in hook_caller.get_hookimpls():
+                unknown.setdefault(impl.plugin_name, []).append(hook_name)
+    for plugin_name, hooks in unknown.items():  # a misspelled hook: the plugin is skipped whole
+        exc = PluginError(
+            f"Unknown hook implementation(s) {', '.join(f'{plugin_name}.{h}' for h in hooks)}; "
+            f"valid hooks: {', '.join(h for h, _ in KINDS.values())}"
         )
+        _report_failure(plugin_name, exc, failed, strict)
+        pm.unregister(name=plugin_name)
     pm.check_pending()
 
     registries: dict[str, Registry[Any]] = {}

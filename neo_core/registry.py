@@ -118,7 +118,7 @@ class Registry(Generic[T]):
             other = self._entries[name].provider
             raise PluginError(
                 f"{self.kind} plugin {name!r} is registered twice ({other} and {self._provider}); "
-                "rename one of them."
+                "rename one of them (meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
             )
         if not callable(factory):
             raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: factory is not callable.")

@@ -157,7 +157,8 @@ class Topology:
             f"{mark('inter_node_bw')}",
         ]
         if self.assumed:
-            measure = "; `neo calibrate` measures this machine's" if self.name == "local" else ""
+            local_cpu = self.name == "local" and self.compute_device == "cpu"
+            measure = "; `neo calibrate` measures this machine's" if local_cpu else ""
             lines.append(f"  (* assumed, not verified against a primary source{measure})")
         return "\n".join(lines)
 

@@ -80,3 +80,20 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and "--ranks 12: use 1 to 8 ranks" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "fragment"),
+    [
+        ("bench/train.py", ["--steps", "0"], "--steps 0: must be at least 6"),
+        ("bench/train.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
+        ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
+        ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
+        ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
+    ],
+)
+def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment):
+    proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -14,6 +14,7 @@ import pytest
 
 from neo_core.api import plan_tables
 from neo_core.cli import main as neo_main
+from neo_core.errors import ConfigError
 from neo_core.sharding import TableSpec
 from neo_plugins.sharding.planner import calibrate
 from neo_plugins.topology.local import CALIBRATED_EXTRAS, CALIBRATED_KEYS, local_topology
@@ -105,3 +106,26 @@ def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pyt
     slow_path.write_text(json.dumps(slower))
     monkeypatch.setenv("NEO_CALIBRATION", str(slow_path))
     assert plan_tables(TABLES, "local", 1024).predicted_step_time == pytest.approx(2 * measured, rel=0.2)
+
+
+def test_cuda_ranks_ignore_a_calibration_of_the_cpu(calibration, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    path, _, _ = calibration
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30})())
+    gpu = local_topology(calibration=str(path))
+    assert gpu.compute_device == "cuda" and gpu.sources == {}
+    assert set(gpu.assumed) == set(CALIBRATED_KEYS) and gpu.device_memory_bw == 1000e9
+    assert "neo calibrate" not in gpu.describe()
+
+
+def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
+    bad = tmp_path / "calibration.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json holds a JSON list, not the object"):
+        local_topology(compute_device="cpu", calibration=str(bad))
+    bad.write_text('{"device_memory_bw": -5}')
+    with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json gives device_memory_bw=-5.0, a negative"):
+        local_topology(compute_device="cpu", calibration=str(bad))

@@ -1,6 +1,6 @@
 """The machine at hand: its CUDA devices, or a number of CPU ranks sharing its memory.
 
-Bandwidths come from a calibration file when one exists (``neo calibrate`` writes it;
+Bandwidths of CPU ranks come from a calibration file when one exists (``neo calibrate`` writes it;
 ``NEO_CALIBRATION`` or ``~/.cache/neo/calibration.json``), otherwise from conservative
 defaults that are marked as assumed.
 """
@@ -57,6 +57,11 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"Calibration file {path} holds a JSON {type(data).__name__}, not the object `neo calibrate` "
+            "writes; delete it or re-run calibration."
+        )
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
     bad = [k for k, v in data.items() if k in keep and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     if bad:
@@ -118,11 +123,17 @@ def local_topology(
         }
     if ranks < 1:
         raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
+    if device == "cuda":  # calibration measures the CPU (FBGEMM's CPU kernel, gloo): not the GPUs
+        measured = {}
     figures = {**defaults, **measured}
-    if device == "cuda":  # CPU lookup and collective figures do not describe the GPUs
-        figures = {k: v for k, v in figures.items() if k not in CALIBRATED_EXTRAS}
     assumed = tuple(k for k in CALIBRATED_KEYS if k not in measured)
     source = f"measured ({calibration or calibration_path()})"
+    bad = [k for k, v in measured.items() if k in CALIBRATED_KEYS and v < 0]
+    if bad:
+        raise ConfigError(
+            f"Calibration file {calibration or calibration_path()} gives {bad[0]}={measured[bad[0]]}, "
+            "a negative bandwidth; delete it or re-run calibration."
+        )
     return Topology(
         name="local",
         num_nodes=1,

@@ -309,3 +309,10 @@ def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall()
     message = str(err.value)
     assert "-0." not in message and "bytes (-" not in message, message
     assert "lower the cache load_factor" in message and "use a cache" not in message, message
+
+
+def test_a_cache_policy_without_a_load_factor_says_it_caches_nothing():
+    result = plan_tables([TableSpec("t", 1000, 16, 1.0)], cluster(), 256, cache=CachePolicy("lru"))
+    assert any("cache lru (no load_factor: nothing is cached; give one, e.g. 0.2)" in n for n in result.notes)
+    none = plan_tables([TableSpec("t", 1000, 16, 1.0)], cluster(), 256)
+    assert not any("no load_factor" in n for n in none.notes)

@@ -550,7 +550,11 @@ def build_result(
         f"kernel {context.kernel.name} ({context.kernel.optimizer.value}), compression "
         f"{context.compressor.name} ({context.compressor.forward_precision}/"
         f"{context.compressor.backward_precision}), cache {context.cache.name}"
-        + (f" (load factor {context.cache.load_factor})" if context.cache.load_factor else "")
+        + (
+            f" (load factor {context.cache.load_factor})"
+            if context.cache.load_factor
+            else (" (no load_factor: nothing is cached; give one, e.g. 0.2)" if context.cache.name != "none" else "")
+        )
         + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
         + (
             f", {model.params.host_reserve_fraction:.0%} of host memory"
