@@ -316,3 +316,14 @@ def test_a_cache_policy_without_a_load_factor_says_it_caches_nothing():
     assert any("cache lru (no load_factor: nothing is cached; give one, e.g. 0.2)" in n for n in result.notes)
     none = plan_tables([TableSpec("t", 1000, 16, 1.0)], cluster(), 256)
     assert not any("no load_factor" in n for n in none.notes)
+
+
+def test_sizes_in_messages_keep_their_scale():
+    from neo_plugins.sharding.planner.search import human_bytes
+
+    assert human_bytes(46_064) == "45.0 KiB" and human_bytes(5 * 2**20) == "5.0 MiB"
+    assert human_bytes(3 * 2**30) == "3.00 GiB"
+    tiny = zionex_topology(num_nodes=1, device_memory_gib=0.001)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("t", 1_000_000, 64, 1.0)], tiny, 256)
+    assert "0.00 GiB" not in str(err.value) and "MiB" in str(err.value), str(err.value)

@@ -27,7 +27,7 @@ from neo_plugins.sharding.planner.cost import (
     CostParams,
     TableArrays,
 )
-from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options
+from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options, human_bytes
 
 ESTIMATORS = ("neo", "torchrec")
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
@@ -350,19 +350,19 @@ def check_capacity(search: Search, t: TableArrays) -> None:
         best = min(opts, key=closeness)
         short_dev, short_host = over(best)
         shard_dev, shard_host = float(best.cost.mem_device[i]), float(best.cost.mem_host[i])
-        needs = f"{shard_dev / GiB:.2f} GiB of {mem_short}"
+        needs = f"{human_bytes(shard_dev)} of {mem_short}"
         if shard_host > 0:
-            needs += f" and {shard_host / GiB:.2f} GiB of host memory"
+            needs += f" and {human_bytes(shard_host)} of host memory"
         shorts, fixes = [], []
         if short_dev > 0:
             shorts.append(
-                f"{short_dev:,.0f} bytes ({short_dev / GiB:.2f} GiB) over the {cap_dev / GiB:.2f} GiB "
+                f"{short_dev:,.0f} bytes ({human_bytes(short_dev)}) over the {human_bytes(cap_dev)} "
                 f"of {mem} usable"
             )
             fixes.append(mem_short)
         if short_host > 0:
             shorts.append(
-                f"{short_host:,.0f} bytes ({short_host / GiB:.2f} GiB) over the {cap_host / GiB:.2f} GiB "
+                f"{short_host:,.0f} bytes ({human_bytes(short_host)}) over the {human_bytes(cap_host)} "
                 f"of host memory{host_usable}"
             )
             fixes.append("host memory")
@@ -439,12 +439,7 @@ def _why(opt: Option, search: Search, i: int) -> str:
             if other.cost.mem_device[i] > opt.cost.mem_device[i] * 1.01:  # what memory-tight plans give up
                 why_not.append("more device memory per shard")
             cmp = f"; least total would be {label} {cost(j)}" + "".join(f", {w}" for w in why_not)
-    if whole >= GiB / 10:
-        size = f"{whole / GiB:.2f} GiB"
-    elif whole >= 2**20 / 10:
-        size = f"{whole / 2**20:.1f} MiB"
-    else:
-        size = f"{whole / 2**10:.1f} KiB"
+    size = human_bytes(whole)
     reason = {
         ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
         ShardingType.TABLE_WISE: "whole table on the least loaded rank",

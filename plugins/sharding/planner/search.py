@@ -26,6 +26,15 @@ from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, ShardCo
 
 GiB = 1024**3
 
+
+def human_bytes(n: float) -> str:
+    """A byte count at a readable scale: GiB down to a tenth of one, then MiB, then KiB."""
+    if n >= GiB / 10:
+        return f"{n / GiB:.2f} GiB"
+    if n >= 2**20 / 10:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**10:.1f} KiB"
+
 # How an option's shards are laid onto ranks.
 SINGLE, ANY_K, NODE_K, NODE_ALL, NODES_K, ALL = "single", "any_k", "node_k", "node_all", "nodes_k", "all"
 
@@ -972,7 +981,7 @@ class Search:
         rows, dim = int(self.t.rows[i]), int(self.t.dims[i])
         cache = "lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache"
         if short > 0:
-            why = f"even as {label} a shard needs {short:,.0f} bytes ({short / GiB:.2f} GiB) more than the ranks have left"
+            why = f"even as {label} a shard needs {short:,.0f} bytes ({human_bytes(short)}) more than the ranks have left"
         else:  # enough room on enough ranks, but not on ranks a shard pattern can take together
             why = (
                 f"even as {label} its shards would fit on the freest ranks, but not on ranks it can take "
