@@ -115,10 +115,13 @@ def test_cuda_ranks_ignore_a_calibration_of_the_cpu(calibration, monkeypatch: py
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * 2**30})())
-    gpu = local_topology(calibration=str(path))
+    monkeypatch.setenv("NEO_CALIBRATION", str(path))  # the machine's default file: not read on CUDA
+    gpu = local_topology()
     assert gpu.compute_device == "cuda" and gpu.sources == {}
     assert set(gpu.assumed) == set(CALIBRATED_KEYS) and gpu.device_memory_bw == 1000e9
     assert "neo calibrate" not in gpu.describe()
+    with pytest.raises(ConfigError, match=r"topology.calibration applies to CPU ranks only"):
+        local_topology(calibration=str(path))  # named for GPUs: said, not dropped
 
 
 def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:

@@ -94,7 +94,13 @@ def local_topology(
     if not 0 < memory_fraction <= 1:
         raise ConfigError(f"topology.memory_fraction must be in (0, 1], got {memory_fraction}.")
     ram = _total_ram()
-    measured = load_calibration(Path(calibration) if calibration else None)
+    if device == "cuda" and calibration:
+        raise ConfigError(
+            "topology.calibration applies to CPU ranks only (it measures the CPU); leave it unset on "
+            "CUDA devices, whose figures are the GPU defaults."
+        )
+    # calibration measures the CPU (FBGEMM's CPU kernel, gloo): not the GPUs
+    measured = load_calibration(Path(calibration) if calibration else None) if device == "cpu" else {}
     if device == "cuda":
         count = torch.cuda.device_count()
         ranks = count if world_size is None else world_size
@@ -123,8 +129,6 @@ def local_topology(
         }
     if ranks < 1:
         raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
-    if device == "cuda":  # calibration measures the CPU (FBGEMM's CPU kernel, gloo): not the GPUs
-        measured = {}
     figures = {**defaults, **measured}
     assumed = tuple(k for k in CALIBRATED_KEYS if k not in measured)
     source = f"measured ({calibration or calibration_path()})"

@@ -316,6 +316,9 @@ def test_a_cache_policy_without_a_load_factor_says_it_caches_nothing():
     assert any("cache lru (no load_factor: nothing is cached; give one, e.g. 0.2)" in n for n in result.notes)
     none = plan_tables([TableSpec("t", 1000, 16, 1.0)], cluster(), 256)
     assert not any("no load_factor" in n for n in none.notes)
+    cpu = plan_tables([TableSpec("t", 1000, 16, 1.0)], replace(cluster(), compute_device="cpu"), 256,
+                      cache=CachePolicy("lru"))
+    assert not any("no load_factor" in n for n in cpu.notes)  # no cache applies on CPU ranks anyway
 
 
 def test_sizes_in_messages_keep_their_scale():

@@ -630,8 +630,12 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
     tables = zionex_12t()
     ctx = make_context({"name": "zionex"}, 65536 // 128, kernel=EmbeddingKernel("fused", "fused", weight_bytes=2),
                        cache=CachePolicy("lfu", load_factor=0.1, algorithm="lfu"))
-    planner = NeoPlanner()
+    # a budget the machine's speed overruns: the safety stop may cut the runs after the first
+    # plan that fits, never before (whether a plan is found must not depend on the clock)
+    planner = NeoPlanner(time_budget_s=0.2)
     result = planner.plan(tables, ctx)
     dev, host = memory_from_assignments(result, tables, ctx)
     assert (dev <= ctx.topology.device_memory * (1 - RESERVE)).all() and (host <= ctx.topology.host_memory).all()
-    assert result.predicted_step_time <= 1.25 * planner.last_search.step_bound()
+    assert result.predicted_step_time <= 1.5 * planner.last_search.step_bound()
+    assert any(n.startswith("the first greedy left a table that fits no rank") for n in result.notes)
+    assert any(n.startswith("wall-clock safety stop reached") for n in result.notes)

@@ -27,7 +27,7 @@ from neo_plugins.sharding.planner.cost import (
     CostParams,
     TableArrays,
 )
-from neo_plugins.sharding.planner.search import GiB, Option, Search, build_options, human_bytes
+from neo_plugins.sharding.planner.search import Option, Search, build_options, human_bytes
 
 ESTIMATORS = ("neo", "torchrec")
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
@@ -182,6 +182,7 @@ class NeoPlanner(Planner):
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
         greedy_max = search.solve(self.refine, self.time_budget_s)
+        first_unplaced = search.first_unplaced
         refined, moves = float(search.loads.max()), search.moves
         step, types = search.step(), search.types_used()
         # fewer sharding types where their collectives' latency outweighs the balance they
@@ -211,6 +212,11 @@ class NeoPlanner(Planner):
             f"({moves} moves, {search.restarts} restarts); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
+        if first_unplaced:
+            result.notes.append(
+                "the first greedy left a table that fits no rank; the memory-priced runs (which weigh "
+                "each option's memory) placed every table, and the greedy figure above is theirs"
+            )
         if search.clock_stops:
             result.notes.append(
                 f"wall-clock safety stop reached {search.clock_stops} time(s) (sharding.time_budget_s="
@@ -383,12 +389,12 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     if total_dev > D:
         short = total_dev - D
         biggest = np.argsort(-need_dev, kind="stable")[:5]
-        names = ", ".join(f"{t.names[i]} ({need_dev[i] / GiB:.1f} GiB)" for i in biggest)
+        names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i])})" for i in biggest)
         where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
         raise PlanningError(
-            f"{mem_short.capitalize()} is short: the tables need {total_dev / GiB:,.1f} GiB of {mem}"
-            f"{where}, but {W} ranks offer {D / GiB:,.1f} GiB usable: {short:,.0f} bytes "
-            f"({short / GiB:,.1f} GiB) short; largest: {names}; add ranks or {mem_short}, "
+            f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
+            f"{where}, but {W} ranks offer {human_bytes(D)} usable: {short:,.0f} bytes "
+            f"({human_bytes(short)}) short; largest: {names}; add ranks or {mem_short}, "
             + (f"{cache_fix}, " if cache_fix else "")
             + "or shrink the tables."
         )
@@ -401,11 +407,11 @@ def check_capacity(search: Search, t: TableArrays) -> None:
     if host_need > H:
         short = host_need - H
         biggest = np.argsort(-need_host, kind="stable")[:5]  # host bytes when held behind a cache
-        names = ", ".join(f"{t.names[i]} ({need_host[i] / GiB:.1f} GiB)" for i in biggest if need_host[i] > 0)
+        names = ", ".join(f"{t.names[i]} ({human_bytes(need_host[i])})" for i in biggest if need_host[i] > 0)
         raise PlanningError(
-            f"Host memory is short: with device memory filled ({D / GiB:,.1f} GiB usable on {W} "
-            f"ranks), the tables still need at least {host_need / GiB:,.1f} GiB of host memory, but "
-            f"{W} ranks offer {H / GiB:,.1f} GiB{host_usable}: {short:,.0f} bytes ({short / GiB:,.1f} GiB) short; "
+            f"Host memory is short: with device memory filled ({human_bytes(D)} usable on {W} "
+            f"ranks), the tables still need at least {human_bytes(host_need)} of host memory, but "
+            f"{W} ranks offer {human_bytes(H)}{host_usable}: {short:,.0f} bytes ({human_bytes(short)}) short; "
             f"largest in host memory: {names}; add ranks or host memory, or shrink the tables."
         )
 
@@ -548,7 +554,12 @@ def build_result(
         + (
             f" (load factor {context.cache.load_factor})"
             if context.cache.load_factor
-            else (" (no load_factor: nothing is cached; give one, e.g. 0.2)" if context.cache.name != "none" else "")
+            else (
+                " (no load_factor: nothing is cached; give one, e.g. 0.2)"
+                if context.cache.name != "none" and context.topology.compute_device == "cuda"
+                and not context.kernel.data_parallel_only
+                else ""
+            )
         )
         + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
         + (

@@ -172,6 +172,7 @@ class Search:
         self.tolerance = 0.005  # relative near-tie band of the greedy score
         self.by_memory = False  # place on the emptiest ranks (retry when memory is tight)
         self.memory_prices = (0.0, 0.0)  # (lam, mu) where the memory bound peaks (memory_bound)
+        self.first_unplaced = False  # the last solve's first greedy left a table unplaced
         self.restarts = 0  # bound-guided restarts run by the last solve
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
 
@@ -456,7 +457,8 @@ class Search:
         max_restarts: int = 16,
     ) -> float:
         """Greedy (+ refinement), then bound-guided restarts; keeps the plan with the lowest
-        slowest rank. Returns the first greedy's slowest rank (for the report).
+        slowest rank. Returns the first greedy's slowest rank (for the report; when that greedy
+        could not place every table, ``first_unplaced``, the best memory-priced plan's).
 
         A restart caps every table's shard time at ``cap x tau*``, where ``tau*`` is the shard
         time at which the lower bound is attained (``lower_bound``): tables then take options
@@ -532,7 +534,9 @@ class Search:
             for cap, factor in ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.0, 3.0), (1.0, 0.85), (None, 1.0), (None, 0.85)):
                 if best <= bound * (1 + slack):
                     break
-                if time.perf_counter() - start > time_budget_s:  # safety stop only
+                # safety stop only, and not before a plan fits (at most seven runs): whether
+                # one is found must not depend on the machine's speed
+                if snap is not None and time.perf_counter() - start > time_budget_s:
                     self.clock_stops += 1
                     break
                 usable = capped(base, shard, bound, cap)
@@ -542,8 +546,9 @@ class Search:
         if snap is None:  # no run placed every table: the first greedy's message says where
             assert unplaced is not None
             raise unplaced
+        self.first_unplaced = unplaced is not None
         if unplaced is not None:
-            first = best  # the report's "greedy" figure: the first plan that fit
+            first = best  # the report's "greedy" figure: the best memory-priced plan
         runs = [(cap, tol0) for cap in caps]
         runs += [(cap, tol) for tol in tolerances for cap in (None, *caps)]
         for cap, tol in runs:
