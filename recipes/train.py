@@ -51,6 +51,13 @@ def config_flags(argv: list[str]) -> list[str]:
 FAILED_JOBS: list[tuple[int, str, str]] = []
 
 
+def _typed_overrides() -> list[str]:
+    """This run's overrides as typed: this recipe adds the ``++`` itself."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return [o.removeprefix("++") for o in HydraConfig.get().overrides.task]
+
+
 def _sweep_job(config: dict) -> dict:
     """One job of a sweep: an error in it (a bad combination, a plan that does not fit) is
     reported, kept in the job's folder (``error.txt``) and the sweep goes on; the command
@@ -69,7 +76,7 @@ def _sweep_job(config: dict) -> dict:
         if message is None or os.environ.get("NEO_TRACEBACK"):
             raise
         job = HydraConfig.get().job
-        overrides = " ".join(o.removeprefix("++") for o in HydraConfig.get().overrides.task)
+        overrides = " ".join(_typed_overrides())
         out = Path(config["output_dir"])
         out.mkdir(parents=True, exist_ok=True)
         (out / "error.txt").write_text(message + "\n")
@@ -96,10 +103,8 @@ def main(cfg: DictConfig) -> float:
     except RunInterrupted as exc:
         if exc.resume_dir is None:
             raise
-        # the command to continue: this run's overrides (as typed: this recipe adds the ``++``
-        # itself), resuming in its folder
-        typed = [o.removeprefix("++") for o in HydraConfig.get().overrides.task]
-        keep = [o for o in typed if not o.startswith(("trainer.resume=", "output_dir="))]
+        # the command to continue: this run's overrides, resuming in its folder
+        keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
         command = " ".join(
             shlex.quote(a) for a in [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"]
         )

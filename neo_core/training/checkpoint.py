@@ -91,6 +91,32 @@ def _optimizer_state_not_saved(state: dict[str, Any], folder: Path) -> list[str]
     return missing
 
 
+def _note_fresh_state(fresh: list[str], say: bool) -> None:
+    """Name, once for all ranks (a collective: every rank calls it), the parameters whose
+    optimizer state starts afresh."""
+    tables = {m.group(1) for k in fresh if (m := re.search(r"embedding_bags\.([^.]+)\.weight\b", k))}
+    others = {k.rsplit(".", 1)[0] for k in fresh if "embedding_bags." not in k}
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (tables, others))
+        tables = set().union(*(g[0] for g in gathered))
+        others = set().union(*(g[1] for g in gathered))
+    if not (tables or others) or not say:
+        return
+    parts = []
+    if tables:
+        names = sorted(tables)
+        shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
+        parts.append(f"tables {shown} (data-parallel in one plan, sharded in the other)")
+    if others:
+        parts.append(f"{len(others)} other parameter(s) (another optimizer)")
+    print(
+        f"note: the optimizer state of {' and '.join(parts)} is not in the checkpoint and starts afresh; "
+        "their weights are loaded",
+        file=sys.stderr,
+    )
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -154,26 +180,7 @@ class DistributedCheckpoint(pl.Callback):
         folder = latest[0]
         state = _state(trainer, module)
         fresh = _optimizer_state_not_saved(state, folder)
-        tables = {m.group(1) for k in fresh if (m := re.search(r"embedding_bags\.([^.]+)\.weight\b", k))}
-        others = {k.rsplit(".", 1)[0] for k in fresh if "embedding_bags." not in k}
-        if dist.is_initialized() and dist.get_world_size() > 1:  # what every rank left out, said once
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, (tables, others))
-            tables = set().union(*(g[0] for g in gathered))
-            others = set().union(*(g[1] for g in gathered))
-        if (tables or others) and trainer.is_global_zero:
-            parts = []
-            if tables:
-                names = sorted(tables)
-                shown = ", ".join(names[:8]) + (f" (and {len(names) - 8} more)" if len(names) > 8 else "")
-                parts.append(f"tables {shown} (data-parallel in one plan, sharded in the other)")
-            if others:
-                parts.append(f"{len(others)} other parameter(s) (another optimizer)")
-            print(
-                f"note: the optimizer state of {' and '.join(parts)} is not in the checkpoint and starts "
-                "afresh; their weights are loaded",
-                file=sys.stderr,
-            )
+        _note_fresh_state(fresh, trainer.is_global_zero)
         try:
             dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=bool(fresh)))
             module.model.load_state_dict(state["model"])

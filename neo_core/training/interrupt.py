@@ -104,7 +104,7 @@ class StopOnInterrupt(pl.Callback):
         # registered (setup runs first), so a SIGTERM in between reaches this handler only
         connector = getattr(trainer, "_signal_connector", None)
         if self._installed and connector is not None and hasattr(connector, "_sigterm_notifier_fn"):
-            connector._sigterm_notifier_fn = _no_sigterm_notice
+            connector._sigterm_notifier_fn = _nothing
 
     def on_train_start(self, trainer: pl.Trainer, module: Any) -> None:
         # ... and SIGTERM is taken back here, for this fit (Lightning restores the handler it
@@ -121,7 +121,7 @@ class StopOnInterrupt(pl.Callback):
         # rank runs this callback on its main thread, so every rank skips the broadcast.
         epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
         if epoch_loop is not None and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-            epoch_loop._broadcast_sigterm_tensor = _no_broadcast
+            epoch_loop._broadcast_sigterm_tensor = _nothing
 
     def requested(self) -> bool:
         if self.asked or (self.shared is not None and self.shared.is_set()):
@@ -141,12 +141,9 @@ class StopOnInterrupt(pl.Callback):
             self.stopped_at = trainer.global_step
 
 
-def _no_broadcast() -> None:
-    """Stands in for Lightning's per-step SIGTERM broadcast (``StopOnInterrupt.on_train_start``)."""
-
-
-def _no_sigterm_notice(signum: int, frame: Any) -> None:
-    """Stands in for Lightning's SIGTERM notifier (``StopOnInterrupt.setup``)."""
+def _nothing(*args: Any) -> None:
+    """Stands in for Lightning's SIGTERM notifier and its per-step broadcast of that flag
+    (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
