@@ -232,19 +232,25 @@ class PlanResult:
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def format_text(self, max_tables: int = 40) -> str:
-        """The plan as a readable table: per table, then per rank."""
+    def format_text(self, max_tables: int | None = 40, max_ranks: int | None = 32) -> str:
+        """The plan as a readable table: per table, then per rank.
+
+        Past ``max_tables`` tables or ``max_ranks`` ranks (``None``: no limit) the text keeps the
+        first tables and the slowest ranks, and says how many it left out (all are in plan.json
+        and plan.txt).
+        """
         lines = [f"Sharding plan ({self.planner}), {len(self.ranks)} ranks"]
         kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
         rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])
         nw = max([24, *(len(t.name) for t in self.tables)])
         lines.append(f"  {'table':<{nw}} {'type':<6} {'kernel':<{kw}} {'ranks':<{rw}} why")
-        for t in self.tables[:max_tables]:
+        shown_tables = self.tables if max_tables is None else self.tables[:max_tables]
+        for t in shown_tables:
             ranks = _compact_ranks(t.ranks)
             short = ShardingType(t.sharding_type).short
             lines.append(f"  {t.name:<{nw}} {short:<6} {t.compute_kernel:<{kw}} {ranks:<{rw}} {t.why}")
-        if len(self.tables) > max_tables:
-            lines.append(f"  ... {len(self.tables) - max_tables} more tables in plan.json")
+        if len(shown_tables) < len(self.tables):
+            lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables in plan.json and plan.txt")
         has_bytes = any(r.comm_bytes for r in self.ranks)
         kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
         has_host = any(r.host_memory for r in self.ranks)
@@ -259,7 +265,11 @@ class PlanResult:
             + f" {'compute':>10} {'comm':>10} {'total':>10}"
             + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
         )
-        for r in self.ranks:
+        shown_ranks = self.ranks
+        if max_ranks is not None and len(self.ranks) > max_ranks:
+            slowest = sorted(self.ranks, key=lambda r: (-r.time_total, r.rank))[:max_ranks]
+            shown_ranks = sorted(slowest, key=lambda r: r.rank)
+        for r in shown_ranks:
             compute = sum(v for k, v in r.time.items() if not k.startswith("comm"))
             comm = r.time_total - compute
             sent = ""
@@ -275,6 +285,15 @@ class PlanResult:
             lines.append(
                 f"  {r.rank:<6} {by_kind} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10}{host} "
                 f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms{sent}"
+            )
+        if len(shown_ranks) < len(self.ranks):
+            totals = sorted(r.time_total for r in self.ranks)
+            fullest = max(self.ranks, key=lambda r: (r.memory_total / r.memory_capacity if r.memory_capacity else 0.0))
+            lines.append(
+                f"  ... the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown (all in plan.json and "
+                f"plan.txt); total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "
+                f"max {totals[-1] * 1e3:.3f}ms; fullest device memory: rank {fullest.rank}, "
+                f"{_bytes(fullest.memory_total)} of {_bytes(fullest.memory_capacity)}"
             )
         if has_bytes:
             intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)

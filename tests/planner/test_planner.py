@@ -76,6 +76,33 @@ def test_plan_is_explained_and_within_memory(tmp_path):
     assert paths["chart"].stat().st_size > 1000
 
 
+def test_plan_text_keeps_the_slowest_ranks_on_screen_and_every_rank_in_plan_txt(tmp_path):
+    tables = production_like(60, seed=3)
+    result = plan_tables(tables, cluster(8, 8, 40.0), 4096)  # 64 ranks
+    assert len(result.ranks) == 64
+
+    def rank_lines(text: str) -> list[int]:
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip().startswith("rank ")) + 1
+        return [int(line.split()[0]) for line in lines[start:] if line.split() and line.split()[0].isdigit()]
+
+    short = result.format_text(max_ranks=8)
+    shown = rank_lines(short)
+    slowest = sorted(result.ranks, key=lambda r: (-r.time_total, r.rank))[:8]
+    assert shown == sorted(r.rank for r in slowest)  # the 8 slowest, in rank order
+    assert "the 8 slowest of 64 ranks shown" in short
+    fullest = max(result.ranks, key=lambda r: r.memory_total)
+    assert f"fullest device memory: rank {fullest.rank}," in short
+    assert f"max {max(r.time_total for r in result.ranks) * 1e3:.3f}ms" in short
+    # the file has every rank and every table
+    text = save_all(result, tmp_path)["text"].read_text()
+    assert rank_lines(text) == list(range(64)) and "slowest of" not in text
+    assert all(t.name in text for t in tables) and "more tables" not in text
+    # the default on screen: at most 32 ranks and 40 tables
+    default = result.format_text()
+    assert len(rank_lines(default)) == 32 and "20 more tables in plan.json" in default
+
+
 @pytest.mark.parametrize("stype", list(ShardingType))
 def test_every_sharding_type_has_valid_ranks_and_shapes(stype):
     tables = [TableSpec("a", 1000, 64, 3.0), TableSpec("b", 50_000, 128, 8.0)]

@@ -64,5 +64,5 @@ def save_all(result: PlanResult, folder: str | Path) -> dict[str, Path]:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     result.save_json(out / "plan.json")
-    (out / "plan.txt").write_text(result.format_text() + "\n")
+    (out / "plan.txt").write_text(result.format_text(max_tables=None, max_ranks=None) + "\n")
     return {"json": out / "plan.json", "text": out / "plan.txt", "chart": save_chart(result, out / "plan.png")}
