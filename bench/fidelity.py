@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from charts import fidelity_chart  # noqa: E402
 from planner import check_writable  # noqa: E402
 
 from neo_core.errors import ConfigError  # noqa: E402
@@ -312,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
             "plans": rows,
         }, indent=2) + "\n")
+        chart = fidelity_chart(json.loads(args.json.read_text()), args.json.with_suffix(".png"))
+        print(f"wrote {args.json} and {chart}")
     return 0
 
 

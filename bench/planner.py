@@ -34,6 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from charts import planner_chart
 from tqdm import tqdm
 
 from neo_core.api import make_context
@@ -273,6 +274,9 @@ def main() -> None:
         tqdm.write(format_row(row), file=sys.stdout)
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
+    # the ratios and times as a chart beside the JSON (redraw: bench/charts.py OUT.json)
+    chart = planner_chart(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+    print(f"wrote {args.out} and {chart}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """bench/planner.py and bench/torchrec_estimator.py end to end on their smallest case: they
-print their figures and write them as JSON."""
+print their figures and write them as JSON (the planner bench also as a chart); bench/charts.py
+redraws charts from kept results; every bench rejects bad arguments before it runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from tests.conftest import ROOT, subprocess_env
 
+PNG = b"\x89PNG\r\n\x1a\n"
 COLUMNS = ("neo/tr", "neo[TR]/tr", "neo/LB", "neo[TR]/LB", "tr/LB", "speedup")
 
 
@@ -37,6 +39,45 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert row["neo_torchrec_estimator"]["vs_bound"] >= 1.0 and row["torchrec_vs_bound"] >= 1.0, row
     # the progress bar goes to stderr, leaving stdout to the table
     assert "planner bench" in proc.stderr
+    # and the chart beside the JSON
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG and str(out.with_suffix(".png")) in proc.stderr
+
+
+@pytest.mark.parametrize("result", ["bench_planner.json", "fidelity_latest.json"])
+def test_charts_are_drawn_from_kept_results(result, tmp_path):
+    import matplotlib.image
+
+    out = tmp_path / "chart.png"
+    proc = subprocess.run(
+        [sys.executable, "bench/charts.py", f"docs/results/{result}", "--out", str(out)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == PNG and f"wrote {out}" in proc.stdout
+    height, width = matplotlib.image.imread(out).shape[:2]
+    assert width >= 600 and height >= 500, (width, height)
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "cannot be read"),
+        ("{not json", "not JSON"),
+        ('{"rows": []}', "not a result of bench/planner.py"),
+    ],
+    ids=["missing", "not-json", "other-json"],
+)
+def test_charts_reject_what_no_bench_wrote(content, fragment, tmp_path):
+    source = tmp_path / "result.json"
+    if content is not None:
+        source.write_text(content)
+    proc = subprocess.run(
+        [sys.executable, "bench/charts.py", str(source)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{source}: {fragment}" in proc.stderr.splitlines()[-1], proc.stderr
+    assert not source.with_suffix(".png").exists()
 
 
 @pytest.mark.parametrize(
