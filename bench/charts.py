@@ -1,10 +1,10 @@
-"""Charts of benchmark results: the planner bench's ratios and times, the fidelity bench's
-predicted against measured step times.
+"""Charts of benchmark results: the planner bench's ratios and times, the training bench's
+samples/s, the fidelity bench's predicted against measured step times.
 
     .venv/bin/python bench/charts.py docs/results/bench_planner.json     # writes bench_planner.png
     .venv/bin/python bench/charts.py docs/results/fidelity_latest.json --out /tmp/fidelity.png
 
-`bench/planner.py` and `bench/fidelity.py` write these beside their JSON; this command redraws
+`bench/planner.py`, `bench/train.py` and `bench/fidelity.py` write these beside their JSON; this command redraws
 one from a JSON written earlier. The kind of result is read from the JSON itself.
 """
 
@@ -156,18 +156,49 @@ def fidelity_chart(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
+def train_chart(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Samples/s per training configuration, each labelled with its ratio to the baseline and
+    its held-out AUC."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8.5, 0.55 * len(rows) + 1.6))
+    y = list(range(len(rows)))[::-1]
+    vals = [r["samples_per_sec"] for r in rows]
+    ax.barh(y, vals, color=["0.6"] + ["C0"] * (len(rows) - 1))
+    for yi, r in zip(y, rows):
+        ax.text(r["samples_per_sec"], yi, f"  {r.get('ratio', float('nan')):.2f}x, AUC {r.get('val_auc', float('nan')):.3f}",
+                va="center", fontsize=8)
+    ax.set_yticks(y, [r["config"] for r in rows], fontsize=8)
+    ax.set_xlim(0, 1.3 * max(vals))
+    ax.set_xlabel("samples/s (global)")
+    first = rows[0]
+    ax.set_title(
+        f"Training throughput, {first.get('world_size', '?')} ranks, global batch {first.get('global_batch_size', '?')}, "
+        f"{first.get('steps', '?')} steps (ratios to the first row)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def chart(data: Any, path: Path) -> Path:
     """The chart for whichever bench wrote ``data``."""
     if isinstance(data, list) and data and isinstance(data[0], dict) and {"suite", "ranks", "neo"} <= data[0].keys():
         return planner_chart(data, path)
+    if isinstance(data, list) and data and isinstance(data[0], dict) and {"config", "samples_per_sec"} <= data[0].keys():
+        return train_chart(data, path)
     if isinstance(data, dict) and {"plans", "spearman", "median_abs_error"} <= data.keys():
         return fidelity_chart(data, path)
-    raise ValueError("not a result of bench/planner.py (a list of cases) nor of bench/fidelity.py (plans, spearman)")
+    raise ValueError(
+        "not a result of bench/planner.py (a list of cases), bench/train.py (a list of configurations) "
+        "nor bench/fidelity.py (plans, spearman)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("json", type=Path, help="a JSON written by bench/planner.py or bench/fidelity.py")
+    parser.add_argument("json", type=Path, help="a JSON written by bench/planner.py, bench/train.py or bench/fidelity.py")
     parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: the JSON's name, .png)")
     args = parser.parse_args(argv)
     try:

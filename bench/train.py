@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from charts import train_chart  # noqa: E402
 from planner import check_writable  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+        chart = train_chart(json.loads(args.json.read_text()), args.json.with_suffix(".png"))
+        print(f"wrote {args.json} and {chart}")
     return 0
 
 
