@@ -21,10 +21,15 @@ class CachePolicy:
 
     name: str
     load_factor: float | None = None
-    algorithm: str = "lru"  # FBGEMM CacheAlgorithm name: "lru" or "lfu"
+    # FBGEMM CacheAlgorithm name, "lru" or "lfu"; None: the policy's name when it is one of
+    # those (CachePolicy("lfu", 0.1) evicts by LFU), else "lru"
+    algorithm: str | None = None
     prefetch_pipeline: bool = False
 
     def __post_init__(self) -> None:
+        named = self.name.lower() if isinstance(self.name, str) and self.name.lower() in ("lru", "lfu") else None
+        if self.algorithm is None:
+            object.__setattr__(self, "algorithm", named or "lru")
         lf = self.load_factor
         if lf is not None and (not is_number(lf) or not 0.0 < lf <= 1.0):
             raise ConfigError(
@@ -37,6 +42,11 @@ class CachePolicy:
             raise ConfigError(
                 f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "
                 "implements; choose lru or lfu."
+            )
+        if named and self.algorithm.lower() != named:
+            raise ConfigError(
+                f"cache {self.name!r} with algorithm={self.algorithm!r}: the policy's name is an eviction "
+                f"algorithm of its own; use CachePolicy({self.algorithm.lower()!r}, ...) or leave algorithm out."
             )
 
     def cache_params(self) -> Any:

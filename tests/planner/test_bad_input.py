@@ -253,6 +253,16 @@ def test_a_cache_policy_checks_its_share_and_algorithm(kwargs, fragment) -> None
     assert fragment in str(err.value), str(err.value)
 
 
+def test_a_cache_policy_named_for_an_algorithm_uses_it() -> None:
+    # CachePolicy("lfu", 0.1) evicted by LRU until the algorithm was taken from the name
+    assert CachePolicy("lfu", 0.1).algorithm == "lfu" and CachePolicy("LRU", 0.1).algorithm == "lru"
+    assert CachePolicy("my_policy", 0.1).algorithm == "lru"  # other names: LRU unless told
+    assert CachePolicy("my_policy", 0.1, "lfu").algorithm == "lfu"
+    with pytest.raises(ConfigError) as err:
+        CachePolicy("lfu", 0.1, algorithm="lru")
+    assert "cache 'lfu' with algorithm='lru'" in str(err.value) and "CachePolicy('lru', ...)" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [

@@ -292,6 +292,19 @@ def test_plugins_change_the_estimate():
     adam = plan_tables(tables, cluster(), 1024, kernel=EmbeddingKernel("f", "fused", SparseOptimizer.ADAM))
     mem = lambda r: sum(x.memory.get("optimizer", 0.0) for x in r.ranks)  # noqa: E731
     assert mem(adam) > 10 * mem(base)
+    # the topology: the same cluster with 10x slower links across nodes predicts a slower step
+    slow = plan_tables(tables, cluster(inter_gbps=2.5), 1024)
+    assert slow.predicted_step_time > 1.2 * base.predicted_step_time
+    # the cache: tables that fit only behind a cache (8 x 25.6 GB on 8 ranks of 8 GiB); a larger
+    # cache hits more often (faster: 0.66 -> 0.58 ms) and holds more device memory
+    big = [TableSpec(f"t{i}", 50_000_000, 128, 4.0) for i in range(8)]
+    cached = {lf: plan_tables(big, cluster(mem_gib=8.0), 256, cache=CachePolicy("lru", load_factor=lf))
+              for lf in (0.05, 0.2)}
+    for result in cached.values():
+        assert all(a.compute_kernel == "fused_uvm_caching" for a in result.tables)
+    assert cached[0.2].predicted_step_time < 0.9 * cached[0.05].predicted_step_time
+    cache_bytes = {lf: sum(r.memory.get("cache", 0.0) for r in res.ranks) for lf, res in cached.items()}
+    assert cache_bytes[0.2] > 3 * cache_bytes[0.05]
 
 
 def test_cache_places_tables_in_host_memory_when_device_is_too_small():
@@ -656,7 +669,7 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
 
     tables = zionex_12t()
     ctx = make_context({"name": "zionex"}, 65536 // 128, kernel=EmbeddingKernel("fused", "fused", weight_bytes=2),
-                       cache=CachePolicy("lfu", load_factor=0.1, algorithm="lfu"))
+                       cache=CachePolicy("lfu", load_factor=0.1))
     # a budget the machine's speed overruns: the safety stop may cut the runs after the first
     # plan that fits, never before (whether a plan is found must not depend on the clock)
     planner = NeoPlanner(time_budget_s=0.2)
