@@ -476,6 +476,7 @@ def rank_main(
     torch.set_num_threads(threads)
     pl.seed_everything(run.seed, verbose=False)
     parts = build_parts(run, launch)
+    local_world = _emulate_nodes(parts.topology, launch, rank, local_world)
     out = Path(run.output_dir)
     ckpt_dir = out / "checkpoint"
     start_step = read_checkpoint_step(ckpt_dir) if cfg.resume else 0
@@ -552,6 +553,22 @@ def rank_main(
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def _emulate_nodes(topology: Topology, launch: Launch, rank: int, local_world: int) -> int:
+    """Ranks per node as TorchRec and Lightning are to see them; sets the environment to match.
+
+    Spawned CPU ranks all run on this machine, but a topology of several nodes (ZionEX
+    emulated, or ``topology.num_nodes=2``) plans node-local groups for table-row-wise and
+    grid sharding: TorchRec forms those groups from ``LOCAL_WORLD_SIZE``, so each rank is
+    told the node the plan put it on. (CUDA ranks also pick their device by local rank, so
+    they keep the machine's layout.)
+    """
+    per_node = topology.devices_per_node
+    if launch.external or launch.device_type != "cpu" or per_node >= launch.world_size or launch.world_size % per_node:
+        return local_world
+    os.environ.update(LOCAL_WORLD_SIZE=str(per_node), LOCAL_RANK=str(rank % per_node), NODE_RANK=str(rank // per_node))
+    return per_node
 
 
 def _join_logs(log_csv: Path, earlier: str, start_step: int) -> None:

@@ -52,6 +52,30 @@ def test_two_rank_training_learns_the_hidden_signal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_hierarchical_types_train_on_a_topology_of_several_nodes_on_this_machine(tmp_path: Path) -> None:
+    # 4 spawned ranks planned as 2 nodes x 2: TorchRec forms the node groups of TWRW and GRID
+    # from LOCAL_WORLD_SIZE, which used to say 4 (one node): GRID failed with "Shard offset
+    # 2000 and length 1000 exceeds tensor dim", TWRW with an IndexError, in every rank
+    from neo_core.training.run import train
+
+    metrics = train(
+        composed(
+            ["trainer=smoke", "trainer.world_size=4", "+topology=zionex", "topology.num_nodes=2",
+             "topology.devices_per_node=2", "model.embedding_dim=32", "model.dense_arch=[64,32]",
+             "data.rows=[2000,500]", "+sharding.sharding_types=[TWRW,GRID]", "trainer.max_steps=4"],
+            tmp_path,
+        )
+    )
+    assert metrics["world_size"] == 4 and metrics["steps"] == 4
+    assert all(0.0 < h["loss"] < 2.0 for h in metrics["history"]), metrics["history"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    types = {t["sharding_type"] for t in plan["tables"]}
+    assert types <= {"table_row_wise", "grid_shard"} and types, types
+    ranks = {tuple(t["ranks"]) for t in plan["tables"] if t["sharding_type"] == "table_row_wise"}
+    assert ranks <= {(0, 1), (2, 3)}, ranks  # each table-row-wise table within one planned node
+
+
+@pytest.mark.slow
 def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     from neo_core.training.run import train
 
