@@ -187,3 +187,29 @@ def test_torchrec_planner_report_rebuilds_its_own_plan() -> None:
     tiny = dataclasses.replace(context, topology=context.topology.replace(device_memory=1000, host_memory=1000))
     with pytest.raises(PlanningError, match="no plan"):
         TorchRecPlanner().plan(specs, tiny)
+
+
+def test_torchrec_planner_keeps_to_the_selected_cache_policy() -> None:
+    # 8 tables of 25.6 GB on 8 GPUs of 8 GiB fit only behind a cache. TorchRec's planner used
+    # to ignore the cache group: with cache=none it still cached at its default 20% of rows,
+    # and with cache=lfu it sized and evicted by its own defaults
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import CacheAlgorithm
+
+    from neo_core.api import make_context
+    from neo_core.cache import CachePolicy
+    from neo_core.sharding import TableSpec
+    from neo_plugins.sharding.torchrec_planner import TorchRecPlanner, _meta_model
+    from tests.planner import cluster
+
+    specs = [TableSpec(f"t{i}", 50_000_000, 128, 4.0) for i in range(8)]
+    with pytest.raises(PlanningError) as err:
+        TorchRecPlanner().plan(specs, make_context(cluster(mem_gib=8.0), 256))
+    assert "behind a cache (cache=lru cache.load_factor=0.2)" in str(err.value)
+    context = make_context(cluster(mem_gib=8.0), 256, cache=CachePolicy("lfu", load_factor=0.05))
+    result = TorchRecPlanner().plan_module(_meta_model(specs), specs, context)
+    for name, sharding in result.torchrec_plan.plan["ebc"].items():
+        assert sharding.compute_kernel == "fused_uvm_caching", (name, sharding.compute_kernel)
+        assert sharding.cache_params.algorithm == CacheAlgorithm.LFU
+        assert sharding.cache_params.load_factor == 0.05
+    # a cache of 5% of the rows: each table's device share is about 5% of its 25.6 GB
+    assert max(r.memory_total for r in result.ranks) < 0.2 * 25.6e9

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from torch import nn
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
@@ -84,9 +85,15 @@ class TorchRecPlanner(Planner):
         try:
             torchrec_plan = planner.plan(module, self.sharders(context))
         except PlannerError as exc:
+            cache_hint = (
+                ", or let tables sit in host memory behind a cache (cache=lru cache.load_factor=0.2)"
+                if topology.compute_device == "cuda" and context.cache.load_factor is None
+                else ""
+            )
             raise PlanningError(
                 f"TorchRec's planner found no plan that fits the tables into {topology.world_size} "
-                f"ranks of {topology.name!r}; add ranks or memory, or shrink the tables ({exc.error_type.name})."
+                f"ranks of {topology.name!r}; add ranks or memory, or shrink the tables{cache_hint} "
+                f"({exc.error_type.name})."
             ) from None
         options = planner._best_plan or []
         # On GPUs TorchRec's hbm is device memory and its ddr the host memory behind a cache; a
@@ -140,8 +147,18 @@ class TorchRecPlanner(Planner):
 
 
 def _constraints(table: TableSpec, context: PlanningContext) -> ParameterConstraints:
-    """Pooling factors per feature; a data-parallel-only kernel restricts the table to DP."""
+    """Pooling factors per feature, and on GPU topologies the cache policy: with a share of rows
+    to cache, TorchRec may put a table in host memory behind that cache (its algorithm and
+    share, not TorchRec's default 20%); without one, every table stays in device memory, as
+    ``cache=none`` says (TorchRec would otherwise still cache, or leave tables in host memory).
+    A data-parallel-only kernel restricts the table to DP."""
     kwargs: dict[str, Any] = {"pooling_factors": [table.pooling_factor] * len(table.feature_names)}
+    if context.topology.compute_device == "cuda":
+        kernels = [EmbeddingComputeKernel.DENSE.value, EmbeddingComputeKernel.FUSED.value]
+        if context.cache.load_factor is not None:
+            kwargs["cache_params"] = context.cache.cache_params()
+            kernels.append(EmbeddingComputeKernel.FUSED_UVM_CACHING.value)
+        kwargs["compute_kernels"] = kernels
     if context.kernel.data_parallel_only:
         kwargs["sharding_types"] = [ShardingType.DATA_PARALLEL.value]
         kwargs["compute_kernels"] = [context.kernel.compute_kernel]
