@@ -195,6 +195,8 @@ def test_table_generator_accepts_its_parameters() -> None:
         ({"table_sharding_types": {"t0": []}}, "sharding.table_sharding_types.t0 must be a non-empty list"),
         ({"reserve_fraction": "0.1"}, "sharding.reserve_fraction must be a number in [0, 1), got '0.1'."),
         ({"time_budget_s": float("inf")}, "sharding.time_budget_s must be a positive finite number"),
+        ({"packing_targets": -1}, "sharding.packing_targets must be a whole number, 0 or more"),
+        ({"packing_targets": 2.5}, "sharding.packing_targets"),
     ],
 )
 def test_planner_arguments_are_checked_by_kind_and_range(kwargs, fragment) -> None:

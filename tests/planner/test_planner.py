@@ -284,6 +284,38 @@ def test_a_greedy_after_solve_runs_to_the_end_and_a_second_solve_repeats_the_fir
     assert used.plan_key() == solved
 
 
+def test_packing_restarts_never_worsen_a_plan_and_repeat_it():
+    # Search.fit_restarts (best-fit decreasing under target slowest ranks, then refinement):
+    # a packed plan replaces the best one only with a lower slowest rank; it fits memory
+    # (MLPerf in 4 GiB per device, filled to 99.9%); the same input gives the same plan
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    def solved(model: CostModel, arrays: TableArrays, targets: int) -> Search:
+        search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+        search.solve(fit_targets=targets)
+        return search
+
+    for topo, tables in ((cluster(4, 8, mem_gib=4.0), mlperf_dcnv2()), (cluster(16, 8), production_like(100, seed=0))):
+        model, arrays = CostModel(make_context(topo, 512)), TableArrays.from_specs(tables)
+        base, packed, again = (solved(model, arrays, k) for k in (0, 12, 12))
+        assert base.fit_runs == 0 and packed.fit_runs > 0 and packed.fit_wins > 0
+        assert packed.loads.max() < base.loads.max() and (packed.choice >= 0).all()
+        assert (packed.mem_dev <= packed.cap_dev).all() and (packed.mem_host <= packed.cap_host).all()
+        assert packed.plan_key() == again.plan_key()
+
+
+def test_packing_restarts_run_with_neos_model_only_when_asked():
+    tables, ctx = mlperf_dcnv2(), make_context(cluster(1, 8), 512)
+    default = NeoPlanner()
+    default.plan(tables, ctx)
+    assert default.packing_targets == 0 and default.last_search.fit_runs == 0
+    asked = NeoPlanner(packing_targets=12)
+    result = asked.plan(tables, ctx)
+    assert asked.last_search.fit_runs > 0 and any("packing restarts" in n for n in result.notes)
+    assert NeoPlanner(estimator="torchrec").packing_targets == 12
+
+
 def test_plugins_change_the_estimate():
     tables = mixed_tables()
     base = plan_tables(tables, cluster(), 1024)

@@ -30,6 +30,8 @@ from neo_plugins.sharding.planner.cost import (
 from neo_plugins.sharding.planner.search import Option, Search, build_options, human_bytes
 
 ESTIMATORS = ("neo", "torchrec")
+# targets of the packing restarts (Search.fit_restarts) with estimator=torchrec, two runs each
+PACKING_TARGETS = 12
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 
 
@@ -66,7 +68,7 @@ def _type_list(key: str, value: Any) -> None:
 def _check_planner_args(
     sharding_types: Any, reserve_fraction: Any, host_reserve_fraction: Any, col_shard_counts: Any,
     min_col_width: Any, time_budget_s: Any, collective_latency_s: Any, index_bytes: Any,
-    table_sharding_types: Any,
+    table_sharding_types: Any, packing_targets: Any = None,
 ) -> None:
     """Kinds and ranges of NeoPlanner's arguments, each error naming its ``sharding.`` key."""
     if sharding_types is not None:
@@ -90,6 +92,11 @@ def _check_planner_args(
         raise ConfigError(
             f"sharding.collective_latency_s must be a finite number of seconds, 0 or more (or null: the "
             f"topology's figure), got {collective_latency_s!r}."
+        )
+    if packing_targets is not None and not (is_whole(packing_targets) and packing_targets >= 0):
+        raise ConfigError(
+            f"sharding.packing_targets must be a whole number, 0 or more (or null: {PACKING_TARGETS} with "
+            f"estimator=torchrec, 0 with neo), got {packing_targets!r}."
         )
     if not is_whole(index_bytes) or index_bytes not in (4, 8):
         raise ConfigError(f"sharding.index_bytes must be 4 (int32 ids) or 8 (int64 ids), got {index_bytes!r}.")
@@ -121,10 +128,11 @@ class NeoPlanner(Planner):
         index_bytes: int = 8,
         table_sharding_types: Mapping[str, Sequence[str]] | None = None,
         estimator: str = "neo",
+        packing_targets: int | None = None,
     ) -> None:
         _check_planner_args(
             sharding_types, reserve_fraction, host_reserve_fraction, col_shard_counts, min_col_width,
-            time_budget_s, collective_latency_s, index_bytes, table_sharding_types,
+            time_budget_s, collective_latency_s, index_bytes, table_sharding_types, packing_targets,
         )
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
@@ -139,6 +147,12 @@ class NeoPlanner(Planner):
         # "neo": Neo's cost model (docs/cost_model.md); "torchrec": the same search over
         # TorchRec's EmbeddingPerfEstimator figures per shard (memory stays Neo's)
         self.estimator = estimator
+        # packing restarts (Search.fit_restarts): by default only with TorchRec's estimator,
+        # whose costing already takes 0.04-4 s; with Neo's model they would cost more than
+        # the plan's time allows (MLPerf on 8 ranks: 4 -> 13 ms, TorchRec's planner 0.7 s)
+        if packing_targets is None:
+            packing_targets = PACKING_TARGETS if estimator == "torchrec" else 0
+        self.packing_targets = int(packing_targets)
         if estimator == "torchrec":  # TorchRec's estimator has no per-collective latency
             collective_latency_s = 0.0
         self.allowed = (
@@ -181,7 +195,7 @@ class NeoPlanner(Planner):
             torchrec_option_costs(options, tables, context)
         search = Search(model, arrays, options)
         check_capacity(search, arrays)
-        greedy_max = search.solve(self.refine, self.time_budget_s)
+        greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced = search.first_unplaced
         refined, moves = float(search.loads.max()), search.moves
         step, types = search.step(), search.types_used()
@@ -189,7 +203,10 @@ class NeoPlanner(Planner):
         # buy: up to 3 restricted solves (each costs up to one solve, with its own time
         # budget), fewer as tables grow and none above 600 tables, where latency is a small
         # share of the step
-        subsets = search.fewer_types(min(3, 600 // len(tables)), self.refine, self.time_budget_s)
+        fit_runs, fit_wins = search.fit_runs, search.fit_wins
+        subsets = search.fewer_types(
+            min(3, 600 // len(tables)), self.refine, self.time_budget_s, fit_targets=self.packing_targets
+        )
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         compressed = {context.compressor.forward_precision, context.compressor.backward_precision} != {"fp32"}
@@ -209,7 +226,9 @@ class NeoPlanner(Planner):
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
             f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> refined {refined * 1e3:.3f} ms "
-            f"({moves} moves, {search.restarts} restarts); load lower bound {search.lower_bound() * 1e3:.3f} ms"
+            f"({moves} moves, {search.restarts} restarts"
+            + (f", {fit_runs} packing restarts, {fit_wins} better" if fit_runs else "")
+            + f"); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
         if first_unplaced:
