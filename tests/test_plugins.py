@@ -442,6 +442,11 @@ def test_compressor_precisions_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"compression 'mine': backward_precision='fp12' is not a precision; "
                                           r"choose one of fp32, fp16, bf16, fp8, int8\."):
         Compressor("mine", "fp16", "fp12")
+    from neo_plugins.compression import fp16_compression
+
+    with pytest.raises(ConfigError, match=r"compression 'fp16': compression.backward='fp12' is not a precision"):
+        fp16_compression(backward="fp12")
+    assert fp16_compression(backward="int8").backward_bytes == 1  # over gloo: checked against the plan
 
 
 def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:

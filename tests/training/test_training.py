@@ -75,6 +75,37 @@ def test_hierarchical_types_train_on_a_topology_of_several_nodes_on_this_machine
     assert ranks <= {(0, 1), (2, 3)}, ranks  # each table-row-wise table within one planned node
 
 
+@pytest.mark.parametrize(
+    ("backward", "types", "fragment"),
+    [
+        ("fp8", "[TW]", "sends fp8 (forward fp16, backward fp8), which TorchRec cannot run over gloo for t_cat_0 (TW)"),
+        ("int8", "[RW]", "sends int8 (forward fp16, backward int8), which TorchRec cannot run over gloo for t_cat_0 (RW)"),
+    ],
+)
+def test_a_precision_gloo_cannot_carry_is_refused_before_the_ranks_start(backward, types, fragment, tmp_path) -> None:
+    # these fail inside TorchRec in every rank ("Tensor 'input' must have 2 dimension(s)",
+    # "Unexpected `None`"); the refusal names the tables and the sharding types that work
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import train
+
+    with pytest.raises(ConfigError) as err:
+        train(composed(["trainer=smoke", "compression=fp16", f"compression.backward={backward}",
+                        f"+sharding.sharding_types={types}"], tmp_path))
+    message = str(err.value)
+    assert fragment in message and "and 21 more" in message, message
+    assert "compression=fp16 compression.backward=fp16" in message and "sharding.sharding_types=[" in message
+    assert not (tmp_path / "logs").exists()  # no rank started
+
+
+@pytest.mark.slow
+def test_int8_gradients_train_where_the_plan_is_table_wise(tmp_path: Path) -> None:
+    from neo_core.training.run import train
+
+    metrics = train(composed(["trainer=smoke", "compression=fp16", "compression.backward=int8",
+                              "+sharding.sharding_types=[TW]"], tmp_path))
+    assert metrics["steps"] == 5 and all(0.0 < h["loss"] < 2.0 for h in metrics["history"])
+
+
 @pytest.mark.slow
 def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     from neo_core.training.run import train
