@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import hydra
@@ -49,6 +50,7 @@ def config_flags(argv: list[str]) -> list[str]:
 
 # jobs of this sweep that stopped on an error: (job number, overrides, message)
 FAILED_JOBS: list[tuple[int, str, str]] = []
+INTERNAL_FAILURES: list[int] = []  # jobs among them that did not fail with a Neo error
 
 
 def _typed_overrides() -> list[str]:
@@ -59,27 +61,37 @@ def _typed_overrides() -> list[str]:
 
 
 def _sweep_job(config: dict) -> dict:
-    """One job of a sweep: an error in it (a bad combination, a plan that does not fit) is
-    reported, kept in the job's folder (``error.txt``) and the sweep goes on; the command
-    exits 2 at the end, listing the failed jobs. Anything else (a bug) stops the sweep."""
+    """One job of a sweep: an error in it is reported, kept in the job's folder (``error.txt``;
+    an earlier run's is removed first) and the sweep goes on. A Neo error (a bad combination,
+    a plan that does not fit) is one line; anything else (a failure inside a library, a bug)
+    is named by its type, with the traceback in ``error.txt``. At the end the command lists
+    the failed jobs and exits 2, or 1 when any failure was not a Neo error. ``NEO_TRACEBACK=1``
+    stops the sweep at the first failure with its traceback."""
     from hydra.core.hydra_config import HydraConfig
 
     from neo_core.cli import user_error_message
     from neo_core.training.run import train
 
+    out = Path(config["output_dir"])
+    (out / "error.txt").unlink(missing_ok=True)
     try:
         return train(config)  # type: ignore[arg-type]
     except RunInterrupted:
         raise
     except Exception as exc:
-        message = user_error_message(exc)
-        if message is None or os.environ.get("NEO_TRACEBACK"):
+        if os.environ.get("NEO_TRACEBACK"):
             raise
+        message = user_error_message(exc)
+        detail = message
+        if message is None:
+            INTERNAL_FAILURES.append(HydraConfig.get().job.num)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            message = f"{type(exc).__name__}: {first} (not a Neo error; traceback in error.txt)"
+            detail = "".join(traceback.format_exception(exc))
         job = HydraConfig.get().job
         overrides = " ".join(_typed_overrides())
-        out = Path(config["output_dir"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "error.txt").write_text(message + "\n")
+        (out / "error.txt").write_text(detail + "\n")
         print(f"error: job #{job.num} ({overrides}): {message}", file=sys.stderr)
         FAILED_JOBS.append((job.num, overrides, message))
         return {}
@@ -128,7 +140,7 @@ if __name__ == "__main__":
             print(f"{len(FAILED_JOBS)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
             for num, overrides, message in FAILED_JOBS:
                 print(f"  #{num} {overrides}: {message[:200]}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(1 if INTERNAL_FAILURES else 2)
         sys.exit(0)
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself

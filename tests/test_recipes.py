@@ -305,3 +305,46 @@ def test_the_continue_command_keeps_the_config_folder_flags() -> None:
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     argv = ["-m", "--config-dir", "/my/conf", "trainer=smoke", "-cn=train", "-cd=/other", "model.embedding_dim=8"]
     assert recipe.config_flags(argv) == ["--config-dir", "/my/conf", "-cn=train", "-cd=/other"]
+
+
+def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path, monkeypatch) -> None:
+    # a failure inside a library used to stop being handled here: Hydra went on with the
+    # other jobs, then re-raised only the first traceback (later failures unreported, no
+    # error.txt, no list of failed jobs)
+    import importlib.util
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    import neo_core.training.run as run_module
+    from neo_core.errors import ConfigError
+
+    spec = importlib.util.spec_from_file_location("train_recipe_sweep", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    jobs = iter([(0, ValueError("Shard offset 2000 exceeds tensor dim")), (1, ConfigError("bad key x.")), (2, None)])
+    state = {}
+
+    def fake_train(config):
+        num, exc = state["job"]
+        if exc is not None:
+            raise exc
+        return {"val_auc": 0.7}
+
+    monkeypatch.setattr(run_module, "train", fake_train)
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
+        job=SimpleNamespace(num=state["job"][0]), overrides=SimpleNamespace(task=[f"seed={state['job'][0]}"]))))
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "error.txt").write_text("an earlier run's failure\n")  # this run succeeds there
+    results = []
+    for job in jobs:
+        state["job"] = job
+        results.append(recipe._sweep_job({"output_dir": str(tmp_path / str(job[0]))}))
+    assert results == [{}, {}, {"val_auc": 0.7}]
+    assert [(n, o) for n, o, _ in recipe.FAILED_JOBS] == [(0, "seed=0"), (1, "seed=1")]
+    assert recipe.FAILED_JOBS[0][2] == (
+        "ValueError: Shard offset 2000 exceeds tensor dim (not a Neo error; traceback in error.txt)")
+    assert "Traceback" in (tmp_path / "0" / "error.txt").read_text()
+    assert (tmp_path / "1" / "error.txt").read_text() == "bad key x.\n"
+    assert not (tmp_path / "2" / "error.txt").exists()
+    assert recipe.INTERNAL_FAILURES == [0]  # the command then exits 1, not 2
