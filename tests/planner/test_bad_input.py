@@ -306,6 +306,11 @@ def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> N
         plan_tables(tables, cluster(2, 4), 256, sharding_types=["RW"])
     with pytest.raises(PlanningError, match=r"No allowed sharding type \(GRID\) applies .* on 1 node\(s\) x 4 rank"):
         plan_tables(tables, cluster(1, 4), 256, sharding_types=["GRID"])
+    # 2 nodes of one rank: the nodes are there, the ranks per node are not, and the message says so
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(2, 1), 256, sharding_types=["TWRW"])
+    assert "on 2 node(s) x 1 rank(s)" in str(err.value) and "2 or more nodes of 2 or more ranks each" in str(err.value)
+    assert "devices_per_node" in str(err.value)
 
 
 def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall() -> None:

@@ -108,9 +108,11 @@ def build_options(
         names = ", ".join(sorted(st.short for st in allowed)) or "none"
         raise PlanningError(
             f"No allowed sharding type ({names}) applies to these tables on {N} node(s) x {L} rank(s): "
-            "TWRW, TWCW and GRID need 2 or more nodes, RW 2 or more ranks and a row per rank, CW, TWCW "
-            f"and GRID dims that split into column shards of {min_col_width} or more (multiples of 4); "
-            "allow another type, e.g. TW or DP."
+            "TWRW, TWCW and GRID need 2 or more nodes of 2 or more ranks each (TWCW: a rank per column "
+            "shard in a node, GRID: a node per column shard), RW 2 or more ranks and a row per rank, CW, "
+            f"TWCW and GRID dims that split into column shards of {min_col_width} or more (multiples of 4, "
+            "sharding.min_col_width); allow another type, e.g. TW or DP, or change the topology's "
+            "num_nodes / devices_per_node (an emulated topology: trainer.world_size)."
         )
     return opts
 
