@@ -131,6 +131,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
         ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
+        ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
     ],
 )
 def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment):
