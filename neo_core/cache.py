@@ -22,7 +22,8 @@ class CachePolicy:
     name: str
     load_factor: float | None = None
     # FBGEMM CacheAlgorithm name, "lru" or "lfu"; None: the policy's name when it is one of
-    # those (CachePolicy("lfu", 0.1) evicts by LFU), else "lru"
+    # those (CachePolicy("lfu", 0.1) evicts by LFU), else "lru". Stored resolved, so a copy
+    # under another algorithm's name says algorithm=None (dataclasses.replace)
     algorithm: str | None = None
     prefetch_pipeline: bool = False
 
@@ -46,7 +47,8 @@ class CachePolicy:
         if named and self.algorithm.lower() != named:
             raise ConfigError(
                 f"cache {self.name!r} with algorithm={self.algorithm!r}: the policy's name is an eviction "
-                f"algorithm of its own; use CachePolicy({self.algorithm.lower()!r}, ...) or leave algorithm out."
+                f"algorithm of its own; use CachePolicy({self.algorithm.lower()!r}, ...) or leave algorithm out "
+                "(a copy under a new name: dataclasses.replace(policy, name=..., algorithm=None))."
             )
 
     def cache_params(self) -> Any:

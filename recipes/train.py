@@ -85,7 +85,10 @@ def _sweep_job(config: dict) -> dict:
         detail = message
         if message is None:
             INTERNAL_FAILURES.append(HydraConfig.get().job.num)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            # a rank's failure (torch's ProcessRaisedException) opens with "-- Process N terminated
+            # with the following error:" and ends with the rank's own "Type: message"
+            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+            first = (lines[-1] if type(exc).__name__ == "ProcessRaisedException" else lines[0]) if lines else ""
             message = f"{type(exc).__name__}: {first} (not a Neo error; traceback in error.txt)"
             detail = "".join(traceback.format_exception(exc))
         job = HydraConfig.get().job

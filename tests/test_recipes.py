@@ -322,7 +322,13 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
     spec = importlib.util.spec_from_file_location("train_recipe_sweep", ROOT / "recipes" / "train.py")
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
-    jobs = iter([(0, ValueError("Shard offset 2000 exceeds tensor dim")), (1, ConfigError("bad key x.")), (2, None)])
+    from torch.multiprocessing.spawn import ProcessRaisedException
+
+    rank_failed = ProcessRaisedException(
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+        '  File "twrw_sharding.py", line 219, in _shard\nIndexError: list index out of range\n', 1, 4242)
+    jobs = iter([(0, ValueError("Shard offset 2000 exceeds tensor dim")), (1, ConfigError("bad key x.")), (2, None),
+                 (3, rank_failed)])
     state = {}
 
     def fake_train(config):
@@ -340,11 +346,14 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
     for job in jobs:
         state["job"] = job
         results.append(recipe._sweep_job({"output_dir": str(tmp_path / str(job[0]))}))
-    assert results == [{}, {}, {"val_auc": 0.7}]
-    assert [(n, o) for n, o, _ in recipe.FAILED_JOBS] == [(0, "seed=0"), (1, "seed=1")]
+    assert results == [{}, {}, {"val_auc": 0.7}, {}]
+    assert [(n, o) for n, o, _ in recipe.FAILED_JOBS] == [(0, "seed=0"), (1, "seed=1"), (3, "seed=3")]
+    # a rank's failure is summed up by the rank's own error, not torch's opening line
+    assert recipe.FAILED_JOBS[2][2] == (
+        "ProcessRaisedException: IndexError: list index out of range (not a Neo error; traceback in error.txt)")
     assert recipe.FAILED_JOBS[0][2] == (
         "ValueError: Shard offset 2000 exceeds tensor dim (not a Neo error; traceback in error.txt)")
     assert "Traceback" in (tmp_path / "0" / "error.txt").read_text()
     assert (tmp_path / "1" / "error.txt").read_text() == "bad key x.\n"
     assert not (tmp_path / "2" / "error.txt").exists()
-    assert recipe.INTERNAL_FAILURES == [0]  # the command then exits 1, not 2
+    assert recipe.INTERNAL_FAILURES == [0, 3]  # the command then exits 1, not 2

@@ -191,7 +191,37 @@ _GLOO_FAILS = {
 }
 
 
-def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Compressor) -> None:
+def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> None:
+    """Refuse, before any rank starts, node-local sharding the ranks' layout cannot give.
+
+    TorchRec forms the node groups of table-row-wise and grid sharding from
+    ``LOCAL_WORLD_SIZE``: spawned CPU ranks are told their planned node (``_emulate_nodes``),
+    but ranks launched by torchrun, and CUDA ranks, which choose their device by local rank,
+    keep the machine's layout; a plan of other nodes fails inside TorchRec in every rank.
+    """
+    per_node = topology.devices_per_node
+    if launch.external:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size))
+        fix = f"launch {per_node} rank(s) per machine (torchrun --nproc_per_node={per_node})"
+    elif launch.device_type == "cuda":
+        local = launch.world_size
+        fix = f"plan for this machine's layout (topology.devices_per_node={local})"
+    else:
+        return
+    hit = [t for t in plan.tables if t.sharding_type in ("table_row_wise", "grid_shard")]
+    if local == per_node or not hit:
+        return
+    named = ", ".join(f"{t.name} ({ShardingType(t.sharding_type).short})" for t in hit[:5])
+    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
+    raise ConfigError(
+        f"The plan splits {named}{more} over nodes of {per_node} rank(s) (topology.devices_per_node), but "
+        f"{local} rank(s) share each machine here (LOCAL_WORLD_SIZE), and TorchRec forms the nodes of "
+        f"table-row-wise and grid sharding from that: {fix}, or allow other types "
+        "(sharding.sharding_types without TWRW and GRID)."
+    )
+
+
+def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Compressor, planner: Any = None) -> None:
     """Refuse, before any rank starts, a precision the plan's collectives cannot run over gloo."""
     if launch.backend != "gloo" or launch.world_size < 2:
         return
@@ -203,13 +233,17 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
             continue
         named = ", ".join(f"{t.name} ({ShardingType(t.sharding_type).short})" for t in hit[:5])
         more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
-        allowed = [s.short for s in ShardingType if s.value not in types]
+        allowed = ",".join(s.short for s in ShardingType if s.value not in types)
+        # only Neo's planner takes a list of sharding types
+        restrict = f"sharding.sharding_types=[{allowed}]"
+        if not hasattr(planner, "allowed"):
+            restrict = f"sharding=neo {restrict}"
         raise ConfigError(
             f"compression {compressor.name!r} sends {precision} "
             f"(forward {compressor.forward_precision}, backward {compressor.backward_precision}), which "
             f"TorchRec cannot run over gloo for {named}{more}. On CPU ranks send fp32, fp16 or bf16 both ways "
             f"(e.g. compression=fp16 compression.backward=fp16), or keep to the sharding types that can carry "
-            f"{precision}: sharding.sharding_types=[{','.join(allowed)}]."
+            f"{precision}: {restrict}."
         )
 
 
@@ -384,7 +418,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     finally:
         torchrec_log.setLevel(level)
     check_fits_this_machine(plan, launch, parts.topology)
-    check_compression_on_gloo(plan, launch, parts.compressor)
+    check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
+    check_node_layout(plan, launch, parts.topology)
     if rank0:
         for note in parts.notes:
             print(f"note: {note}")
@@ -395,6 +430,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         print(parts.topology.describe())
         print(plan.format_text())
         plan.save_json(out / "plan.json")
+        (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
     payload = run.to_dict()
     launched = time.time()

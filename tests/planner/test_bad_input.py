@@ -263,6 +263,10 @@ def test_a_cache_policy_named_for_an_algorithm_uses_it() -> None:
     with pytest.raises(ConfigError) as err:
         CachePolicy("lfu", 0.1, algorithm="lru")
     assert "cache 'lfu' with algorithm='lru'" in str(err.value) and "CachePolicy('lru', ...)" in str(err.value)
+    import dataclasses  # the algorithm is stored resolved: a copy under another name says so
+
+    assert "algorithm=None" in str(err.value)
+    assert dataclasses.replace(CachePolicy("lru", 0.2), name="lfu", algorithm=None).algorithm == "lfu"
 
 
 @pytest.mark.parametrize(

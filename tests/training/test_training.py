@@ -47,6 +47,8 @@ def test_two_rank_training_learns_the_hidden_signal(tmp_path: Path) -> None:
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert len(plan["tables"]) == 26 and len(plan["ranks"]) == 2
+    text = (tmp_path / "plan.txt").read_text()  # the printed plan, every table
+    assert "predicted step" in text and all(t["name"] in text for t in plan["tables"])
     assert (tmp_path / "training.png").stat().st_size > 0
     assert "train/loss" in (tmp_path / "logs" / "metrics.csv").read_text()
 
@@ -95,6 +97,43 @@ def test_a_precision_gloo_cannot_carry_is_refused_before_the_ranks_start(backwar
     assert fragment in message and "and 21 more" in message, message
     assert "compression=fp16 compression.backward=fp16" in message and "sharding.sharding_types=[" in message
     assert not (tmp_path / "logs").exists()  # no rank started
+
+
+def test_node_local_sharding_the_launch_layout_cannot_give_is_refused(monkeypatch) -> None:
+    # torchrun (or CUDA ranks) keep the machine's LOCAL_WORLD_SIZE; a plan of other nodes
+    # failed inside TorchRec in every rank ("IndexError: list index out of range" in _shard)
+    from neo_core.api import plan_tables
+    from neo_core.errors import ConfigError
+    from neo_core.sharding import TableSpec
+    from neo_core.training.run import Launch, check_node_layout
+    from tests.planner import cluster
+
+    topo = cluster(2, 2)
+    tables = [TableSpec(f"t{i}", 10_000, 32, 4.0) for i in range(3)]
+    twrw = plan_tables(tables, topo, 64, sharding_types=["TWRW"])
+    tw = plan_tables(tables, topo, 64, sharding_types=["TW"])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError) as err:
+        check_node_layout(twrw, Launch(4, "cpu", "gloo", external=True), topo)
+    message = str(err.value)
+    assert "splits t0 (TWRW), t1 (TWRW), t2 (TWRW) over nodes of 2 rank(s)" in message, message
+    assert "4 rank(s) share each machine here" in message and "torchrun --nproc_per_node=2" in message
+    with pytest.raises(ConfigError, match=r"topology.devices_per_node=4"):
+        check_node_layout(twrw, Launch(4, "cuda", "nccl", external=False), topo)
+    check_node_layout(tw, Launch(4, "cpu", "gloo", external=True), topo)  # no node-local tables
+    check_node_layout(twrw, Launch(4, "cpu", "gloo", external=False), topo)  # spawned CPU ranks: emulated
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    check_node_layout(twrw, Launch(4, "cpu", "gloo", external=True), topo)  # the layout matches
+
+
+def test_the_precision_refusal_names_a_fix_the_planner_takes(tmp_path) -> None:
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import train
+
+    with pytest.raises(ConfigError) as err:
+        train(composed(["trainer=smoke", "sharding=torchrec", "compression=fp16", "compression.backward=fp8"],
+                       tmp_path))
+    assert "sharding=neo sharding.sharding_types=[DP,RW]" in str(err.value), str(err.value)
 
 
 @pytest.mark.slow
