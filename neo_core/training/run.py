@@ -191,6 +191,12 @@ _GLOO_FAILS = {
 }
 
 
+def _some_tables(tables: list[Any], shown: int = 5) -> str:
+    """``a (TW), b (RW) and 3 more``: the first tables of a list with their sharding types."""
+    named = ", ".join(f"{t.name} ({ShardingType(t.sharding_type).short})" for t in tables[:shown])
+    return named + (f" and {len(tables) - shown} more" if len(tables) > shown else "")
+
+
 def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> None:
     """Refuse, before any rank starts, node-local sharding the ranks' layout cannot give.
 
@@ -211,10 +217,8 @@ def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> N
     hit = [t for t in plan.tables if t.sharding_type in ("table_row_wise", "grid_shard")]
     if local == per_node or not hit:
         return
-    named = ", ".join(f"{t.name} ({ShardingType(t.sharding_type).short})" for t in hit[:5])
-    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
     raise ConfigError(
-        f"The plan splits {named}{more} over nodes of {per_node} rank(s) (topology.devices_per_node), but "
+        f"The plan splits {_some_tables(hit)} over nodes of {per_node} rank(s) (topology.devices_per_node), but "
         f"{local} rank(s) share each machine here (LOCAL_WORLD_SIZE), and TorchRec forms the nodes of "
         f"table-row-wise and grid sharding from that: {fix}, or allow other types "
         "(sharding.sharding_types without TWRW and GRID)."
@@ -231,8 +235,6 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
         hit = [t for t in plan.tables if t.sharding_type in types]
         if not hit:
             continue
-        named = ", ".join(f"{t.name} ({ShardingType(t.sharding_type).short})" for t in hit[:5])
-        more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
         allowed = ",".join(s.short for s in ShardingType if s.value not in types)
         # only Neo's planner takes a list of sharding types
         restrict = f"sharding.sharding_types=[{allowed}]"
@@ -241,7 +243,7 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
         raise ConfigError(
             f"compression {compressor.name!r} sends {precision} "
             f"(forward {compressor.forward_precision}, backward {compressor.backward_precision}), which "
-            f"TorchRec cannot run over gloo for {named}{more}. On CPU ranks send fp32, fp16 or bf16 both ways "
+            f"TorchRec cannot run over gloo for {_some_tables(hit)}. On CPU ranks send fp32, fp16 or bf16 both ways "
             f"(e.g. compression=fp16 compression.backward=fp16), or keep to the sharding types that can carry "
             f"{precision}: {restrict}."
         )
