@@ -19,7 +19,7 @@ from neo_core.cache import CachePolicy
 from neo_core.compression import Compressor
 from neo_core.errors import ConfigError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
-from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec
+from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec, check_plan
 from neo_core.topology import Topology
 
 __all__ = ["make_context", "plan_tables", "resolve"]
@@ -116,4 +116,5 @@ def plan_tables(
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
     if isinstance(planner, Planner) and params:
         raise ConfigError("Planner parameters apply only when the planner is given by name.")
-    return chosen.plan(tables, context)
+    name = planner if isinstance(planner, str) else chosen.name
+    return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name)

@@ -310,6 +310,50 @@ class PlanResult:
         return "\n".join(lines)
 
 
+def check_plan(result: Any, tables: Sequence[TableSpec], world_size: int, planner: str) -> PlanResult:
+    """``result`` as a plan the ranks can run: a :class:`PlanResult` placing every table once,
+    on ranks of this world, reporting every rank once within its memory capacity.
+
+    Neo's planners pass this by construction; a planner plugin's result is checked here
+    before any rank builds it (otherwise a missing report gives an infinite step, an unknown
+    or doubled table trains silently, and an over-full rank fails only on the device).
+    """
+    from collections import Counter
+
+    from neo_core.errors import PlanningError
+
+    who = f"Sharding planner {planner!r}"
+    if not isinstance(result, PlanResult):
+        raise PlanningError(f"{who} returned {type(result).__name__}, not a PlanResult; its plan() must return one.")
+    known = {t.name for t in tables}
+    counts = Counter(a.name for a in result.tables)
+    problems = []
+    if unknown := sorted(set(counts) - known):
+        problems.append(f"places tables the model does not have ({', '.join(unknown[:5])})")
+    if missing := [t.name for t in tables if t.name not in counts]:
+        problems.append(f"leaves out {len(missing)} table(s) ({', '.join(missing[:5])})")
+    if twice := sorted(n for n, c in counts.items() if c > 1):
+        problems.append(f"places tables more than once ({', '.join(twice[:5])})")
+    if bad := [a.name for a in result.tables if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
+        problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
+    reported = sorted(int(r.rank) for r in result.ranks)
+    if reported != list(range(world_size)):
+        problems.append(f"reports ranks {_compact_ranks(reported) if reported else 'none'}, not each of the "
+                        f"{world_size} ranks once")
+    for r in result.ranks:
+        if r.memory_capacity and r.memory_total > r.memory_capacity * (1 + 1e-9):
+            problems.append(f"fills rank {r.rank}'s memory with {_bytes(r.memory_total)} of {_bytes(r.memory_capacity)}")
+            break
+    for r in result.ranks:
+        host = sum(r.host_memory.values())
+        if r.host_memory_capacity and host > r.host_memory_capacity * (1 + 1e-9):
+            problems.append(f"fills rank {r.rank}'s host memory with {_bytes(host)} of {_bytes(r.host_memory_capacity)}")
+            break
+    if problems:
+        raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
+    return result
+
+
 def _bytes(n: float) -> str:
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:

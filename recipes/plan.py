@@ -108,6 +108,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     from neo_core.api import make_context, resolve
     from neo_core.cache import CachePolicy
     from neo_core.errors import ConfigError
+    from neo_core.sharding import check_plan
     from neo_plugins.sharding.planner.report import save_all
     from neo_plugins.sharding.planner.tables import make_tables
 
@@ -138,7 +139,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     planner = resolve("sharding", cfg["sharding"])
     print(topology.describe())
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {batch}/rank")
-    result = planner.plan(tables, context)
+    result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"])
     print(result.format_text())
     paths = save_all(result, cfg.get("output_dir") or ".")
     print("wrote " + ", ".join(str(p) for p in paths.values()))

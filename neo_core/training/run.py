@@ -45,7 +45,7 @@ from neo_core.errors import (
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
-from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec
+from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec, check_plan
 from neo_core.topology import Topology
 
 log = logging.getLogger("neo")
@@ -164,9 +164,16 @@ def model_builder_default_dim(builder: ModelBuilder) -> int:
 def plan_run(parts: RunParts) -> PlanResult:
     """Plan the run's model on the meta device (no table memory is allocated)."""
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
-    result = parts.planner.plan_module(model, parts.tables, parts.context)
+    result = checked_plan(parts, model)
     result.notes = [*parts.notes, *result.notes]
     return result
+
+
+def checked_plan(parts: RunParts, model: Any) -> PlanResult:
+    """The run's planner on ``model``, its result checked before any rank builds it."""
+    result = parts.planner.plan_module(model, parts.tables, parts.context)
+    name = getattr(parts.planner, "name", type(parts.planner).__name__)
+    return check_plan(result, parts.tables, parts.topology.world_size, name)
 
 
 def _available_memory() -> float | None:
@@ -563,7 +570,7 @@ def rank_main(
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
     module = NeoModule(
         model,
-        planner_fn=lambda m: parts.planner.plan_module(m, parts.tables, parts.context),
+        planner_fn=lambda m: checked_plan(parts, m),
         sharders_fn=lambda: parts.planner.sharders(parts.context),
         kernel=parts.kernel,
         trainer_cfg=cfg,

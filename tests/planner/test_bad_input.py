@@ -351,3 +351,55 @@ def test_sizes_in_messages_keep_their_scale():
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("t", 1_000_000, 64, 1.0)], tiny, 256)
     assert "0.00 GiB" not in str(err.value) and "MiB" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("fault", "fragment"),
+    [
+        ("wrong_type", "returned dict, not a PlanResult"),
+        ("unknown", "places tables the model does not have (ghost)"),
+        ("missing", "leaves out 1 table(s) (b)"),
+        ("twice", "places tables more than once (a)"),
+        ("bad_rank", "puts tables on no rank or on ranks outside 0-7 (a)"),
+        ("no_reports", "reports ranks none, not each of the 8 ranks once"),
+        ("over_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
+    ],
+)
+def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) -> None:
+    # a third-party planner's result used to be taken as it came: an unknown or doubled
+    # table trained silently, a missing rank report gave an infinite step in plan.json, an
+    # over-full rank failed only on the device
+    from neo_core.sharding import Planner, PlanResult, RankReport, TableAssignment
+
+    class Faulty(Planner):
+        name = "faulty"
+
+        def plan(self, tables, context):
+            W = context.topology.world_size
+            assignments = [TableAssignment(t.name, "table_wise", "fused", [i % W]) for i, t in enumerate(tables)]
+            reports = [RankReport(rank=r, memory={"weights": 1.0}, memory_capacity=16 * 2**30) for r in range(W)]
+            if fault == "wrong_type":
+                return {"tables": assignments}
+            if fault == "unknown":
+                assignments.append(TableAssignment("ghost", "table_wise", "fused", [0]))
+            if fault == "missing":
+                assignments.pop()
+            if fault == "twice":
+                assignments.append(assignments[0])
+            if fault == "bad_rank":
+                assignments[0].ranks = [W]
+            if fault == "no_reports":
+                reports = []
+            if fault == "over_capacity":
+                reports[0].memory["weights"] = 20 * 2**30
+            return PlanResult("faulty", assignments, reports, context.batch_size_per_rank, {})
+
+        def sharders(self, context):
+            return []
+
+    tables = [TableSpec("a", 1000, 16, 1.0), TableSpec("b", 1000, 16, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256, planner=Faulty())
+    assert str(err.value).startswith("Sharding planner 'faulty' gave a plan that cannot run: it") or \
+        str(err.value).startswith("Sharding planner 'faulty' returned"), str(err.value)
+    assert fragment in str(err.value), str(err.value)
