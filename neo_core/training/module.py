@@ -29,6 +29,33 @@ from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import PlanResult
 
 
+def plan_digest(plan: Any) -> str:
+    """What the ranks must agree on: every table's type, kernel, ranks and shard shapes."""
+    import hashlib
+    import json
+
+    key = [(a.name, a.sharding_type, a.compute_kernel, list(a.ranks), [list(s) for s in a.shard_shapes])
+           for a in plan.tables]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
+
+
+def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
+    """Every rank plans for itself; all must build the same plan, or DMP shards tables
+    differently per rank (a table held twice, another by no rank) and trains on silently.
+    Returns rank 0's plan and the ranks whose own plan differed from it (then rank 0's plan,
+    sent to every rank, is the one run)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return plan, []
+    digests: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, plan_digest(plan))
+    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if differ:
+        sent = [plan if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(sent, src=0)
+        plan = sent[0]
+    return plan, differ
+
+
 class OneClosureOptimizer(CombinedOptimizer):
     """TorchRec's ``CombinedOptimizer`` that runs the step's closure once, then steps every part."""
 
@@ -95,7 +122,13 @@ class NeoModule(pl.LightningModule):
         from torchrec.distributed.model_parallel import DistributedModelParallel
         from torchrec.distributed.types import ShardingEnv
 
-        self.plan = self.planner_fn(self.model)
+        self.plan, differ = agree_on_plan(self.planner_fn(self.model))
+        if differ and dist.get_rank() == 0:
+            print(
+                f"warning: the planner gave rank(s) {', '.join(map(str, differ))} another plan than rank 0 "
+                "(a planner that depends on the rank, or on time); every rank runs rank 0's plan",
+                flush=True,
+            )
         pg = dist.group.WORLD if dist.is_initialized() else None
         env = ShardingEnv.from_process_group(pg) if pg is not None else ShardingEnv.from_local(1, 0)
         self.model = DistributedModelParallel(
