@@ -41,6 +41,59 @@ def user_errors() -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+class SweepFailures:
+    """The failed jobs of a Hydra multirun sweep; each job runs through :meth:`job`.
+
+    An error in a job is reported, kept in the job's folder (``error.txt``; an earlier run's is
+    removed first) and the sweep goes on. A Neo error (a bad combination, a plan that does
+    not fit) is one line; anything else (a failure inside a library, a bug) is named by its
+    type, with the traceback in ``error.txt``. :meth:`exit` then lists the failed jobs and
+    exits 2, or 1 when any failure was not a Neo error. ``NEO_TRACEBACK=1`` stops the sweep at
+    the first failure with its traceback.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[int, str, str]] = []  # (job number, overrides, message)
+        self.internal: list[int] = []  # jobs among them that did not fail with a Neo error
+
+    def job(self, fn: Any, out: Path, num: int, overrides: str, passthrough: tuple[type, ...] = ()) -> Any:
+        """``fn()``, or None when it failed (reported and kept); ``passthrough`` errors propagate."""
+        import traceback
+
+        (out / "error.txt").unlink(missing_ok=True)
+        try:
+            return fn()
+        except passthrough:
+            raise
+        except Exception as exc:
+            if os.environ.get("NEO_TRACEBACK"):
+                raise
+            message = user_error_message(exc)
+            detail = message
+            if message is None:
+                self.internal.append(num)
+                # a rank's failure (torch's ProcessRaisedException) opens with "-- Process N
+                # terminated with the following error:" and ends with the rank's own "Type: message"
+                lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+                first = (lines[-1] if type(exc).__name__ == "ProcessRaisedException" else lines[0]) if lines else ""
+                message = f"{type(exc).__name__}: {first} (not a Neo error; traceback in error.txt)"
+                detail = "".join(traceback.format_exception(exc))
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "error.txt").write_text(detail + "\n")
+            print(f"error: job #{num} ({overrides}): {message}", file=sys.stderr)
+            self.jobs.append((num, overrides, message))
+            return None
+
+    def exit(self) -> None:
+        """Exit 0 when no job failed; else list them and exit 2 (1 if any was not a Neo error)."""
+        if not self.jobs:
+            raise SystemExit(0)
+        print(f"{len(self.jobs)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
+        for num, overrides, message in self.jobs:
+            print(f"  #{num} {overrides}: {message[:200]}", file=sys.stderr)
+        raise SystemExit(1 if self.internal else 2)
+
+
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``
 # (the documented form) works; ``topology=zionex`` is taken to mean the same.
 APPENDED_GROUPS = ("topology",)

@@ -20,12 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import check_group_options, config_dirs, config_groups, force_add_overrides, user_errors
+from neo_core.cli import (
+    SweepFailures,
+    check_group_options,
+    config_dirs,
+    config_groups,
+    force_add_overrides,
+    user_errors,
+)
 from neo_core.config import register_plugin_options
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+SWEEP = SweepFailures()  # failed jobs of a -m sweep
 # Config groups plan.yaml selects from; ``model=`` is the documented alias of ``plan_model=``.
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model")
 ALIASES = {"model": "plan_model"}
@@ -112,6 +121,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     from neo_plugins.sharding.planner.report import save_all
     from neo_plugins.sharding.planner.tables import make_tables
 
+    out = Path(cfg.get("output_dir") or ".")
+    for stale in ("plan.json", "plan.txt", "plan.png"):  # a failed plan leaves none behind
+        (out / stale).unlink(missing_ok=True)
     model = cfg["plan_model"]
     check_model_values(model)
     tables = make_tables(model["generator"], **(model.get("params") or {}))
@@ -141,7 +153,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {batch}/rank")
     result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"])
     print(result.format_text())
-    paths = save_all(result, cfg.get("output_dir") or ".")
+    paths = save_all(result, out)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return result
 
@@ -154,8 +166,14 @@ def main(cfg: DictConfig) -> None:
     # an explicit share (cache.load_factor=...) wins over the model's; deleting the key does not
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
     no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
+        SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
+                  Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
+                  " ".join(o.removeprefix("++") for o in overrides))
+        return
     with user_errors():
-        run(OmegaConf.to_container(cfg, resolve=True), cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
+        run(config, cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
@@ -164,3 +182,4 @@ if __name__ == "__main__":
         check_options(sys.argv[1:])
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]), config_groups(CONF, sys.argv[1:]))]
     main()
+    SWEEP.exit()

@@ -12,14 +12,13 @@ import os
 import shlex
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 import hydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import check_group_options, config_groups, force_add_overrides, user_errors
+from neo_core.cli import SweepFailures, check_group_options, config_groups, force_add_overrides, user_errors
 from neo_core.config import register_plugin_options
 from neo_core.errors import RunInterrupted
 
@@ -49,8 +48,8 @@ def config_flags(argv: list[str]) -> list[str]:
 
 
 # jobs of this sweep that stopped on an error: (job number, overrides, message)
-FAILED_JOBS: list[tuple[int, str, str]] = []
-INTERNAL_FAILURES: list[int] = []  # jobs among them that did not fail with a Neo error
+SWEEP = SweepFailures()
+FAILED_JOBS, INTERNAL_FAILURES = SWEEP.jobs, SWEEP.internal
 
 
 def _typed_overrides() -> list[str]:
@@ -61,43 +60,17 @@ def _typed_overrides() -> list[str]:
 
 
 def _sweep_job(config: dict) -> dict:
-    """One job of a sweep: an error in it is reported, kept in the job's folder (``error.txt``;
-    an earlier run's is removed first) and the sweep goes on. A Neo error (a bad combination,
-    a plan that does not fit) is one line; anything else (a failure inside a library, a bug)
-    is named by its type, with the traceback in ``error.txt``. At the end the command lists
-    the failed jobs and exits 2, or 1 when any failure was not a Neo error. ``NEO_TRACEBACK=1``
-    stops the sweep at the first failure with its traceback."""
+    """One job of a sweep (``SweepFailures.job``): a failure is reported and kept, the sweep goes on."""
     from hydra.core.hydra_config import HydraConfig
 
-    from neo_core.cli import user_error_message
     from neo_core.training.run import train
 
-    out = Path(config["output_dir"])
-    (out / "error.txt").unlink(missing_ok=True)
-    try:
-        return train(config)  # type: ignore[arg-type]
-    except RunInterrupted:
-        raise
-    except Exception as exc:
-        if os.environ.get("NEO_TRACEBACK"):
-            raise
-        message = user_error_message(exc)
-        detail = message
-        if message is None:
-            INTERNAL_FAILURES.append(HydraConfig.get().job.num)
-            # a rank's failure (torch's ProcessRaisedException) opens with "-- Process N terminated
-            # with the following error:" and ends with the rank's own "Type: message"
-            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-            first = (lines[-1] if type(exc).__name__ == "ProcessRaisedException" else lines[0]) if lines else ""
-            message = f"{type(exc).__name__}: {first} (not a Neo error; traceback in error.txt)"
-            detail = "".join(traceback.format_exception(exc))
-        job = HydraConfig.get().job
-        overrides = " ".join(_typed_overrides())
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "error.txt").write_text(detail + "\n")
-        print(f"error: job #{job.num} ({overrides}): {message}", file=sys.stderr)
-        FAILED_JOBS.append((job.num, overrides, message))
-        return {}
+    metrics = SWEEP.job(
+        lambda: train(config),  # type: ignore[arg-type]
+        Path(config["output_dir"]), HydraConfig.get().job.num, " ".join(_typed_overrides()),
+        passthrough=(RunInterrupted,),
+    )
+    return {} if metrics is None else metrics
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
@@ -139,12 +112,7 @@ if __name__ == "__main__":
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv))]
     try:
         main()
-        if FAILED_JOBS:
-            print(f"{len(FAILED_JOBS)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
-            for num, overrides, message in FAILED_JOBS:
-                print(f"  #{num} {overrides}: {message[:200]}", file=sys.stderr)
-            sys.exit(1 if INTERNAL_FAILURES else 2)
-        sys.exit(0)
+        SWEEP.exit()
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it

@@ -357,3 +357,19 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
     assert (tmp_path / "1" / "error.txt").read_text() == "bad key x.\n"
     assert not (tmp_path / "2" / "error.txt").exists()
     assert recipe.INTERNAL_FAILURES == [0, 3]  # the command then exits 1, not 2
+
+
+def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:
+    # the sweep used to end at the first job that could not plan (exit 2 from inside Hydra's
+    # multirun): later jobs never ran, and no error.txt or list of failed jobs was left
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "plan.json").write_text("{}")  # an earlier run's plan: not left to look current
+    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "model=zionex_12t,mlperf_dcnv2",
+                    f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "error: job #0 (+topology=zionex topology.num_nodes=1 plan_model=zionex_12t): Device memory is short" \
+        in proc.stderr
+    assert (tmp_path / "0" / "error.txt").read_text().startswith("Device memory is short")
+    assert not (tmp_path / "0" / "plan.json").exists()
+    assert json.loads((tmp_path / "1" / "plan.json").read_text())["tables"]  # the next job planned
+    assert "1 job(s) of the sweep failed" in proc.stderr and "Traceback" not in proc.stderr
