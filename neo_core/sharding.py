@@ -336,6 +336,12 @@ def check_plan(result: Any, tables: Sequence[TableSpec], world_size: int, planne
         problems.append(f"places tables more than once ({', '.join(twice[:5])})")
     if bad := [a.name for a in result.tables if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
         problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
+    narrow = [f"{a.name} ({c} columns)" for a in result.tables if a.compute_kernel.startswith("fused")
+              for c in sorted({int(c) for _, c in a.shard_shapes if int(c) % 4})[:1]]
+    if narrow:
+        problems.append(f"gives the fused kernel shards whose width is not a multiple of 4, which FBGEMM "
+                        f"refuses ({', '.join(narrow[:5])}): use embedding dims that are multiples of 4, or "
+                        "Neo's planner (sharding=neo), which replicates such tables")
     reported = sorted(int(r.rank) for r in result.ranks)
     if reported != list(range(world_size)):
         problems.append(f"reports ranks {_compact_ranks(reported) if reported else 'none'}, not each of the "
