@@ -242,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from neo_plugins.sharding.planner.calibrate import main as calibrate_main
             from neo_plugins.topology.local import calibration_path
 
+            if args.output is not None and not args.output.strip():
+                raise ConfigError("neo calibrate --output is empty; give a file path, or leave --output out to "
+                                  f"write the machine's default ({calibration_path()}).")
             calibrate_main(args.output or str(calibration_path()))
     return 0
 

@@ -46,3 +46,30 @@ def test_bad_arguments_are_one_line_before_measuring(args, fragment, tmp_path) -
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert fragment in proc.stderr.splitlines()[-1], proc.stderr
+
+
+def test_an_empty_output_path_is_refused_not_the_default(capsys) -> None:
+    # `neo calibrate --output ''` used to write the machine's default file, changing the local
+    # topology of every later run
+    from neo_core.cli import main as neo_main
+
+    with pytest.raises(SystemExit) as exit_:
+        neo_main(["calibrate", "--output", " "])
+    assert exit_.value.code == 2
+    assert "neo calibrate --output is empty" in capsys.readouterr().err
+
+
+def test_a_write_that_fails_after_measuring_keeps_the_figures(monkeypatch, capsys, tmp_path) -> None:
+    # a path that passes the check but refuses the write (/proc, a full disk) used to end in a
+    # traceback, the measurements lost
+    from pathlib import Path
+
+    monkeypatch.setattr(calibrate, "calibrate", lambda ranks: {"device_memory_bw": 1e10})
+
+    def refuse(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    with pytest.raises(CalibrationError, match=r"cannot write the calibration to .*cal.json \(No space left on device\)"):
+        calibrate.main(str(tmp_path / "cal.json"))
+    assert '"device_memory_bw": 10000000000.0' in capsys.readouterr().out

@@ -395,7 +395,14 @@ def main(out: str | None = None) -> None:
         except PermissionError:
             parser.error(f"--nice {args.nice} needs root (raising priority); run without --nice")
     data = calibrate(args.ranks)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    try:  # a path that passed the check can still refuse the write (/proc, a full disk)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+    except OSError as exc:
+        print(json.dumps(data, indent=2))  # the measurements, so they are not lost
+        raise CalibrationError(
+            f"cannot write the calibration to {path} ({exc.strerror}); the figures are printed above: save them "
+            "to a file and point NEO_CALIBRATION (or topology.calibration) at it."
+        ) from None
     for k, v in data.items():
         print(f"{k:>24}: {v / 1e9:.3f} GB/s" if k.endswith("_bw") else f"{k:>24}: {v:.6g}")
     print(f"wrote {path}")
