@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from neo_core.checks import is_number, is_whole
-from neo_core.errors import ConfigError, PluginError
+from neo_core.errors import ConfigError, NeoError, PluginError
 
 T = TypeVar("T")
 
@@ -182,6 +182,12 @@ class Registry(Generic[T]):
             made = entry.factory(**params)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}") from exc
+        except NeoError:
+            raise
+        except Exception as exc:  # a plugin's own failure: name the plugin, keep the traceback chained
+            raise PluginError(
+                f"{self.kind} plugin {name!r} ({entry.provider}) failed to build: {type(exc).__name__}: {exc}"
+            ) from exc
         if self.returns is not None and not isinstance(made, self.returns):
             expected = f"{self.returns.__module__}.{self.returns.__qualname__}"
             raise PluginError(

@@ -424,6 +424,11 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
 
             registry.register("refuses", refuses)
 
+            def breaks():
+                raise RuntimeError("factory blew up")
+
+            registry.register("breaks", breaks)
+
     plugins = register_plugin(WrongType())
     with pytest.raises(PluginError) as err:
         plugins.create("compression", "half_as_dict")
@@ -434,6 +439,12 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
     # a factory's own TypeError/ValueError names the plugin's distribution
     with pytest.raises(ConfigError, match=r"^compression=refuses \(wrong_type_plugin\): level 5 is not supported$"):
         plugins.create("compression", "refuses", {"level": 5})
+    # any other failure of the factory is named too (it was a bare traceback), its cause chained
+    with pytest.raises(PluginError) as err:
+        plugins.create("compression", "breaks")
+    assert str(err.value) == (
+        "compressor plugin 'breaks' (wrong_type_plugin) failed to build: RuntimeError: factory blew up")
+    assert isinstance(err.value.__cause__, RuntimeError)
 
 
 def test_compressor_precisions_are_checked() -> None:
