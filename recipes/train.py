@@ -47,9 +47,8 @@ def config_flags(argv: list[str]) -> list[str]:
     return out
 
 
-# jobs of this sweep that stopped on an error: (job number, overrides, message)
+# the failed jobs of a -m sweep (SweepFailures: their numbers, overrides and messages)
 SWEEP = SweepFailures()
-FAILED_JOBS, INTERNAL_FAILURES = SWEEP.jobs, SWEEP.internal
 
 
 def _typed_overrides() -> list[str]:

@@ -347,16 +347,16 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
         state["job"] = job
         results.append(recipe._sweep_job({"output_dir": str(tmp_path / str(job[0]))}))
     assert results == [{}, {}, {"val_auc": 0.7}, {}]
-    assert [(n, o) for n, o, _ in recipe.FAILED_JOBS] == [(0, "seed=0"), (1, "seed=1"), (3, "seed=3")]
+    assert [(n, o) for n, o, _ in recipe.SWEEP.jobs] == [(0, "seed=0"), (1, "seed=1"), (3, "seed=3")]
     # a rank's failure is summed up by the rank's own error, not torch's opening line
-    assert recipe.FAILED_JOBS[2][2] == (
+    assert recipe.SWEEP.jobs[2][2] == (
         "ProcessRaisedException: IndexError: list index out of range (not a Neo error; traceback in error.txt)")
-    assert recipe.FAILED_JOBS[0][2] == (
+    assert recipe.SWEEP.jobs[0][2] == (
         "ValueError: Shard offset 2000 exceeds tensor dim (not a Neo error; traceback in error.txt)")
     assert "Traceback" in (tmp_path / "0" / "error.txt").read_text()
     assert (tmp_path / "1" / "error.txt").read_text() == "bad key x.\n"
     assert not (tmp_path / "2" / "error.txt").exists()
-    assert recipe.INTERNAL_FAILURES == [0, 3]  # the command then exits 1, not 2
+    assert recipe.SWEEP.internal == [0, 3]  # the command then exits 1, not 2
 
 
 def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:
