@@ -12,7 +12,7 @@ resolved through the plugin manager, so third-party plugins work the same way.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from neo_core.cache import CachePolicy
@@ -50,7 +50,9 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
     ``value`` may be an instance, a registry name, a mapping with ``name`` and parameters, or
     None (the group's default).
     """
-    kind = _TYPES[group]
+    kind = _TYPES.get(group)
+    if kind is None:
+        raise ConfigError(f"Unknown plugin group {group!r}; choose one of {', '.join(_TYPES)}.")
     if isinstance(value, kind):
         return value
     if value is None and group not in ("topology", "sharding"):
@@ -106,6 +108,10 @@ def plan_tables(
     ``reserve_fraction=0.2``). Raises :class:`~neo_core.errors.NeoError` subclasses with a
     one-sentence message for bad input or a model that cannot fit.
     """
+    if isinstance(tables, TableSpec):
+        raise ConfigError(f"tables must be a list of TableSpec objects; wrap the single table {tables.name!r} in a list.")
+    if isinstance(tables, (str, bytes, Mapping)) or not isinstance(tables, Sequence | Iterable):
+        raise ConfigError(f"tables must be a list of TableSpec objects, got {type(tables).__name__}.")
     tables = list(tables)
     if not tables:
         raise ConfigError("The table list is empty; give at least one embedding table to plan.")

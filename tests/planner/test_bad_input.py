@@ -406,3 +406,15 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
     assert str(err.value).startswith("Sharding planner 'faulty' gave a plan that cannot run: it") or \
         str(err.value).startswith("Sharding planner 'faulty' returned"), str(err.value)
     assert fragment in str(err.value), str(err.value)
+
+
+def test_the_api_names_a_single_table_or_an_unknown_group() -> None:
+    from neo_core.api import resolve
+
+    one = TableSpec("t0", 1000, 16, 1.0)
+    with pytest.raises(ConfigError, match="wrap the single table 't0' in a list"):
+        plan_tables(one, cluster(), 256)
+    with pytest.raises(ConfigError, match="got str"):
+        plan_tables("t0", cluster(), 256)
+    with pytest.raises(ConfigError, match="Unknown plugin group 'topolgy'; choose one of topology,"):
+        resolve("topolgy", "zionex")
