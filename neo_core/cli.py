@@ -122,6 +122,33 @@ def force_add_overrides(argv: Sequence[str], groups: Collection[str] = ()) -> li
     return out
 
 
+def select_by_name(argv: Sequence[str], conf: str | os.PathLike[str], groups: Collection[str]) -> list[str]:
+    """Turn ``group.name=<option>`` into ``group=<option>`` where ``<option>`` is one of the
+    group's options (YAML files and registered plugins).
+
+    ``group.name=`` alone would rename the selected option and keep its other keys (the
+    default kernel's optimizer and learning rate handed to another kernel plugin); selecting
+    the option gives the plugin its own defaults. A name that is no option is left for the
+    plugin registry to name; a group also selected as ``group=`` is an error.
+    """
+    out = list(argv)
+    for n, arg in enumerate(argv):
+        key, eq, value = arg.partition("=")
+        group = key.lstrip("+").removesuffix(".name")
+        if not eq or not key.lstrip("+").endswith(".name") or group not in groups or not value:
+            continue
+        if any(c in value for c in "()[]{}$*?") or not set(value.split(",")) <= set(option_names(conf, group, argv)):
+            continue
+        chosen = [a for a in argv if a.partition("=")[0].lstrip("+") == group]
+        if chosen:
+            raise ConfigError(
+                f"{chosen[0]} and {arg} both select the {group}; keep one ({group}={value} selects "
+                f"{value!r} with its own defaults)."
+            )
+        out[n] = f"{group}={value}"
+    return out
+
+
 def option_names(conf: str | os.PathLike[str], group: str, argv: Sequence[str] = ()) -> list[str]:
     """Every option ``group=<name>`` selects: YAML files in <dir>/<group>/ of every config
     directory (``config_dirs``) and registered plugins."""

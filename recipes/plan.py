@@ -29,6 +29,7 @@ from neo_core.cli import (
     config_dirs,
     config_groups,
     force_add_overrides,
+    select_by_name,
     user_errors,
 )
 from neo_core.config import register_plugin_options
@@ -180,6 +181,7 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
-    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(sys.argv[1:]), config_groups(CONF, sys.argv[1:]))]
+        argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv))]
     main()
     SWEEP.exit()

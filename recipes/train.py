@@ -18,7 +18,14 @@ import hydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from neo_core.cli import SweepFailures, check_group_options, config_groups, force_add_overrides, user_errors
+from neo_core.cli import (
+    SweepFailures,
+    check_group_options,
+    config_groups,
+    force_add_overrides,
+    select_by_name,
+    user_errors,
+)
 from neo_core.config import register_plugin_options
 from neo_core.errors import RunInterrupted
 
@@ -106,8 +113,9 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
+        argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     # experiment=null is its default already (Hydra refuses null as a group override)
-    argv = [a for a in sys.argv[1:] if a not in ("experiment=null", "experiment=")]
+    argv = [a for a in argv if a not in ("experiment=null", "experiment=")]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv))]
     try:
         main()

@@ -164,6 +164,19 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
 
 
+def test_plan_recipe_selects_a_plugin_by_name_with_its_own_defaults(tmp_path: Path) -> None:
+    # kernel.name=dense alone would keep the fused option's optimizer (rowwise_adagrad), which
+    # the dense kernel refuses; as kernel=dense it gets the dense option's own keys
+    proc = run_plan("+topology=zionex", "kernel.name=dense", "model=production_like",
+                    "plan_model.params.num_tables=10", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {t["sharding_type"] for t in json.loads((tmp_path / "plan.json").read_text())["tables"]} == {
+        "data_parallel"}
+    proc = run_plan("kernel=fused", "kernel.name=dense", f"hydra.run.dir={tmp_path / 'both'}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, "kernel=fused and kernel.name=dense both select the kernel", "keep one (kernel=dense")
+
+
 # --- third-party plugin selected from the command line ---------------------------------------
 
 
@@ -209,7 +222,9 @@ def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp
     assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["topology"] == "zionex"
-    assert json.loads((tmp_path / "config.json").read_text())["cache"] == {"name": "my_policy"}
+    # selected as an option: the plugin's own defaults, not the replaced option's keys
+    assert json.loads((tmp_path / "config.json").read_text())["cache"] == {
+        "name": "my_policy", "load_factor": None, "algorithm": "lfu"}
     assert (tmp_path / "plan.json").exists()
 
 
