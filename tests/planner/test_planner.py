@@ -474,7 +474,7 @@ def test_memory_bound_holds_for_every_plan_that_fits_by_brute_force():
     from neo_plugins.sharding.planner.cost import CostModel, TableArrays
     from neo_plugins.sharding.planner.search import ALL, ANY_K, SINGLE, Search, build_options
 
-    binding = 0
+    binding = tighter = 0
     for seed in range(8):
         rng = np.random.default_rng(100 + seed)
         tables = [
@@ -508,8 +508,12 @@ def test_memory_bound_holds_for_every_plan_that_fits_by_brute_force():
         best = min(feasible)
         assert search.memory_bound() <= best * (1 + 1e-9)
         assert search.lower_bound() <= best * (1 + 1e-9)
+        combined = search.memory_shard_bound()
+        assert max(search.memory_bound(), search.flat_bound()) * (1 - 1e-9) <= combined <= best * (1 + 1e-9)
         binding += search.memory_bound() > max(search.flat_bound(), search.all_rank_bound()) * 1.01
+        tighter += combined > max(search.memory_bound(), search.flat_bound()) * 1.001
     assert binding >= 2  # the memory bound is the tighter one in several of these cases
+    assert tighter >= 4, tighter  # and memory and shard size together tighter still
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -973,11 +973,12 @@ class Search:
         subset's load bound is at least its supersets', so subsets whose supersets' bound plus
         their own latency cannot beat the best are not computed; past ``max_evals`` computed
         subsets the rest count with the larger of that and ``flat_bound`` (cheaper, still valid).
+        The set of every type also takes ``memory_shard_bound`` (its subsets inherit it).
         """
         present = self.present_types()
         latency = self.model.latency_time
         full = frozenset(present)
-        floor = {full: self.lower_bound()}
+        floor = {full: max(self.lower_bound(), self.memory_shard_bound())}
         best = floor[full] + latency(set(full))
         evals = 0
         for size in range(len(present) - 1, 0, -1):
@@ -1045,6 +1046,59 @@ class Search:
             if float(value[j]) > best:
                 best, self.memory_prices = float(value[j]), (float(lam), float(mus[j]))
         return best / self.W
+
+    def memory_shard_bound(self, points: int = 25) -> float:
+        """``memory_bound`` and ``flat_bound`` combined: a plan with slowest rank ``M`` uses only
+        options whose shard time is ``<= M`` and fits the cluster's memory, so its summed totals
+        are at least the memory bound's Lagrangian over those options alone; ``M`` is at least
+        ``min over tau of max(tau, g(tau))``, ``g(tau)`` that Lagrangian (best over the same grid
+        of prices) over options with shard time ``<= tau``, divided by ``W``. ``g`` is
+        non-increasing (fewer options, each price's minimum only grows), so a binary search over
+        the shard times finds the minimum, as in ``flat_bound``. Never below either bound (the
+        grid holds price 0, and ``tau`` ranges up to every option); tighter where memory forces
+        slow options and the fast ones have large shards (12T on 128 ranks). Costs about 15
+        memory bounds: used for the reported ``step_bound``, not inside the search.
+        """
+        shard = np.where(self.usable, np.stack([o.shard_time for o in self.opts]), np.inf)
+        total = np.where(self.usable, self.total, np.inf)
+        if not np.isfinite(total).any(axis=0).all():
+            return 0.0
+        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
+        dev = np.nan_to_num(np.stack([o.cost.mem_device for o in self.opts]) * shards)
+        host = np.nan_to_num(np.stack([o.cost.mem_host for o in self.opts]) * shards)
+        D, H = self.cap_dev * self.W, self.cap_host * self.W
+        scale = float(total.min(axis=0).sum())
+        grid = np.concatenate(([0.0], np.logspace(-3, 3, points)))
+        lams = grid * scale / max(D, 1.0)
+        mus = grid * scale / max(H, 1.0) if H > 0 else np.zeros(1)
+
+        def g(tau: float) -> float:
+            cost = np.where(shard <= tau, total, np.inf)
+            if not np.isfinite(cost).any(axis=0).all():
+                return float("inf")
+            best = 0.0
+            for lam in lams:
+                base = cost + lam * dev
+                value = (base[None] + mus[:, None, None] * host[None]).min(axis=1).sum(axis=1) - lam * D - mus * H
+                best = max(best, float(value.max()))
+            return best / self.W
+
+        floor = float(shard.min(axis=0).max())
+        taus = np.unique(shard[np.isfinite(shard)])
+        taus = taus[taus >= floor]
+        lo, hi = 0, len(taus) - 1
+        if g(float(taus[hi])) > float(taus[hi]):
+            return g(float(taus[hi]))
+        while lo < hi:  # smallest k with taus[k] >= g(taus[k])
+            mid = (lo + hi) // 2
+            if float(taus[mid]) >= g(float(taus[mid])):
+                hi = mid
+            else:
+                lo = mid + 1
+        best = float(taus[lo])
+        if lo > 0:  # between two breakpoints: max(tau, g(previous)) is least at g(previous)
+            best = min(best, max(float(taus[lo - 1]), g(float(taus[lo - 1]))))
+        return best
 
     def all_rank_bound(self, max_points: int = 2048) -> float:
         """Bound that charges the shards of every-rank options (DP, RW) to the slowest rank.
