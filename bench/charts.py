@@ -1,10 +1,11 @@
 """Charts of benchmark results: the planner bench's ratios and times, the training bench's
-samples/s, the fidelity bench's predicted against measured step times.
+samples/s, the fidelity bench's predicted against measured step times, the GPU lookup bench's
+predicted against measured lookup times.
 
     .venv/bin/python bench/charts.py docs/results/bench_planner.json     # writes bench_planner.png
     .venv/bin/python bench/charts.py docs/results/fidelity_latest.json --out /tmp/fidelity.png
 
-`bench/planner.py`, `bench/train.py` and `bench/fidelity.py` write these beside their JSON; this command redraws
+`bench/planner.py`, `bench/train.py`, `bench/fidelity.py` and `bench/gpu_lookup.py` write these beside their JSON; this command redraws
 one from a JSON written earlier. The kind of result is read from the JSON itself.
 """
 
@@ -182,6 +183,47 @@ def train_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+def gpu_lookup_chart(data: dict[str, Any], path: Path) -> Path:
+    """Measured lookup time against each model's prediction, one panel per weight type;
+    rows in device memory and in host memory marked apart, y = x drawn."""
+    plt = _pyplot()
+    cases = data["cases"]
+    dtypes = sorted({c.get("dtype", "fp32") for c in cases}, reverse=True)
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6.0 * len(dtypes), 5.2), squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes):
+        mine = [c for c in cases if c.get("dtype", "fp32") == dtype]
+        values = [c["seconds"] * 1e6 for c in mine] + [c["predicted_s"] * 1e6 for c in mine]
+        values += [c["torchrec_predicted_s"] * 1e6 for c in mine if c.get("torchrec_predicted_s") == c.get(
+            "torchrec_predicted_s")]  # not NaN
+        lo, hi = 0.7 * min(values), 1.4 * max(values)
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="predicted = measured")
+        for place, marker in (("device", "o"), ("host", "s")):
+            sel = [c for c in mine if c["place"] == place]
+            if not sel:
+                continue
+            ax.scatter([c["seconds"] * 1e6 for c in sel], [c["predicted_s"] * 1e6 for c in sel], marker=marker,
+                       color="C0", label=f"Neo, rows in {place} memory", zorder=3)
+            tr = [c for c in sel if c.get("torchrec_predicted_s") == c.get("torchrec_predicted_s")]
+            if tr:
+                ax.scatter([c["seconds"] * 1e6 for c in tr], [c["torchrec_predicted_s"] * 1e6 for c in tr],
+                           marker=marker, facecolors="none", edgecolors="C3",
+                           label=f"TorchRec, rows in {place} memory", zorder=3)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured forward lookup (us)")
+        ax.set_ylabel("predicted (us)")
+        ax.set_title(f"{dtype} weights", fontsize=10)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(f"Embedding-bag forward on {data.get('device', '?')} (PyTorch's kernel), {data.get('batch', '?')} "
+                 f"bags, {data.get('rows', 0):,} rows", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def chart(data: Any, path: Path) -> Path:
     """The chart for whichever bench wrote ``data``."""
     if isinstance(data, list) and data and isinstance(data[0], dict) and {"suite", "ranks", "neo"} <= data[0].keys():
@@ -190,9 +232,11 @@ def chart(data: Any, path: Path) -> Path:
         return train_chart(data, path)
     if isinstance(data, dict) and {"plans", "spearman", "median_abs_error"} <= data.keys():
         return fidelity_chart(data, path)
+    if isinstance(data, dict) and {"cases", "summary", "device_memory_bw"} <= data.keys():
+        return gpu_lookup_chart(data, path)
     raise ValueError(
-        "not a result of bench/planner.py (a list of cases), bench/train.py (a list of configurations) "
-        "nor bench/fidelity.py (plans, spearman)"
+        "not a result of bench/planner.py (a list of cases), bench/train.py (a list of configurations), "
+        "bench/fidelity.py (plans, spearman) nor bench/gpu_lookup.py's report (cases, summary)"
     )
 
 

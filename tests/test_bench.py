@@ -43,7 +43,8 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert out.with_suffix(".png").read_bytes()[:8] == PNG and str(out.with_suffix(".png")) in proc.stderr
 
 
-@pytest.mark.parametrize("result", ["bench_planner.json", "bench_train.json", "fidelity_latest.json"])
+@pytest.mark.parametrize(
+    "result", ["bench_planner.json", "bench_train.json", "fidelity_latest.json", "bench_gpu_lookup.json"])
 def test_charts_are_drawn_from_kept_results(result, tmp_path):
     import matplotlib.image
 
@@ -132,6 +133,9 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
         ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
         ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
+        ("bench/gpu_lookup.py", [], "give --raw FILE (measure) or --report FILE"),
+        ("bench/gpu_lookup.py", ["--raw", "x.json", "--dtypes", "bf16"], "--dtypes takes fp32 and fp16"),
+        ("bench/gpu_lookup.py", ["--raw", "x.json"], "no CUDA device here"),
     ],
 )
 def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment):
@@ -139,3 +143,37 @@ def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(scrip
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_gpu_lookup_bench_measures_on_cpu_and_costs_with_both_models(tmp_path):
+    """The measuring half runs anywhere (here a small CPU check); the report costs each case
+    with Neo's formula and TorchRec's estimator on the measured bandwidths."""
+    raw, out = tmp_path / "raw.json", tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/gpu_lookup.py", "--raw", str(raw), "--device", "cpu", "--rows", "5000",
+         "--batch", "64", "--reps", "1", "--dtypes", "fp32,fp16", "--json", str(out)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert len(data["cases"]) == 2 * 5 * 3 and data["device_memory_bw"] > 0
+    assert all(c["seconds"] > 0 and c["predicted_s"] > 0 and c["torchrec_predicted_s"] > 0 for c in data["cases"])
+    assert set(data["summary"]) == {"device fp32", "device fp16"} and "measured/Neo median" in proc.stdout
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG
+
+
+def test_gpu_lookup_report_uses_the_planners_formula():
+    """Two kept H200 cases worked by hand: forward bytes n (ib + rb) + m c ob over the measured
+    device bandwidth, 128 columns with no penalty, 64 columns with 1.15."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_lookup import report
+
+    raw = json.loads((ROOT / "docs/results/bench_gpu_lookup_raw.json").read_text())
+    cases = {(c["place"], c["dtype"], c["dim"], c["pooling"]): c for c in report(raw)["cases"]}
+    M, n, m = raw["device_memory_bw"], 65_536 * 8, 65_536
+    assert cases["device", "fp32", 128, 8]["predicted_s"] == pytest.approx((n * (8 + 512) + m * 128 * 4) / M)
+    assert cases["device", "fp32", 64, 8]["predicted_s"] == pytest.approx(1.15 * (n * (8 + 256) + m * 64 * 4) / M)
+    # rows in host memory are cache misses: each byte crosses the bus and is written to the device
+    H = raw["host_to_device_bw"]
+    expected = (n * (8 + 1024) + m * 256 * 4) * (1 / H + 1 / M)
+    assert cases["host", "fp32", 256, 8]["predicted_s"] == pytest.approx(expected, rel=1e-6)
