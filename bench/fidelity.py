@@ -7,7 +7,7 @@ One model (8 embedding tables: 4 large with heavy pooling, 4 small), several pla
 the ``local`` topology (2 CPU ranks, bandwidths from the calibration file), each costed by
 Neo's cost model (``score_assignments``: the same report ``NeoPlanner`` produces). Every plan
 is then run on 2 gloo ranks with DMP (one torch thread per rank, as ``neo_core/training/run.py``
-sets on 2 cores): forward, backward and the fused optimizer of the embedding tables (dense SGD
+sets on 2 cores): forward, backward and the fused optimizer of the embedding tables (torch's Adagrad
 for data-parallel tables). All plans live in one pair of processes and are timed in rounds,
 the plans in a shuffled order each round, so slow phases of a busy machine hit every plan
 alike. Every step is timed from a barrier to a barrier, and the larger of the two ranks'
@@ -156,7 +156,9 @@ def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int
             plan=plan, sharders=sharders,
         )
         dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-        opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.SGD(ps, lr=0.01)) if dense else None
+        # replicated tables: torch.optim's Adagrad, as training steps them under row-wise Adagrad
+        # (EmbeddingKernel.replica_optimizer), the optimizer the cost model is given
+        opt = KeyedOptimizerWrapper(dense, lambda ps: torch.optim.Adagrad(ps, lr=0.01)) if dense else None
         models[name] = (dmp, opt)
 
     def step(dmp: Any, opt: Any, kjt: Any) -> None:

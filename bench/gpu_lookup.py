@@ -137,6 +137,79 @@ def measure(device: str, rows: int, batch: int, reps: int, host: bool, dtypes: t
     return out
 
 
+def measure_updates(device: str, rows: int, batch: int, reps: int) -> list[dict[str, Any]]:
+    """A data-parallel table's step outside the lookup: the dense-gradient backward of
+    ``F.embedding_bag`` (pooling 8) and ``torch.optim`` SGD, Adagrad and Adam (their default,
+    multi-tensor form) stepping the whole table, fp32."""
+    import torch
+    import torch.nn.functional as F
+
+    out = []
+    pooling = 8
+    for dim in (32, 128):
+        weight = torch.nn.Parameter(torch.empty((rows, dim), device=device).uniform_(-0.01, 0.01))
+        ids = torch.randint(0, rows, (batch * pooling,), dtype=torch.int64, device=device)
+        offsets = torch.arange(0, batch * pooling, pooling, dtype=torch.int64, device=device)
+        pooled = F.embedding_bag(ids, weight, offsets, mode="sum")
+        grad_out = torch.randn_like(pooled)
+
+        def backward() -> Any:
+            return torch.autograd.grad(pooled, weight, grad_out, retain_graph=True)  # noqa: B023
+
+        seconds = _timed(backward, reps, device)
+        out.append({"kind": "backward", "dim": dim, "pooling": pooling, "seconds": seconds})
+        print(f"dense backward dim {dim:>3}: {seconds * 1e6:10.1f} us", flush=True)
+        weight.grad = torch.randn_like(weight)
+        for name, make in (("sgd", torch.optim.SGD), ("adagrad", torch.optim.Adagrad), ("adam", torch.optim.Adam)):
+            optimizer = make([weight], lr=1e-3)
+            seconds = _timed(optimizer.step, reps, device)
+            out.append({"kind": "optimizer", "optimizer": name, "dim": dim, "seconds": seconds})
+            print(f"{name:>7} step dim {dim:>3}: {seconds * 1e6:10.1f} us", flush=True)
+            optimizer = None
+        weight = pooled = grad_out = None
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def predict_updates(raw: dict[str, Any]) -> list[dict[str, float]]:
+    """Neo's figures for each measured update: the data-parallel option's backward
+    (``compute_bwd``) and optimizer step (``optimizer``), the latter with its two parts (Neo's
+    bytes, and TorchRec's elementwise-kernel floor that it takes on GPUs)."""
+    import numpy as np
+
+    from neo_core.api import make_context
+    from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+    from neo_core.sharding import ShardingType, TableSpec
+    from neo_plugins.sharding.planner.cost import (
+        CB,
+        DENSE_KERNEL_BW_FACTOR,
+        DP_ELEMENTWISE_PASSES,
+        OPT,
+        CostModel,
+        TableArrays,
+    )
+    from neo_plugins.sharding.planner.search import build_options
+
+    topo = _topology(raw)
+    M = raw["device_memory_bw"]
+    out = []
+    for case in raw.get("updates", []):
+        optimizer = SparseOptimizer(case.get("optimizer", "sgd"))
+        model = CostModel(make_context(topo, raw["batch"], kernel=EmbeddingKernel("dense", "dense", optimizer=optimizer)))
+        spec = TableSpec("t", raw["rows"], case["dim"], float(case.get("pooling", 1)))
+        arrays = TableArrays.from_specs([spec])
+        [option] = build_options(model, arrays, {ShardingType.DATA_PARALLEL})
+        if case["kind"] == "backward":
+            out.append({"predicted_s": float(option.cost.time[0, CB])})
+            continue
+        weights = raw["rows"] * case["dim"] * 4.0
+        own = (weights + 2 * weights + 2 * raw["rows"] * float(model.opt_row_bytes(np.array([case["dim"]]))[0])) / M
+        floor = DP_ELEMENTWISE_PASSES * weights / (DENSE_KERNEL_BW_FACTOR * M)
+        out.append({"predicted_s": float(option.cost.time[0, OPT]), "neo_bytes_s": own, "torchrec_floor_s": floor})
+    return out
+
+
 def predict(raw: dict[str, Any], block_terms: bool) -> list[float]:
     """Neo's forward lookup time of every case, on a one-GPU topology with the measured ``M``
     (and ``H``; rows in host memory are costed as cache misses: hit rate 0)."""
@@ -262,7 +335,10 @@ def report(raw: dict[str, Any]) -> dict[str, Any]:
                 for d in DIMS if any(r["dim"] == d for r in mine)
             },
         }
-    return {**{k: v for k, v in raw.items() if k != "cases"}, "cases": rows, "summary": summary}
+    updates = [{**u, **p, "measured_over_predicted": u["seconds"] / p["predicted_s"]}
+               for u, p in zip(raw.get("updates", []), predict_updates(raw))]
+    return {**{k: v for k, v in raw.items() if k not in ("cases", "updates")}, "cases": rows, "summary": summary,
+            "updates": updates}
 
 
 def print_report(data: dict[str, Any]) -> None:
@@ -283,6 +359,12 @@ def print_report(data: dict[str, Any]) -> None:
               + f"; Spearman {s['spearman']:.3f}, median |error| {s['median_abs_error']:.0%} "
               f"(without the narrow-row terms: {s['spearman_plain']:.3f}, {s['median_abs_error_plain']:.0%}); "
               f"time per modelled byte against 128 columns: {pen}")
+    for u in data.get("updates", []):
+        what = "dense backward" if u["kind"] == "backward" else f"{u['optimizer']} step"
+        parts = (f" (Neo's bytes {u['neo_bytes_s'] * 1e6:,.1f}, TorchRec's floor {u['torchrec_floor_s'] * 1e6:,.1f})"
+                 if "neo_bytes_s" in u else "")
+        print(f"{what:>15} dim {u['dim']:>3}: measured {u['seconds'] * 1e6:10.1f} us, Neo {u['predicted_s'] * 1e6:10.1f} us"
+              f"{parts}, measured/Neo {u['measured_over_predicted']:.2f}")
     if "host_error" in data:
         print(f"rows in host memory not measured: {data['host_error']}")
 
@@ -298,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--no-host", action="store_true", help="skip rows in host memory")
     parser.add_argument("--dtypes", default="fp32", help="weight types, comma-separated: fp32, fp16")
+    parser.add_argument("--updates", action="store_true",
+                        help="also a data-parallel table's dense backward and optimizer step")
     args = parser.parse_args(argv)
     if (args.raw is None) == (args.report is None):
         parser.error("give --raw FILE (measure) or --report FILE (report on a measurement)")
@@ -312,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cuda" and not torch.cuda.is_available():
             parser.error("no CUDA device here; measure on a GPU machine, or --device cpu for a small check")
         raw = measure(args.device, args.rows, args.batch, args.reps, host=not args.no_host, dtypes=dtypes)
+        if args.updates:
+            raw["updates"] = measure_updates(args.device, args.rows, args.batch, args.reps)
         args.raw.write_text(json.dumps(raw, indent=1) + "\n")
         print(f"wrote {args.raw}")
         try:

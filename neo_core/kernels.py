@@ -70,3 +70,13 @@ class EmbeddingKernel:
 
     def optimizer_state_bytes(self, num_rows: int, dim: int) -> int:
         return 4 * self.optimizer.state_floats(num_rows, dim)
+
+    @property
+    def replica_optimizer(self) -> SparseOptimizer:
+        """The optimizer of a data-parallel (replicated) table: ``torch.optim``'s, unfused, which
+        has no row-wise Adagrad: such tables take full Adagrad, one fp32 state per element."""
+        return SparseOptimizer.ADAGRAD if self.optimizer is SparseOptimizer.ROWWISE_ADAGRAD else self.optimizer
+
+    def replica_state_bytes(self, num_rows: int, dim: int) -> int:
+        """Optimizer state of one data-parallel replica (``replica_optimizer``), in bytes."""
+        return 4 * self.replica_optimizer.state_floats(num_rows, dim)

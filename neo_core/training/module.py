@@ -25,7 +25,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import CombinedOptimizer
 
 from neo_core.config import TrainerConfig
-from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+from neo_core.kernels import EmbeddingKernel
 from neo_core.sharding import PlanResult
 
 
@@ -157,9 +157,7 @@ class NeoModule(pl.LightningModule):
                 ("dense", KeyedOptimizerWrapper(dense, _torch_optimizer(cfg.dense_optimizer, cfg.dense_learning_rate)))
             )
         if embedding:  # replicated tables (dense compute kernel): the kernel's optimizer, unfused
-            opt = "sgd" if self.kernel.optimizer is SparseOptimizer.SGD else (
-                "adam" if self.kernel.optimizer is SparseOptimizer.ADAM else "adagrad"
-            )
+            opt = self.kernel.replica_optimizer.value  # row-wise Adagrad: full Adagrad here
             parts.append(
                 ("embedding", KeyedOptimizerWrapper(embedding, _torch_optimizer(opt, self.kernel.learning_rate)))
             )

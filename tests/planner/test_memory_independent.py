@@ -13,7 +13,8 @@ and shard shapes of each table; shard sizes and placements of the TorchRec
   element) and its optimizer state: none for SGD, one fp32 per row for row-wise Adagrad,
   one fp32 per element for Adagrad, two for Adam;
 - a data-parallel table is replicated on every rank, with a dense fp32 gradient of the
-  whole table besides its weights and optimizer state;
+  whole table besides its weights and optimizer state (``torch.optim``'s: full Adagrad under
+  row-wise Adagrad, which ``torch.optim`` lacks);
 - a cached shard (``fused_uvm_caching``) keeps ``ceil(load_factor * rows)`` rows in device
   memory, with FBGEMM's cache state there too (a 4-byte table map entry per row, 8 bytes of
   cache state per slot, and the LRU's 8 bytes per slot or the LFU's 8 bytes per row, as
@@ -234,9 +235,12 @@ def shard_memory(
 
 
 def replica_memory(spec: TableSpec, kernel: EmbeddingKernel) -> int:
-    """Device bytes of one data-parallel replica: weights, optimizer state, dense fp32 gradient."""
+    """Device bytes of one data-parallel replica: weights, optimizer state, dense fp32 gradient.
+    A replica is stepped by ``torch.optim`` (``neo_core/training/module.py``), which has no
+    row-wise Adagrad: under row-wise Adagrad it holds full Adagrad state."""
     rows, dim = spec.num_embeddings, spec.embedding_dim
-    return rows * dim * kernel.weight_bytes + state_bytes(kernel.optimizer, rows, dim) + 4 * rows * dim
+    optimizer = SparseOptimizer.ADAGRAD if kernel.optimizer is SparseOptimizer.ROWWISE_ADAGRAD else kernel.optimizer
+    return rows * dim * kernel.weight_bytes + state_bytes(optimizer, rows, dim) + 4 * rows * dim
 
 
 def memory_from_assignments(result, tables, ctx) -> tuple[np.ndarray, np.ndarray]:

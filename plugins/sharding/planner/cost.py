@@ -287,7 +287,8 @@ class CostModel:
             time[:, CF], time[:, CB] = fwd, bwd
             table_bytes = rows.astype(np.float64) * d * 4.0  # dense fp32 gradient
             weights = rows.astype(np.float64) * d * self.e
-            opt = rows.astype(np.float64) * self.opt_row_bytes(d)
+            # torch.optim steps replicas (SparseOptimizer.replica_optimizer: no row-wise Adagrad)
+            opt = rows.astype(np.float64) * d * self.context.kernel.replica_state_bytes(1, 1)  # per element
             # read grad, read+write weights and optimizer state, once per step, on every rank
             time[:, OPT] = (table_bytes + 2 * weights + 2 * opt) / self.dev_bw
             if topo.compute_device == "cpu":  # CPU calibration: zero-fill the dense gradient,
