@@ -46,10 +46,12 @@ HALF_BLOCK_PENALTY = 1.15  # 64 <= cols < 128
 QUARTER_BLOCK_PENALTY = 1.75  # cols < 64
 DENSE_KERNEL_BW_FACTOR = 0.5
 MIN_LOOKUP_COLS = 32  # rows narrower than this cost as much as 32 columns to read
-# Data-parallel optimizer step on GPUs: TorchRec's DP_ELEMENTWISE_KERNELS_PERF_FACTOR, passes
-# over the table's bytes by unfused elementwise kernels (gradient fill, optimizer, update) at
-# the dense kernel's bandwidth. Empirical in TorchRec; an assumption here.
-DP_ELEMENTWISE_PASSES = 9.22
+# Data-parallel optimizer step on GPUs: torch.optim's default (multi-tensor) optimizers run
+# several unfused elementwise kernels over the table; passes over its weight bytes at device
+# bandwidth, measured on one H200 (torch 2.11, 4M rows of 32 and 128 columns; the mean of the
+# two widths, which differ by under 10%): bench/gpu_lookup.py --updates, docs/benchmarks.md.
+# TorchRec's estimator takes 9.22 passes at half the bandwidth (18.44) for every optimizer.
+DP_OPTIMIZER_PASSES = {"sgd": 3.4, "adagrad": 14.8, "adam": 20.6}
 # Row-split types on GPUs: after the all-gather of output gradients, a batched copy moves them
 # into the lookup kernel's layout, TorchRec's BATCHED_COPY_PERF_FACTOR passes over the
 # gathered bytes at device bandwidth. Empirical in TorchRec; an assumption here.
@@ -294,10 +296,9 @@ class CostModel:
             if topo.compute_device == "cpu":  # CPU calibration: zero-fill the dense gradient,
                 # copy it into DDP's all-reduce bucket and back (5 passes at copy bandwidth)
                 time[:, OPT] += 5.0 * table_bytes / self.host_bw
-            if topo.compute_device == "cuda":  # unfused elementwise kernels (see DP_ELEMENTWISE_PASSES)
-                time[:, OPT] = np.maximum(
-                    time[:, OPT], DP_ELEMENTWISE_PASSES * weights / (DENSE_KERNEL_BW_FACTOR * self.dev_bw)
-                )
+            if topo.compute_device == "cuda":  # unfused elementwise kernels (see DP_OPTIMIZER_PASSES)
+                passes = DP_OPTIMIZER_PASSES[self.context.kernel.replica_optimizer.value]
+                time[:, OPT] = np.maximum(time[:, OPT], passes * weights / self.dev_bw)
             time[:, CAR] = table_bytes * (
                 2 * (L - 1) / L / self.allreduce_bw
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
