@@ -297,7 +297,7 @@ def check_output_dir(out: Path) -> None:
     """Before training: the run's folder can be written, and nothing it writes is in the way."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".neo-write-check"
+        probe = out / f".neo-write-check-{os.getpid()}"  # each rank its own: torchrun starts them together
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
