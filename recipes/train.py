@@ -36,6 +36,8 @@ GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "da
 
 # Hydra's config-folder flags as given (--config-dir ...): the command that continues a run needs them
 CONFIG_FLAGS: list[str] = []
+# the command line as typed: a sweep is continued with it
+ARGV: list[str] = []
 
 
 def config_flags(argv: list[str]) -> list[str]:
@@ -97,11 +99,17 @@ def main(cfg: DictConfig) -> float:
     except RunInterrupted as exc:
         if exc.resume_dir is None:
             raise
-        # the command to continue: this run's overrides, resuming in its folder
-        keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
-        command = " ".join(
-            shlex.quote(a) for a in [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"]
-        )
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            # the sweep as typed, in its folder: finished jobs are skipped, this one resumes and
+            # the jobs after it start
+            keep = [a for a in ARGV if not a.lstrip("+").startswith(("trainer.resume=", "hydra.sweep.dir="))]
+            sweep_dir = Path(exc.resume_dir).parent
+            command = " ".join(shlex.quote(a) for a in [*keep, "trainer.resume=true", f"hydra.sweep.dir={sweep_dir}"])
+        else:  # this run's overrides, resuming in its folder
+            keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
+            command = " ".join(
+                shlex.quote(a) for a in [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"]
+            )
         launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
             "python recipes/train.py")
         raise RunInterrupted(f"{exc.summary}; continue with: {launcher} {command}") from None
@@ -110,6 +118,7 @@ def main(cfg: DictConfig) -> float:
 
 if __name__ == "__main__":
     CONFIG_FLAGS[:] = config_flags(sys.argv[1:])
+    ARGV[:] = sys.argv[1:]
     with user_errors():
         register_plugin_options(CONF)
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))

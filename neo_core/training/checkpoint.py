@@ -18,10 +18,13 @@ and its optimizer state starts afresh, which the run notes.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,49 @@ def read_checkpoint_step(path: Path) -> int:
     """The step the newest finished checkpoint at ``path`` was taken at (0 if there is none)."""
     latest = latest_checkpoint(path)
     return latest[1] if latest else 0
+
+
+def read_history(folder: Path, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The run's loss and validation record up to ``step``, as saved with the checkpoint in
+    ``folder`` (``history.json``); None for a checkpoint saved without one."""
+    path = folder / "history.json"
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        history = [h for h in saved["history"] if h["step"] <= step]
+        val_history = [h for h in saved["val_history"] if h["step"] <= step]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{path} is unreadable ({type(exc).__name__}); delete it to resume without the earlier steps' "
+            "record in metrics.json, or delete the checkpoint to start afresh."
+        ) from None
+    return history, val_history
+
+
+@contextlib.contextmanager
+def _quiet_reader() -> Iterator[None]:
+    """torch.distributed.checkpoint logs a warning with a traceback for each file it cannot
+    read; the error raised says it once."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _check_metadata(folder: Path) -> None:
+    """The checkpoint's index (``.metadata``, written last by every save) is there and reads."""
+    index = folder / ".metadata"
+    fix = (f"the checkpoint in {folder} is damaged (cut short or copied in part); restore it, or start "
+           "afresh with trainer.resume=false or another output folder.")
+    if not index.is_file() or index.stat().st_size == 0:
+        raise CheckpointError(f"{index} is {'empty' if index.is_file() else 'missing'}: {fix}")
+    try:
+        with _quiet_reader():
+            dcp.FileSystemReader(str(folder)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - any failure to read the index means the same
+        raise CheckpointError(f"{index} cannot be read ({type(exc).__name__}): {fix}") from None
 
 
 def _state(trainer: pl.Trainer, module: Any) -> dict[str, Any]:
@@ -155,6 +201,8 @@ class DistributedCheckpoint(pl.Callback):
         if trainer.is_global_zero:
             if self.config is not None:  # what resuming compares with: the run that wrote it
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+            # the record so far, so that metrics.json covers every step after a crash and resume
+            (tmp / "history.json").write_text(json.dumps(module.record()) + "\n")
             (tmp / "meta.json").write_text(json.dumps({"step": step}) + "\n")
             shutil.rmtree(old, ignore_errors=True)
             if self.path.exists():
@@ -178,11 +226,13 @@ class DistributedCheckpoint(pl.Callback):
         if latest is None:
             raise CheckpointError(f"{self.path} holds no finished checkpoint to resume from.")
         folder = latest[0]
+        _check_metadata(folder)
         state = _state(trainer, module)
         fresh = _optimizer_state_not_saved(state, folder)
         _note_fresh_state(fresh, trainer.is_global_zero)
         try:
-            dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=bool(fresh)))
+            with _quiet_reader():
+                dcp.load(state, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=bool(fresh)))
             module.model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optim"])
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - each means the same to the user
@@ -190,7 +240,7 @@ class DistributedCheckpoint(pl.Callback):
             if failures:
                 exc = next(iter(failures.values()))
                 exc = exc[0] if isinstance(exc, tuple) and exc else exc  # (exception, traceback)
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            first = (str(exc).strip().splitlines() or [""])[0][:300] or "a file ends early"
             raise CheckpointError(
                 f"The checkpoint in {folder} does not load into this run ({type(exc).__name__}: {first}); "
                 "it was written with a different model, data, kernel or plan (its config is in "
@@ -202,6 +252,14 @@ class DistributedCheckpoint(pl.Callback):
         step = trainer.global_step + self.step_offset
         if self.every_n_steps and step % self.every_n_steps == 0:
             self.save(trainer, module)
+
+    def on_validation_end(self, trainer: pl.Trainer, module: Any) -> None:
+        # validation after a step runs after that step's save: add its result to the record
+        if trainer.is_global_zero and self._last_saved == trainer.global_step + self.step_offset:
+            if (self.path / "meta.json").is_file() and _meta_step(self.path) == self._last_saved:
+                tmp = self.path / "history.json.tmp"
+                tmp.write_text(json.dumps(module.record()) + "\n")
+                tmp.replace(self.path / "history.json")
 
     def on_train_end(self, trainer: pl.Trainer, module: Any) -> None:
         if self.save_at_end:

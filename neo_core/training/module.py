@@ -108,6 +108,8 @@ class NeoModule(pl.LightningModule):
         self._val_losses: list[float] = []
         self.history: list[dict[str, float]] = []  # per logged step, this rank
         self.val_history: list[dict[str, float]] = []
+        self.history_restored = False  # the steps before step_offset came with the checkpoint
+        self._pending: tuple[int, torch.Tensor] | None = None  # (step, loss) of the step in progress
         self._step_started: float | None = None
         self._step_times: list[float] = []
 
@@ -171,6 +173,7 @@ class NeoModule(pl.LightningModule):
         logits = self(batch)
         loss = self.loss_fn(logits, batch.labels)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self._pending = (self.global_step + self.step_offset + 1, loss.detach())  # recorded at batch end
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -179,11 +182,20 @@ class NeoModule(pl.LightningModule):
         step = self.global_step + self.step_offset
         loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
         self.history.append({"step": step, "loss": loss})
+        self._pending = None
         every = self.trainer_cfg.log_every_n_steps
         if self._step_times and step % every == 0:
             recent = self._step_times[-every:]
             rate = self.global_batch_size * len(recent) / sum(recent)
             self.log("train/samples_per_sec", rate, prog_bar=True, on_step=True, on_epoch=False)
+
+    def record(self) -> dict[str, list[dict[str, float]]]:
+        """Loss per step and validation results so far, the step in progress included (a
+        checkpoint callback runs before this module's ``on_train_batch_end`` records it)."""
+        history = list(self.history)
+        if self._pending is not None and (not history or history[-1]["step"] < self._pending[0]):
+            history.append({"step": self._pending[0], "loss": float(self._pending[1])})
+        return {"history": history, "val_history": list(self.val_history)}
 
     def samples_per_second(self, warmup: int = 5) -> float:
         """Global samples/s over this run's steps after ``warmup`` (training time only)."""

@@ -318,12 +318,22 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
     """Before any rank starts: the run resumed must match the one that wrote the checkpoint in
     ``RESUME_KEYS``; returns the other settings that differ (``NOTED_KEYS``), as ``key: old ->
     new``."""
+    fix = ("put back the config.json of the run that wrote the checkpoint, or start afresh with "
+           "trainer.resume=false or another output folder")
     if not saved.is_file():
-        return []
+        raise ConfigError(
+            f"trainer.resume=true, but the settings of the run that wrote the checkpoint are missing "
+            f"({saved}): without them a changed model, data or kernel cannot be caught; {fix}."
+        )
     try:
         before = json.loads(saved.read_text())
-    except (OSError, ValueError):
-        return []  # no record to compare with; loading the checkpoint will say if it does not fit
+        if not isinstance(before, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"trainer.resume=true, but {saved}, the settings of the run that wrote the checkpoint, "
+            f"cannot be read ({type(exc).__name__}); {fix}."
+        ) from None
     config = json.loads(json.dumps(config))  # as it would be saved: tuples are lists
 
     def flat(node: Any, prefix: str) -> dict[str, Any]:
@@ -368,10 +378,22 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
     return differences(NOTED_KEYS)
 
 
+def _finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
+    """The results in ``out/metrics.json`` of a run that finished ``steps`` steps, else None."""
+    try:
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(metrics, dict) or metrics.get("steps") != steps or metrics.get("interrupted"):
+        return None
+    return metrics
+
+
 def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     """Before any rank starts: the checkpoint a resumed run starts from (folder, step), None if
     there is none; a run that does not resume must not write over an earlier run's
-    checkpoint, and a resumed one must have steps left."""
+    checkpoint, and a resumed one must have steps left, unless it finished them all (then
+    ``train`` reports the results it has)."""
     from neo_core.training.checkpoint import latest_checkpoint
 
     writes = run.trainer.checkpoint or run.trainer.checkpoint_every_n_steps
@@ -392,6 +414,8 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
             f"trainer.resume=true, or choose another output folder (hydra.run.dir=... or output_dir=...), "
             f"or remove {folder} to start over there."
         )
+    if step == run.trainer.max_steps and _finished_metrics(out, step) is not None:
+        return latest  # finished already (a restarted job script, a sweep run again): train() says so
     if step >= run.trainer.max_steps:
         raise ConfigError(
             f"The checkpoint in {folder} is at step {step}, not before trainer.max_steps="
@@ -412,6 +436,15 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
         saved = resumed_from[0] / "config.json"
         changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
+    if resumed_from is not None and resumed_from[1] >= run.trainer.max_steps:
+        metrics = _finished_metrics(out, resumed_from[1]) or {}
+        if rank0:
+            print(f"note: {out} has finished its {resumed_from[1]} steps already (results in metrics.json); "
+                  "nothing to train (raise trainer.max_steps to train further)")
+        for key in ("val_auc", "val_loss"):  # null in the file: not measured
+            if key in metrics and metrics[key] is None:
+                metrics[key] = math.nan
+        return metrics
     if rank0 and changes:
         more = f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
         print(f"note: resuming from step {resumed_from[1]} with settings that differ from the run that wrote "
@@ -525,12 +558,12 @@ def rank_main(
     process that started the ranks (``parent``) on Ctrl-C or SIGTERM (``interrupt.run_ranks``)."""
     import lightning.pytorch as pl
     from lightning.fabric.plugins.environments import LightningEnvironment, TorchElasticEnvironment
-    from lightning.pytorch.loggers import CSVLogger
 
     from neo_core.config import TrainerConfig
-    from neo_core.training.checkpoint import DistributedCheckpoint, read_checkpoint_step
+    from neo_core.training.checkpoint import DistributedCheckpoint, latest_checkpoint, read_history
     from neo_core.training.datasets import RankStream
     from neo_core.training.interrupt import HardStop, StopOnInterrupt
+    from neo_core.training.logs import RunLog, keep_rows_before
     from neo_core.training.module import NeoModule
     from neo_core.training.strategy import NeoStrategy
 
@@ -558,7 +591,8 @@ def rank_main(
     local_world = _emulate_nodes(parts.topology, launch, rank, local_world)
     out = Path(run.output_dir)
     ckpt_dir = out / "checkpoint"
-    start_step = read_checkpoint_step(ckpt_dir) if cfg.resume else 0
+    latest = latest_checkpoint(ckpt_dir) if cfg.resume else None
+    start_step = latest[1] if latest else 0
     if cfg.resume and start_step == 0 and rank == 0:
         print(f"warning: trainer.resume=true but {ckpt_dir} holds no checkpoint; starting from step 0.")
     remaining = cfg.max_steps - start_step
@@ -577,6 +611,9 @@ def rank_main(
         global_batch_size=cfg.batch_size * launch.world_size,
         step_offset=start_step,
     )
+    if latest is not None and (record := read_history(*latest)) is not None:
+        module.history, module.val_history = record  # the steps before the checkpoint
+        module.history_restored = True
     world, grank = launch.world_size, rank
     train_stream = RankStream(parts.data, "train", grank, world, cfg.batch_size, start_step, remaining)
     val_stream = RankStream(parts.data, "val", grank, world, cfg.batch_size, 0, max(cfg.val_batches, 1))
@@ -600,7 +637,7 @@ def rank_main(
         strategy=NeoStrategy(cluster_environment=environment, process_group_backend=launch.backend),
         max_steps=remaining,
         max_epochs=1,
-        logger=CSVLogger(str(out), name="logs", version=""),
+        logger=RunLog(out, step_offset=start_step),
         callbacks=[stop, checkpoint],
         enable_checkpointing=False,
         enable_progress_bar=cfg.progress_bar and rank == 0,
@@ -612,8 +649,13 @@ def rank_main(
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
     )
-    log_csv = out / "logs" / "metrics.csv"  # the CSV logger rewrites it: keep what a resumed run had
-    earlier_log = log_csv.read_text() if start_step > 0 and rank == 0 and log_csv.is_file() else None
+    _validate_at_run_steps(trainer, start_step, cfg.max_steps, cfg.val_every_n_steps)
+    log_csv = out / "logs" / "metrics.csv"  # appended to over a run's segments (RunLog)
+    if rank == 0:
+        if start_step > 0:  # rows after the checkpoint were logged by a run that did not save them
+            keep_rows_before(log_csv, start_step)
+        else:
+            log_csv.unlink(missing_ok=True)  # an earlier run's, in a folder started afresh
     started = time.perf_counter()
     try:
         with stop.installed():
@@ -624,14 +666,34 @@ def rank_main(
             )
             wall = time.perf_counter() - started
             if rank == 0:
-                if earlier_log is not None and log_csv.is_file():
-                    _join_logs(log_csv, earlier_log, start_step)
                 _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
     except HardStop:  # the second Ctrl-C (inside fit, Lightning has torn the rank down)
         raise KeyboardInterrupt from None
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def _validate_at_run_steps(trainer: Any, start_step: int, max_steps: int, every: int | None) -> None:
+    """Validate after every ``every``-th step of the whole run and after its last step.
+
+    Lightning counts ``val_check_interval`` from the start of each ``fit``: a run resumed at
+    step 40 with ``trainer.val_every_n_steps=25`` validated at 65 and 90 (not 50, 75, 100), and
+    a run whose ``max_steps`` is no multiple of the interval ended without validating, so its
+    reported AUC was an earlier step's. The epoch loop's decision is replaced on this trainer
+    (a stop requested by Ctrl-C still validates first, as Lightning does).
+    """
+    loop = trainer.fit_loop.epoch_loop
+
+    def should_check_val(data_fetcher: Any) -> bool:
+        if not loop._should_check_val_epoch():
+            return False
+        if trainer.should_stop and trainer.fit_loop._can_stop_early:
+            return True
+        done = start_step + loop.total_batch_idx + 1  # steps of the run finished
+        return done >= max_steps or bool(every) and done % every == 0
+
+    loop._should_check_val_fx = should_check_val
 
 
 def _emulate_nodes(topology: Topology, launch: Launch, rank: int, local_world: int) -> int:
@@ -650,26 +712,6 @@ def _emulate_nodes(topology: Topology, launch: Launch, rank: int, local_world: i
     return per_node
 
 
-def _join_logs(log_csv: Path, earlier: str, start_step: int) -> None:
-    """The resumed run's rows after the earlier run's, their steps counted from ``start_step``."""
-    import csv
-    import io
-
-    old_rows = list(csv.DictReader(io.StringIO(earlier)))
-    with log_csv.open(newline="") as fh:
-        new_rows = list(csv.DictReader(fh))
-    for row in new_rows:
-        if row.get("step", "") != "":
-            row["step"] = str(int(row["step"]) + start_step)
-    columns = list(dict.fromkeys([*(old_rows[0].keys() if old_rows else []), *(new_rows[0].keys() if new_rows else [])]))
-    tmp = log_csv.with_suffix(".csv.tmp")
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(old_rows + new_rows)
-    tmp.replace(log_csv)
-
-
 def _no_nan(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -685,7 +727,8 @@ def _write_results(
 ) -> None:
     history, val_history = list(module.history), list(module.val_history)
     previous = out / "metrics.json"
-    if module.step_offset and previous.exists():  # a resumed run keeps the earlier steps' record
+    if module.step_offset and not module.history_restored and previous.exists():
+        # a checkpoint saved without its record: the earlier run's metrics.json keeps it
         earlier = json.loads(previous.read_text())
         history = [h for h in earlier.get("history", []) if h["step"] <= module.step_offset] + history
         val_history = [

@@ -149,14 +149,24 @@ def test_int8_gradients_train_where_the_plan_is_table_wise(tmp_path: Path) -> No
 def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     from neo_core.training.run import train
 
-    smoke = ["trainer=smoke", "trainer.checkpoint=true"]
+    smoke = ["trainer=smoke", "trainer.checkpoint=true", "trainer.val_every_n_steps=3"]
     whole = train(composed([*smoke, "trainer.max_steps=6"], tmp_path / "whole"))
-    train(composed([*smoke, "trainer.max_steps=3"], tmp_path / "split"))
-    assert json.loads((tmp_path / "split" / "checkpoint" / "meta.json").read_text())["step"] == 3
+    assert [v["step"] for v in whole["val_history"]] == [3, 6]
+    first = train(composed([*smoke, "trainer.max_steps=4"], tmp_path / "split"))
+    assert [v["step"] for v in first["val_history"]] == [3, 4]  # and after the last step, off the interval
+    assert json.loads((tmp_path / "split" / "checkpoint" / "meta.json").read_text())["step"] == 4
+    # as if the run had gone on and been killed (kill -9): a log row past its checkpoint, no results
+    log = tmp_path / "split" / "logs" / "metrics.csv"
+    head = log.read_text().splitlines()[0].split(",")
+    killed = ",".join({"step": "4", "train/loss": "9.5"}.get(c, "") for c in head)
+    log.write_text(log.read_text() + killed + "\n")
+    (tmp_path / "split" / "metrics.json").unlink()
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
+    # the record before the checkpoint came with it (metrics.json was gone)
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
-    assert [v["step"] for v in resumed["val_history"]] == [3, 6]  # the first run's validation is kept
+    # validation on the run's steps: 3 and 4 (the first run's end) kept, then 6, not 4 + 3
+    assert [v["step"] for v in resumed["val_history"]] == [3, 4, 6]
     assert resumed["val_history"][-1] == whole["val_history"][-1]
     # a run that does not resume is refused before it writes over the checkpoint
     from neo_core.errors import ConfigError
@@ -164,9 +174,13 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"holds the checkpoint of an earlier run \(step 6, .*\); continue it with "
                                           r"trainer.resume=true, or choose another output folder"):
         train(composed([*smoke, "trainer.max_steps=9"], tmp_path / "split"))
-    with pytest.raises(ConfigError, match=r"is at step 6, not before trainer.max_steps=6; raise trainer.max_steps"):
-        train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
-    # the resumed run's log rows follow the first run's, counted on from its last step
+    # resuming a finished run (a restarted job script, a sweep run again) reports its results
+    again = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
+    assert again["steps"] == 6 and again["val_auc"] == resumed["val_auc"]
+    with pytest.raises(ConfigError, match=r"is at step 6, not before trainer.max_steps=5; raise trainer.max_steps"):
+        train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true"], tmp_path / "split"))
+    # the resumed run's log rows follow the first run's, counted on from its checkpoint, the
+    # killed run's row past it dropped: every step once
     def log_rows(run: str) -> list[tuple[str, str]]:
         lines = (tmp_path / run / "logs" / "metrics.csv").read_text().splitlines()
         head = lines[0].split(",")
@@ -586,3 +600,44 @@ def test_ranks_that_end_without_results_are_an_error_not_an_earlier_runs_figures
     monkeypatch.setattr(run, "rank_main", lambda *a, **k: None)  # ranks that stop before writing
     with pytest.raises(TrainingError, match=r"The ranks ended without writing this run's results"):
         run.train(composed(["trainer=smoke", "trainer.world_size=1"], tmp_path))
+
+
+def test_the_run_log_keeps_earlier_rows_and_counts_steps_over_the_run(tmp_path: Path) -> None:
+    """logs/metrics.csv over a resumed run: rows after the checkpoint go, the earlier ones stay,
+    new rows are appended with their step counted from the run's start, under the file's columns
+    (put in Lightning's sorted order first)."""
+    from neo_core.training.logs import RunLog, keep_rows_before
+
+    log = tmp_path / "logs" / "metrics.csv"
+    log.parent.mkdir()
+    log.write_text("step,train/loss,epoch\n9,0.7,0\n19,0.6,0\n29,0.5,0\n")
+    keep_rows_before(log, 20)  # checkpoint after 20 steps: the row of step 29 was never saved
+    logger = RunLog(tmp_path, step_offset=20)
+    logger.log_metrics({"train/loss": 0.4, "epoch": 0}, step=9)  # this run's 10th step: the run's 30th
+    logger.log_metrics({"val/auc": 0.8}, step=9)
+    rows = log.read_text().splitlines()
+    assert rows[0] == "epoch,step,train/loss,val/auc"
+    assert rows[1:] == ["0,9,0.7,", "0,19,0.6,", "0,29,0.4,", ",29,,0.8"]
+
+
+def test_a_damaged_checkpoint_index_or_config_is_named_with_the_fix(tmp_path: Path) -> None:
+    from neo_core.errors import CheckpointError, ConfigError
+    from neo_core.training.checkpoint import _check_metadata
+    from neo_core.training.run import check_resumable
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    with pytest.raises(CheckpointError, match=r"checkpoint/\.metadata is missing: the checkpoint in .* is damaged"):
+        _check_metadata(folder)
+    (folder / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"\.metadata is empty: .*trainer\.resume=false or another output"):
+        _check_metadata(folder)
+    (folder / ".metadata").write_bytes(b"\x80\x04not a pickle")
+    with pytest.raises(CheckpointError, match=r"\.metadata cannot be read \(\w+\): the checkpoint in"):
+        _check_metadata(folder)
+    # the settings a resume is checked against: missing or unreadable is an error, not a pass
+    with pytest.raises(ConfigError, match=r"settings of the run that wrote the checkpoint are missing \(.*config\.json\)"):
+        check_resumable(folder / "config.json", {})
+    (folder / "config.json").write_text('{"model": {"name": "dl')
+    with pytest.raises(ConfigError, match=r"config\.json, the settings of the run .* cannot be read \(JSONDecodeError\)"):
+        check_resumable(folder / "config.json", {})
