@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/planner.py [--out bench_planner.json] [--torchrec-timeout 60]
         [--suites mlperf_dcnv2 ...] [--ranks 8 16 ...] [--repeats 5] [--no-torchrec]
-        [--torchrec-cached]
+        [--torchrec-cached] [--rescore KEPT.json]
 
 For each suite (MLPerf DLRM-DCNv2, the 500-table production-like model, 12T with FP16 weights
 in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and rank count
@@ -17,6 +17,11 @@ in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and ran
   keeps the best plan so far (marked ``>``; 0: no limit); the child is killed after
   ``--torchrec-kill``;
 - score TorchRec's plan with Neo's cost model too (``neo/tr under Neo's model``).
+
+``--rescore KEPT.json`` plans the cases of a kept result again with Neo (both estimators) and
+recomputes the ratios against the TorchRec plans, scores and times kept in it, without
+running TorchRec (left to finish, it takes 15-17 minutes a case): after a change to Neo's
+planner or cost model, the long TorchRec runs stay comparable.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ def bench_case(
     repeats: int = 5,
     kill_after: float = 600.0,
     torchrec_cached: bool = False,
+    kept_torchrec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from neo_plugins.sharding.planner.torchrec_score import score_plan
 
@@ -147,7 +153,9 @@ def bench_case(
         row["neo_torchrec_estimator"]["vs_bound"] = (
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
-    if torchrec and "cache_load_factor" in extra and not torchrec_cached:
+    if kept_torchrec is not None:  # --rescore: TorchRec's plan of a kept run, not planned again
+        row["torchrec"] = kept_torchrec
+    elif torchrec and "cache_load_factor" in extra and not torchrec_cached:
         row["torchrec"] = {"skipped": "skipped for time (about 3 min: 800 tables); --torchrec-cached runs it"}
     elif torchrec:
         # on the cached (UVM) suite TorchRec's planner gets the same cache and weight precision
@@ -164,7 +172,7 @@ def bench_case(
             row["neo_tr_est_vs_torchrec_bound"] = neo_tr / tr["bound_ms"]
         # TorchRec's time: its EmbeddingShardingPlanner.plan call alone (plan_s), not the child's
         # building of the meta-device module nor the scoring after it (time_s)
-        row["speedup"] = tr["plan_s"] / neo["time_s"]
+        row["speedup"] = tr.get("plan_s", tr["time_s"]) / neo["time_s"]  # results kept from before plan_s: the child's time
     if "neo_model_step_ms" in tr:  # both plans under Neo's cost model
         row["neo_over_torchrec_neo_model"] = neo["step_ms"] / tr["neo_model_step_ms"]
     return row
@@ -189,7 +197,8 @@ def format_row(row: dict[str, Any]) -> str:
         note = f"torchrec finished: {tr['proposals']} proposals"
     if "neo_over_torchrec_neo_model" in row:
         note += f"; neo/tr under Neo's model {row['neo_over_torchrec_neo_model']:.3f}"
-    tr_s = (cut + _fmt(tr.get("plan_s"), ".1f")) if "plan_s" in tr else "-"
+    tr_time = tr.get("plan_s", tr.get("time_s") if "score_ms" in tr else None)  # kept results from before plan_s
+    tr_s = (cut + _fmt(tr_time, ".1f")) if tr_time is not None else "-"
     speed = (cut + _fmt(row.get("speedup"), ".0f") + "x") if "speedup" in row else "-"
     return (
         f"{row['suite']:<16} {row['ranks']:>5} {_fmt(neo.get('time_s'), '.2f'):>7} "
@@ -228,9 +237,9 @@ def check_writable(parser: argparse.ArgumentParser, flag: str, out: Path | None)
         parser.error(f"{flag} {out}: cannot be written (is its folder there and writable?)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench_planner.json")
+    parser.add_argument("--out", default=None, help="results JSON (default bench_planner.json; with --rescore, its file)")
     parser.add_argument(
         "--torchrec-timeout", type=float, default=60.0, help="TorchRec's own timeout_seconds (s); 0: none"
     )
@@ -248,7 +257,21 @@ def main() -> None:
         help="also run TorchRec's planner on the cached 12T suite (about 3 min more; off to stay under 15 min)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="Neo planning runs per case (min time)")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--rescore", type=Path, default=None, metavar="JSON",
+        help="plan the cases of a kept result again with Neo and score them against the TorchRec plans "
+             "kept in it (TorchRec is not run; its scores and times are the kept ones); --out defaults to JSON",
+    )
+    args = parser.parse_args(argv)
+    kept: list[dict[str, Any]] | None = None
+    if args.rescore is not None:
+        try:
+            kept = json.loads(args.rescore.read_text())
+            assert isinstance(kept, list) and all({"suite", "ranks"} <= r.keys() for r in kept)
+            assert all(r["suite"] in SUITES for r in kept)
+        except (OSError, ValueError, AssertionError, AttributeError):
+            parser.error(f"--rescore {args.rescore}: not a result of this bench (a JSON list of cases)")
+    args.out = args.out or (str(args.rescore) if args.rescore is not None else "bench_planner.json")
     check_args(parser, args)
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
@@ -258,10 +281,19 @@ def main() -> None:
         f"{'suite':<16} {'ranks':>5} {'neo s':>7} {'neo[TR] s':>9} {'tr s':>7} {'speedup':>8} "
         f"{'neo/tr':>7} {'neo[TR]/tr':>11} {'neo/LB':>8} {'neo[TR]/LB':>12} {'tr/LB':>7}"
     )
-    cases = [(suite, world) for suite in args.suites for world in args.ranks]
+    if kept is not None:
+        cases = [(r["suite"], r["ranks"], r) for r in kept]
+    else:
+        cases = [(suite, world, None) for suite in args.suites for world in args.ranks]
     progress = tqdm(cases, desc="planner bench", unit="case", file=sys.stderr, dynamic_ncols=True)
-    for suite, world in progress:
+    for suite, world, old in progress:
         progress.set_postfix_str(f"{suite} @ {world} ranks")
+        if old is not None:
+            row = bench_case(suite, world, args.torchrec_timeout, "neo_torchrec_estimator" in old, args.repeats,
+                             kept_torchrec=old.get("torchrec"))
+            rows.append(row)
+            tqdm.write(format_row(row), file=sys.stdout)
+            continue
         run_tr = not args.no_torchrec and suite not in killed
         row = bench_case(
             suite, world, args.torchrec_timeout, run_tr, args.repeats, args.torchrec_kill, args.torchrec_cached
@@ -272,6 +304,9 @@ def main() -> None:
             killed.add(suite)
         rows.append(row)
         tqdm.write(format_row(row), file=sys.stdout)
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
+    if kept is not None:  # written once all cases are planned: the kept file is not cut short
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
     # the ratios and times as a chart beside the JSON (redraw: bench/charts.py OUT.json)

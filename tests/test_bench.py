@@ -43,6 +43,23 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert out.with_suffix(".png").read_bytes()[:8] == PNG and str(out.with_suffix(".png")) in proc.stderr
 
 
+def test_planner_bench_rescores_a_kept_result_without_running_torchrec(tmp_path):
+    """--rescore: Neo plans the kept cases again; the TorchRec plan, its score and time are the
+    kept ones, and the ratios are recomputed against them."""
+    kept = [r for r in json.loads((ROOT / "docs/results/bench_planner.json").read_text())
+            if r["suite"] == "mlperf_dcnv2" and r["ranks"] == 8]
+    kept[0]["torchrec"]["score_ms"] *= 2.0  # a TorchRec plan twice as slow: Neo's ratio halves
+    path = tmp_path / "kept.json"
+    path.write_text(json.dumps(kept))
+    proc = subprocess.run([sys.executable, "bench/planner.py", "--rescore", str(path), "--repeats", "1"],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = json.loads(path.read_text())  # written back to the kept file
+    assert row["torchrec"] == kept[0]["torchrec"]
+    assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / kept[0]["torchrec"]["score_ms"] < 0.5
+    assert "neo_tr_est_over_torchrec" in row and row["speedup"] == kept[0]["torchrec"]["plan_s"] / row["neo"]["time_s"]
+
+
 @pytest.mark.parametrize(
     "result", ["bench_planner.json", "bench_train.json", "fidelity_latest.json", "bench_gpu_lookup.json"])
 def test_charts_are_drawn_from_kept_results(result, tmp_path):
@@ -89,8 +106,9 @@ def test_charts_reject_what_no_bench_wrote(content, fragment, tmp_path):
         (("--torchrec-timeout", "-5"), "--torchrec-timeout -5.0: must be 0 or more seconds"),
         (("--repeats", "0"), "--repeats 0: must be at least 1"),
         (("--out", "{file}/bench.json"), "/file/bench.json: cannot be written"),
+        (("--rescore", "{file}"), "not a result of this bench (a JSON list of cases)"),
     ],
-    ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out"],
+    ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out", "rescore-other"],
 )
 def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp_path):
     # a rank count that is no whole number of 8-rank nodes would plan another cluster than the
