@@ -291,14 +291,16 @@ class CostModel:
             weights = rows.astype(np.float64) * d * self.e
             # torch.optim steps replicas (SparseOptimizer.replica_optimizer: no row-wise Adagrad)
             opt = rows.astype(np.float64) * d * self.context.kernel.replica_state_bytes(1, 1)  # per element
-            # read grad, read+write weights and optimizer state, once per step, on every rank
-            time[:, OPT] = (table_bytes + 2 * weights + 2 * opt) / self.dev_bw
+            # read grad, read+write weights and optimizer state, once per step, on every rank;
+            # at least torch.optim's measured passes over the table (DP_OPTIMIZER_PASSES) at the
+            # copy bandwidth they were measured against (the device's on GPUs, the host's,
+            # which CPU calibration measures by a copy, on CPUs)
+            passes = DP_OPTIMIZER_PASSES[self.context.kernel.replica_optimizer.value]
+            copy_bw = self.dev_bw if topo.compute_device == "cuda" else self.host_bw
+            time[:, OPT] = np.maximum((table_bytes + 2 * weights + 2 * opt) / self.dev_bw, passes * weights / copy_bw)
             if topo.compute_device == "cpu":  # CPU calibration: zero-fill the dense gradient,
                 # copy it into DDP's all-reduce bucket and back (5 passes at copy bandwidth)
                 time[:, OPT] += 5.0 * table_bytes / self.host_bw
-            if topo.compute_device == "cuda":  # unfused elementwise kernels (see DP_OPTIMIZER_PASSES)
-                passes = DP_OPTIMIZER_PASSES[self.context.kernel.replica_optimizer.value]
-                time[:, OPT] = np.maximum(time[:, OPT], passes * weights / self.dev_bw)
             time[:, CAR] = table_bytes * (
                 2 * (L - 1) / L / self.allreduce_bw
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
