@@ -38,6 +38,8 @@ GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "da
 CONFIG_FLAGS: list[str] = []
 # the command line as typed: a sweep is continued with it
 ARGV: list[str] = []
+# the command that continues the run under way, for a second Ctrl-C that stops at once
+CONTINUE: list[str] = []
 
 
 def config_flags(argv: list[str]) -> list[str]:
@@ -81,6 +83,23 @@ def _sweep_job(config: dict) -> dict:
     return {} if metrics is None else metrics
 
 
+def _continue_command(run_dir: str) -> str:
+    """The command that continues this run (in a sweep: the sweep) from its checkpoint."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        # the sweep as typed, in its folder: finished jobs report their results, this one
+        # resumes and the jobs after it start
+        keep = [a for a in ARGV if not a.lstrip("+").startswith(("trainer.resume=", "hydra.sweep.dir="))]
+        args = [*keep, "trainer.resume=true", f"hydra.sweep.dir={Path(run_dir).parent}"]
+    else:  # this run's overrides, resuming in its folder
+        keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
+        args = [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={run_dir}"]
+    launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
+        "python recipes/train.py")
+    return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
+
+
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
@@ -90,6 +109,7 @@ def main(cfg: DictConfig) -> float:
     config = OmegaConf.to_container(cfg, resolve=True)
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
+    CONTINUE[:] = [_continue_command(str(config["output_dir"]))]  # type: ignore[index]
     try:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             metrics = _sweep_job(config)
@@ -99,20 +119,7 @@ def main(cfg: DictConfig) -> float:
     except RunInterrupted as exc:
         if exc.resume_dir is None:
             raise
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            # the sweep as typed, in its folder: finished jobs are skipped, this one resumes and
-            # the jobs after it start
-            keep = [a for a in ARGV if not a.lstrip("+").startswith(("trainer.resume=", "hydra.sweep.dir="))]
-            sweep_dir = Path(exc.resume_dir).parent
-            command = " ".join(shlex.quote(a) for a in [*keep, "trainer.resume=true", f"hydra.sweep.dir={sweep_dir}"])
-        else:  # this run's overrides, resuming in its folder
-            keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
-            command = " ".join(
-                shlex.quote(a) for a in [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={exc.resume_dir}"]
-            )
-        launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
-            "python recipes/train.py")
-        raise RunInterrupted(f"{exc.summary}; continue with: {launcher} {command}") from None
+        raise RunInterrupted(f"{exc.summary}; continue with: {_continue_command(exc.resume_dir)}") from None
     return float(metrics.get("val_auc", float("nan")))
 
 
@@ -136,7 +143,7 @@ if __name__ == "__main__":
         print(
             f"interrupted: {exc}" if isinstance(exc, RunInterrupted) else
             "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; "
-            "continue with trainer.resume=true",
+            + (f"continue with: {CONTINUE[0]}" if CONTINUE else "continue with trainer.resume=true"),
             file=sys.stderr,
         )
         sys.exit(130)
