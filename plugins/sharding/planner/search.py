@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -127,6 +128,29 @@ def capped(base: np.ndarray, shard: np.ndarray, bound: float, cap: float | None)
 
 class _Repeat(Exception):
     """A greedy run reached a step an earlier run of the same solve took (``_greedy``)."""
+
+
+def _min_max_over_shard_times(shard: np.ndarray, f: Callable[[float], float]) -> float:
+    """``min over tau of max(tau, f(tau))`` for a non-increasing step function ``f`` that only
+    changes at the (finite) shard times ``shard``, ``tau`` at least the largest of the tables'
+    smallest shard times (every table's shard sits on some rank): a binary search for the
+    first shard time at or above ``f``, and the value just before it."""
+    floor = float(shard.min(axis=0).max())
+    taus = np.unique(shard[np.isfinite(shard)])
+    taus = taus[taus >= floor]
+    lo, hi = 0, len(taus) - 1  # f(taus[hi]) is finite: every option allowed
+    if f(float(taus[hi])) > float(taus[hi]):
+        return f(float(taus[hi]))
+    while lo < hi:  # smallest k with taus[k] >= f(taus[k])
+        mid = (lo + hi) // 2
+        if float(taus[mid]) >= f(float(taus[mid])):
+            hi = mid
+        else:
+            lo = mid + 1
+    best = float(taus[lo])
+    if lo > 0:  # between two breakpoints: max(tau, f(previous)) is least at f(previous)
+        best = min(best, max(float(taus[lo - 1]), f(float(taus[lo - 1]))))
+    return best
 
 
 class Search:
@@ -1083,22 +1107,7 @@ class Search:
                 best = max(best, float(value.max()))
             return best / self.W
 
-        floor = float(shard.min(axis=0).max())
-        taus = np.unique(shard[np.isfinite(shard)])
-        taus = taus[taus >= floor]
-        lo, hi = 0, len(taus) - 1
-        if g(float(taus[hi])) > float(taus[hi]):
-            return g(float(taus[hi]))
-        while lo < hi:  # smallest k with taus[k] >= g(taus[k])
-            mid = (lo + hi) // 2
-            if float(taus[mid]) >= g(float(taus[mid])):
-                hi = mid
-            else:
-                lo = mid + 1
-        best = float(taus[lo])
-        if lo > 0:  # between two breakpoints: max(tau, g(previous)) is least at g(previous)
-            best = min(best, max(float(taus[lo - 1]), g(float(taus[lo - 1]))))
-        return best
+        return _min_max_over_shard_times(shard, g)
 
     def all_rank_bound(self, max_points: int = 2048) -> float:
         """Bound that charges the shards of every-rank options (DP, RW) to the slowest rank.
@@ -1169,26 +1178,11 @@ class Search:
         if not has.any():
             return 0.0
         shard, total = shard[:, has], total[:, has]
-        floor = float(shard.min(axis=0).max())  # every table needs one of its shards somewhere
 
         def f(tau: float) -> float:
             return float(np.where(shard <= tau, total, np.inf).min(axis=0).sum()) / self.W
 
-        taus = np.unique(shard[np.isfinite(shard)])
-        taus = taus[taus >= floor]
-        lo, hi = 0, len(taus) - 1  # f(taus[hi]) is finite: every option allowed
-        if f(float(taus[hi])) > float(taus[hi]):
-            return f(float(taus[hi]))
-        while lo < hi:  # smallest k with taus[k] >= f(taus[k])
-            mid = (lo + hi) // 2
-            if float(taus[mid]) >= f(float(taus[mid])):
-                hi = mid
-            else:
-                lo = mid + 1
-        best = float(taus[lo])
-        if lo > 0:  # between two breakpoints: max(tau, f(previous)) is minimal at f(previous)
-            best = min(best, max(float(taus[lo - 1]), f(float(taus[lo - 1]))))
-        return best
+        return _min_max_over_shard_times(shard, f)
 
     def no_fit_message(self, i: int) -> str:
         name = self.t.names[i]
