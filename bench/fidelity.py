@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from args import check_writable  # noqa: E402
 from charts import fidelity_chart  # noqa: E402
-from planner import check_writable  # noqa: E402
 
 from neo_core.errors import ConfigError  # noqa: E402
 

@@ -387,6 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = tuple(d for d in args.dtypes.split(",") if d)
     if not dtypes or set(dtypes) - {"fp32", "fp16"}:
         parser.error(f"--dtypes takes fp32 and fp16, comma-separated; got {args.dtypes!r}")
+    from args import check_writable
+
+    check_writable(parser, "--json", args.json)  # before a measurement that it would lose
+    check_writable(parser, "--raw", args.raw)
+    if args.report is not None:
+        try:
+            raw = json.loads(args.report.read_text())
+            assert isinstance(raw, dict) and {"cases", "device_memory_bw", "rows", "batch"} <= raw.keys()
+        except (OSError, ValueError, AssertionError):
+            parser.error(f"--report {args.report}: not raw timings of this bench (a JSON file written by --raw)")
     if args.raw is not None:
         import torch
 
@@ -402,8 +412,6 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             print(f"Neo is not installed here: report with bench/gpu_lookup.py --report {args.raw}")
             return 0
-    else:
-        raw = json.loads(args.report.read_text())
     data = report(raw)
     print_report(data)
     if args.json is not None:

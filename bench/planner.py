@@ -21,7 +21,9 @@ in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and ran
 ``--rescore KEPT.json`` plans the cases of a kept result again with Neo (both estimators) and
 recomputes the ratios against the TorchRec plans, scores and times kept in it, without
 running TorchRec (left to finish, it takes 15-17 minutes a case): after a change to Neo's
-planner or cost model, the long TorchRec runs stay comparable.
+planner or cost model, the long TorchRec runs stay comparable. TorchRec's plans themselves
+are not kept, so their score under Neo's cost model (``neo/tr under Neo's model``), taken with
+the model of the kept run, is left out.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ import gc
 import json
 import logging
 import multiprocessing as mp
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from args import check_writable
 from charts import planner_chart
 from tqdm import tqdm
 
@@ -154,7 +156,9 @@ def bench_case(
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
     if kept_torchrec is not None:  # --rescore: TorchRec's plan of a kept run, not planned again
-        row["torchrec"] = kept_torchrec
+        # its score under Neo's model was taken with the model of that run; the plan itself is
+        # not kept, so it cannot be scored again: that ratio is left out
+        row["torchrec"] = {k: v for k, v in kept_torchrec.items() if k != "neo_model_step_ms"}
     elif torchrec and "cache_load_factor" in extra and not torchrec_cached:
         row["torchrec"] = {"skipped": "skipped for time (about 3 min: 800 tables); --torchrec-cached runs it"}
     elif torchrec:
@@ -209,11 +213,11 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
-def check_ranks(parser: argparse.ArgumentParser, ranks: list[int]) -> None:
+def check_ranks(parser: argparse.ArgumentParser, ranks: list[int], flag: str = "--ranks") -> None:
     """Rank counts that ``_context`` builds as asked: one node of up to 8, or nodes of 8."""
     for world in ranks:
         if world < 1 or (world > 8 and world % 8):
-            parser.error(f"--ranks {world}: use 1 to 8 ranks (one node) or a multiple of 8 (nodes of 8)")
+            parser.error(f"{flag} {world}: use 1 to 8 ranks (one node) or a multiple of 8 (nodes of 8)")
 
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -228,15 +232,6 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     check_writable(parser, "--out", Path(args.out))
 
 
-def check_writable(parser: argparse.ArgumentParser, flag: str, out: Path | None) -> None:
-    """A results file that can be written, checked before any work (none: nothing to check)."""
-    if out is None:
-        return
-    folder = out.parent if str(out.parent) else Path(".")
-    if out.is_dir() or not folder.is_dir() or not os.access(out if out.exists() else folder, os.W_OK):
-        parser.error(f"{flag} {out}: cannot be written (is its folder there and writable?)")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="results JSON (default bench_planner.json; with --rescore, its file)")
@@ -246,10 +241,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--torchrec-kill", type=float, default=600.0, help="kill TorchRec's child process after (s)"
     )
-    parser.add_argument("--suites", nargs="+", default=list(DEFAULT_SUITES), choices=list(SUITES))
+    parser.add_argument("--suites", nargs="+", default=None, choices=list(SUITES),
+                        help=f"default: {' '.join(DEFAULT_SUITES)}")
     parser.add_argument(
-        "--ranks", nargs="+", type=int, default=list(RANKS),
-        help="world sizes: up to 8 (one node) or multiples of 8 (ZionEX-shaped nodes of 8)",
+        "--ranks", nargs="+", type=int, default=None,
+        help="world sizes: up to 8 (one node) or multiples of 8 (ZionEX-shaped nodes of 8); default: "
+             + " ".join(map(str, RANKS)),
     )
     parser.add_argument("--no-torchrec", action="store_true")
     parser.add_argument(
@@ -269,8 +266,16 @@ def main(argv: list[str] | None = None) -> None:
             kept = json.loads(args.rescore.read_text())
             assert isinstance(kept, list) and all({"suite", "ranks"} <= r.keys() for r in kept)
             assert all(r["suite"] in SUITES for r in kept)
+            assert all(isinstance(r["ranks"], int) and not isinstance(r["ranks"], bool) for r in kept)
         except (OSError, ValueError, AssertionError, AttributeError):
             parser.error(f"--rescore {args.rescore}: not a result of this bench (a JSON list of cases)")
+        check_ranks(parser, [r["ranks"] for r in kept], f"--rescore {args.rescore}: a case of ranks")
+        given = [flag for flag, value in (("--suites", args.suites), ("--ranks", args.ranks)) if value is not None]
+        given += ["--no-torchrec"] if args.no_torchrec else []
+        if given:
+            parser.error(f"--rescore takes its cases from {args.rescore}; leave out {', '.join(given)}")
+    args.suites = args.suites or list(DEFAULT_SUITES)
+    args.ranks = args.ranks or list(RANKS)
     args.out = args.out or (str(args.rescore) if args.rescore is not None else "bench_planner.json")
     check_args(parser, args)
     logging.disable(logging.WARNING)

@@ -22,8 +22,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from args import check_writable  # noqa: E402
 from charts import train_chart  # noqa: E402
-from planner import check_writable  # noqa: E402
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 

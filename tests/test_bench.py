@@ -55,7 +55,9 @@ def test_planner_bench_rescores_a_kept_result_without_running_torchrec(tmp_path)
                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = json.loads(path.read_text())  # written back to the kept file
-    assert row["torchrec"] == kept[0]["torchrec"]
+    # TorchRec's plan is not kept, so its score under Neo's (possibly changed) model is left out
+    assert row["torchrec"] == {k: v for k, v in kept[0]["torchrec"].items() if k != "neo_model_step_ms"}
+    assert "neo_over_torchrec_neo_model" not in row
     assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / kept[0]["torchrec"]["score_ms"] < 0.5
     assert "neo_tr_est_over_torchrec" in row and row["speedup"] == kept[0]["torchrec"]["plan_s"] / row["neo"]["time_s"]
 
@@ -107,16 +109,22 @@ def test_charts_reject_what_no_bench_wrote(content, fragment, tmp_path):
         (("--repeats", "0"), "--repeats 0: must be at least 1"),
         (("--out", "{file}/bench.json"), "/file/bench.json: cannot be written"),
         (("--rescore", "{file}"), "not a result of this bench (a JSON list of cases)"),
+        (("--rescore", "{zero}"), "a case of ranks 0: use 1 to 8 ranks"),
+        (("--rescore", "{kept}", "--ranks", "8"), "takes its cases from"),
     ],
-    ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out", "rescore-other"],
+    ids=["ranks-not-nodes-of-8", "ranks-zero", "negative-timeout", "no-repeats", "unwritable-out", "rescore-other",
+         "rescore-zero-ranks", "rescore-and-ranks"],
 )
 def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp_path):
     # a rank count that is no whole number of 8-rank nodes would plan another cluster than the
     # row says; an unwritable --out (here: under a file) would fail only after the first case
     (tmp_path / "file").write_text("")
-    args = [a.format(file=tmp_path / "file") for a in args]
+    (tmp_path / "zero.json").write_text('[{"suite": "mlperf_dcnv2", "ranks": 0}]')
+    (tmp_path / "kept.json").write_text('[{"suite": "mlperf_dcnv2", "ranks": 8}]')
+    args = [a.format(file=tmp_path / "file", zero=tmp_path / "zero.json", kept=tmp_path / "kept.json") for a in args]
+    suites = [] if "--rescore" in args else ["--suites", "mlperf_dcnv2"]
     proc = subprocess.run(
-        [sys.executable, "bench/planner.py", "--suites", "mlperf_dcnv2", *args],
+        [sys.executable, "bench/planner.py", *suites, *args],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -1,11 +1,12 @@
 """The run's ``logs/metrics.csv``: one row per logged step, counted over the whole run.
 
-Lightning's CSV logger deletes an existing ``metrics.csv`` when a run starts, counts steps
-from 0 in every run and writes rows every 100 steps: a run resumed after a crash lost the
-earlier segments' rows, and its own were numbered from its start. :class:`RunLog` keeps the
-file, appends each row as it is logged, with its step counted over the whole run (0-based, as
-Lightning numbers them), and a resumed run first drops the rows of steps after its checkpoint
-(logged by a run that stopped without saving them), so every step appears once.
+Lightning's CSV logger deletes an existing ``metrics.csv`` when a run starts and writes rows
+every 100 steps: a run resumed after a crash lost the earlier segments' rows, and a crash lost
+the rows not yet written. :class:`RunLog` keeps the file and appends each row as it is logged;
+a resumed run first drops the rows of steps after its checkpoint (logged by a run that
+stopped without saving them), so every step appears once. The steps are the run's (0-based,
+as Lightning numbers them): the training loop's step counter starts at the checkpoint's step
+(``neo_core/training/run.py``), or ``step_offset`` shifts them.
 """
 
 from __future__ import annotations

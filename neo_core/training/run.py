@@ -416,6 +416,13 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
         )
     if step == run.trainer.max_steps and _finished_metrics(out, step) is not None:
         return latest  # finished already (a restarted job script, a sweep run again): train() says so
+    if step == run.trainer.max_steps:
+        raise ConfigError(
+            f"The checkpoint in {folder} is at step {step}, trainer.max_steps, but {out / 'metrics.json'} is "
+            "missing or from an earlier step: the run stopped after its last save, before writing its "
+            f"results. Its loss and validation record is in {folder / 'history.json'}; raise "
+            "trainer.max_steps to train further."
+        )
     if step >= run.trainer.max_steps:
         raise ConfigError(
             f"The checkpoint in {folder} is at step {step}, not before trainer.max_steps="
@@ -637,7 +644,7 @@ def rank_main(
         strategy=NeoStrategy(cluster_environment=environment, process_group_backend=launch.backend),
         max_steps=remaining,
         max_epochs=1,
-        logger=RunLog(out, step_offset=start_step),
+        logger=RunLog(out),
         callbacks=[stop, checkpoint],
         enable_checkpointing=False,
         enable_progress_bar=cfg.progress_bar and rank == 0,
@@ -650,6 +657,10 @@ def rank_main(
         use_distributed_sampler=False,
     )
     _validate_at_run_steps(trainer, start_step, cfg.max_steps, cfg.val_every_n_steps)
+    # Lightning counts logged steps from 0 in each fit: count them over the run, so that a
+    # resumed run logs on the run's cadence (every log_every_n_steps from step 0) and its rows
+    # carry the run's steps
+    trainer.fit_loop.epoch_loop._batches_that_stepped = start_step
     log_csv = out / "logs" / "metrics.csv"  # appended to over a run's segments (RunLog)
     if rank == 0:
         if start_step > 0:  # rows after the checkpoint were logged by a run that did not save them

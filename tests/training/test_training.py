@@ -149,7 +149,7 @@ def test_int8_gradients_train_where_the_plan_is_table_wise(tmp_path: Path) -> No
 def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     from neo_core.training.run import train
 
-    smoke = ["trainer=smoke", "trainer.checkpoint=true", "trainer.val_every_n_steps=3"]
+    smoke = ["trainer=smoke", "trainer.checkpoint=true", "trainer.val_every_n_steps=3", "trainer.log_every_n_steps=3"]
     whole = train(composed([*smoke, "trainer.max_steps=6"], tmp_path / "whole"))
     assert [v["step"] for v in whole["val_history"]] == [3, 6]
     first = train(composed([*smoke, "trainer.max_steps=4"], tmp_path / "split"))
@@ -158,7 +158,7 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     # as if the run had gone on and been killed (kill -9): a log row past its checkpoint, no results
     log = tmp_path / "split" / "logs" / "metrics.csv"
     head = log.read_text().splitlines()[0].split(",")
-    killed = ",".join({"step": "4", "train/loss": "9.5"}.get(c, "") for c in head)
+    killed = ",".join({"step": "4", "train/loss": "9.5"}.get(c, "") for c in head)  # step 5, past the save
     log.write_text(log.read_text() + killed + "\n")
     (tmp_path / "split" / "metrics.json").unlink()
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
@@ -179,6 +179,11 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     assert again["steps"] == 6 and again["val_auc"] == resumed["val_auc"]
     with pytest.raises(ConfigError, match=r"is at step 6, not before trainer.max_steps=5; raise trainer.max_steps"):
         train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true"], tmp_path / "split"))
+    # killed after its last save, before its results: said so, with where the record is
+    (tmp_path / "split" / "metrics.json").unlink()
+    with pytest.raises(ConfigError, match=r"is at step 6, trainer.max_steps, but .*metrics.json is missing or from an "
+                                          r"earlier step: .*checkpoint/history.json; raise trainer.max_steps"):
+        train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
     # the resumed run's log rows follow the first run's, counted on from its checkpoint, the
     # killed run's row past it dropped: every step once
     def log_rows(run: str) -> list[tuple[str, str]]:
@@ -187,7 +192,8 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
         return [(r.split(",")[head.index("step")], r.split(",")[head.index("train/loss")])
                 for r in lines[1:] if r.split(",")[head.index("train/loss")]]
 
-    assert log_rows("split") == log_rows("whole") and len(log_rows("whole")) == 6
+    # logged on the run's cadence (every 3 steps: 0-based steps 2 and 5), resumed at step 4 or not
+    assert log_rows("split") == log_rows("whole") and [step for step, _ in log_rows("whole")] == ["2", "5"]
     # resuming with another model is refused before any rank starts, naming what changed
     with pytest.raises(ConfigError, match=r"differs from the one that wrote the checkpoint: model\.embedding_dim: 16 -> 8\. Resume with that "
                        r"run's settings \(.*/checkpoint/config\.json\)"):
