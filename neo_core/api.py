@@ -50,7 +50,7 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
     ``value`` may be an instance, a registry name, a mapping with ``name`` and parameters, or
     None (the group's default).
     """
-    kind = _TYPES.get(group)
+    kind = _TYPES.get(group) if isinstance(group, str) else None
     if kind is None:
         raise ConfigError(f"Unknown plugin group {group!r}; choose one of {', '.join(_TYPES)}.")
     if isinstance(value, kind):

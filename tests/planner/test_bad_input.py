@@ -418,3 +418,5 @@ def test_the_api_names_a_single_table_or_an_unknown_group() -> None:
         plan_tables("t0", cluster(), 256)
     with pytest.raises(ConfigError, match="Unknown plugin group 'topolgy'; choose one of topology,"):
         resolve("topolgy", "zionex")
+    with pytest.raises(ConfigError, match="Unknown plugin group \\['topology'\\]"):
+        resolve(["topology"], "zionex")  # type: ignore[arg-type]
