@@ -69,12 +69,6 @@ def latest_checkpoint(path: Path) -> tuple[Path, int] | None:
     return folder, step
 
 
-def read_checkpoint_step(path: Path) -> int:
-    """The step the newest finished checkpoint at ``path`` was taken at (0 if there is none)."""
-    latest = latest_checkpoint(path)
-    return latest[1] if latest else 0
-
-
 def read_history(folder: Path, step: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     """The run's loss and validation record up to ``step``, as saved with the checkpoint in
     ``folder`` (``history.json``); None for a checkpoint saved without one."""

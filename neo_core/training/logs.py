@@ -6,7 +6,7 @@ the rows not yet written. :class:`RunLog` keeps the file and appends each row as
 a resumed run first drops the rows of steps after its checkpoint (logged by a run that
 stopped without saving them), so every step appears once. The steps are the run's (0-based,
 as Lightning numbers them): the training loop's step counter starts at the checkpoint's step
-(``neo_core/training/run.py``), or ``step_offset`` shifts them.
+(``neo_core/training/run.py``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ def keep_rows_before(log_csv: Path, step: int) -> None:
 
 
 class _AppendingWriter(_ExperimentWriter):
-    """Lightning's writer, keeping an existing file and shifting steps by ``offset``."""
+    """Lightning's writer, keeping an existing file."""
 
-    def __init__(self, log_dir: str, offset: int) -> None:
-        self.offset = offset
+    def __init__(self, log_dir: str) -> None:
         super().__init__(log_dir)
         if os.path.isfile(self.metrics_file_path):  # its columns, so appended rows line up
             with open(self.metrics_file_path, newline="") as fh:
@@ -63,9 +62,6 @@ class _AppendingWriter(_ExperimentWriter):
     def _check_log_dir_exists(self) -> None:  # Lightning's deletes metrics.csv here
         pass
 
-    def log_metrics(self, metrics_dict: dict[str, float], step: int | None = None) -> None:
-        super().log_metrics(metrics_dict, None if step is None else step + self.offset)
-
     def log_hparams(self, params: dict[str, Any]) -> None:  # the run's config.json holds them
         pass
 
@@ -74,14 +70,13 @@ class RunLog(CSVLogger):
     """``<save_dir>/logs/metrics.csv``, appended to over a run's resumed segments; rows are
     written as they are logged (``flush_every`` steps)."""
 
-    def __init__(self, save_dir: str | Path, step_offset: int = 0, flush_every: int = 1) -> None:
+    def __init__(self, save_dir: str | Path, flush_every: int = 1) -> None:
         super().__init__(str(save_dir), name="logs", version="", flush_logs_every_n_steps=max(1, flush_every))
-        self.step_offset = step_offset
 
     @property
     @rank_zero_experiment
     def experiment(self) -> _AppendingWriter:
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(self.log_dir, self.step_offset)
+            self._experiment = _AppendingWriter(self.log_dir)
         return self._experiment

@@ -610,17 +610,16 @@ def test_ranks_that_end_without_results_are_an_error_not_an_earlier_runs_figures
 
 def test_the_run_log_keeps_earlier_rows_and_counts_steps_over_the_run(tmp_path: Path) -> None:
     """logs/metrics.csv over a resumed run: rows after the checkpoint go, the earlier ones stay,
-    new rows are appended with their step counted from the run's start, under the file's columns
-    (put in Lightning's sorted order first)."""
+    new rows are appended under the file's columns (put in Lightning's sorted order first)."""
     from neo_core.training.logs import RunLog, keep_rows_before
 
     log = tmp_path / "logs" / "metrics.csv"
     log.parent.mkdir()
     log.write_text("step,train/loss,epoch\n9,0.7,0\n19,0.6,0\n29,0.5,0\n")
     keep_rows_before(log, 20)  # checkpoint after 20 steps: the row of step 29 was never saved
-    logger = RunLog(tmp_path, step_offset=20)
-    logger.log_metrics({"train/loss": 0.4, "epoch": 0}, step=9)  # this run's 10th step: the run's 30th
-    logger.log_metrics({"val/auc": 0.8}, step=9)
+    logger = RunLog(tmp_path)
+    logger.log_metrics({"train/loss": 0.4, "epoch": 0}, step=29)  # the run's 30th step, 10th of this segment
+    logger.log_metrics({"val/auc": 0.8}, step=29)
     rows = log.read_text().splitlines()
     assert rows[0] == "epoch,step,train/loss,val/auc"
     assert rows[1:] == ["0,9,0.7,", "0,19,0.6,", "0,29,0.4,", ",29,,0.8"]
