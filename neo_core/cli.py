@@ -28,13 +28,44 @@ def user_error_message(exc: BaseException) -> str | None:
     return None
 
 
+def plugin_blame(exc: BaseException) -> str | None:
+    """The third-party plugin whose code the error passed through, as ``<kind> plugin 'name'
+    (distribution)``, from the files of its traceback (a spawned rank's arrives as text); None
+    when it passed through none."""
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    try:
+        from neo_core.plugins import get_plugins
+
+        registries = get_plugins().registries.values()
+    except Exception:  # noqa: BLE001 - no plugins to blame
+        return None
+    for registry in registries:
+        for entry in registry.entries():
+            module = sys.modules.get(getattr(entry.factory, "__module__", "") or "")
+            if module is None or module.__name__.split(".")[0] in ("neo_core", "neo_plugins"):
+                continue
+            file = getattr(module, "__file__", None)
+            if not file:
+                continue
+            # a package: any of its files; a single module: that file (its folder holds others')
+            mark = f'File "{Path(file).parent}{os.sep}' if Path(file).name == "__init__.py" else f'File "{file}"'
+            if mark in text:
+                return f"{registry.kind} plugin {entry.name!r} ({entry.provider})"
+    return None
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Print a :class:`NeoError` as one line and exit with status 2 (no traceback)."""
+    """Print a :class:`NeoError` as one line and exit with status 2 (no traceback); for other
+    errors (a bug: the traceback is wanted), name the third-party plugin it came through."""
     try:
         yield
     except Exception as exc:
         message = user_error_message(exc)
+        if message is None and (blame := plugin_blame(exc)):
+            print(f"error: raised in the {blame}; its traceback follows", file=sys.stderr)
         if message is None or os.environ.get("NEO_TRACEBACK"):
             raise
         print(f"error: {message}", file=sys.stderr)
@@ -76,7 +107,9 @@ class SweepFailures:
                 # terminated with the following error:" and ends with the rank's own "Type: message"
                 lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
                 first = (lines[-1] if type(exc).__name__ == "ProcessRaisedException" else lines[0]) if lines else ""
-                message = f"{type(exc).__name__}: {first} (not a Neo error; traceback in error.txt)"
+                blame = plugin_blame(exc)
+                where = f"raised in the {blame}" if blame else "not a Neo error"
+                message = f"{type(exc).__name__}: {first} ({where}; traceback in error.txt)"
                 detail = "".join(traceback.format_exception(exc))
             out.mkdir(parents=True, exist_ok=True)
             (out / "error.txt").write_text(detail + "\n")

@@ -553,3 +553,41 @@ def test_the_readme_plugin_example_loads_and_runs() -> None:
     name = re.search(r"cache\.name=(\w+)", section).group(1)
     policy = plugins.create("cache", name, {"load_factor": 0.1})
     assert isinstance(policy, CachePolicy) and policy.load_factor == 0.1
+
+
+def test_a_plugins_bug_is_named_by_the_files_of_its_traceback(tmp_path, register_plugin, monkeypatch) -> None:
+    """An error that is no Neo error keeps its traceback; the third-party plugin it passed
+    through is named, also when it arrives as text from a spawned rank."""
+    import textwrap
+
+    from neo_core.cli import plugin_blame
+
+    (tmp_path / "buggy_plugin.py").write_text(textwrap.dedent("""
+        from neo_core import hookimpl
+        from neo_core.cache import CachePolicy
+
+        def buggy(load_factor=None):
+            return CachePolicy("buggy", load_factor)
+
+        def explode():
+            return 1 / 0
+
+        @hookimpl
+        def neo_register_cache_policies(registry):
+            registry.register("buggy", buggy)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "buggy_plugin", raising=False)
+    import buggy_plugin
+
+    register_plugin(buggy_plugin)
+    with pytest.raises(ZeroDivisionError) as err:
+        buggy_plugin.explode()
+    blame = plugin_blame(err.value)
+    assert blame is not None and blame.startswith("cache policy plugin 'buggy' ("), blame
+    rank = RuntimeError(f'Traceback (most recent call last):\n  File "{tmp_path / "buggy_plugin.py"}", line 9, in '
+                        "explode\nZeroDivisionError: division by zero")
+    assert plugin_blame(rank) == blame  # a spawned rank's error, as text
+    with pytest.raises(ValueError) as other:
+        int("x")
+    assert plugin_blame(other.value) is None  # not through the plugin: nothing named
