@@ -21,9 +21,9 @@ in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and ran
 ``--rescore KEPT.json`` plans the cases of a kept result again with Neo (both estimators) and
 recomputes the ratios against the TorchRec plans, scores and times kept in it, without
 running TorchRec (left to finish, it takes 15-17 minutes a case): after a change to Neo's
-planner or cost model, the long TorchRec runs stay comparable. TorchRec's plans themselves
-are not kept, so their score under Neo's cost model (``neo/tr under Neo's model``), taken with
-the model of the kept run, is left out.
+planner or cost model, the long TorchRec runs stay comparable. TorchRec's plan is scored under
+Neo's current cost model again (``neo/tr under Neo's model``) where the kept result holds it
+(results written since plans were kept); otherwise that ratio is left out.
 """
 
 from __future__ import annotations
@@ -156,9 +156,16 @@ def bench_case(
             row["neo_torchrec_estimator"]["torchrec_score_ms"] / row["neo_torchrec_estimator"]["lower_bound_ms"]
         )
     if kept_torchrec is not None:  # --rescore: TorchRec's plan of a kept run, not planned again
-        # its score under Neo's model was taken with the model of that run; the plan itself is
-        # not kept, so it cannot be scored again: that ratio is left out
-        row["torchrec"] = {k: v for k, v in kept_torchrec.items() if k != "neo_model_step_ms"}
+        # its score under Neo's model was taken with the model of that run: scored again where
+        # the plan was kept, else left out
+        row["torchrec"] = {k: v for k, v in kept_torchrec.items() if k not in ("neo_model_step_ms", "neo_model_error")}
+        if "plan" in kept_torchrec:
+            from neo_core.sharding import TableAssignment
+            from neo_plugins.sharding.planner.torchrec_score import neo_model_score
+
+            kept_plan = [TableAssignment(**{**a, "shard_shapes": [tuple(x) for x in a["shard_shapes"]]},
+                                         why="TorchRec planner") for a in kept_torchrec["plan"]]
+            row["torchrec"].update(neo_model_score(tables, kept_plan, ctx))
     elif torchrec and "cache_load_factor" in extra and not torchrec_cached:
         row["torchrec"] = {"skipped": "skipped for time (about 3 min: 800 tables); --torchrec-cached runs it"}
     elif torchrec:

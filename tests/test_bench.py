@@ -30,6 +30,8 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     [row] = json.loads(out.read_text())
     tr = row["torchrec"]
     assert "score_ms" in tr and not tr["timed_out"], tr  # TorchRec finishes on 26 tables in seconds
+    # TorchRec's plan is kept (to be scored again under a changed cost model: --rescore)
+    assert sorted(a["name"] for a in tr["plan"]) == sorted(f"cat_{i}" for i in range(26)) and "neo_model_step_ms" in tr
     # the ratios are what they say: plans scored by TorchRec's estimator, over TorchRec's plan
     assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / tr["score_ms"]
     # neither Neo plan is worse than TorchRec's under TorchRec's own estimator
@@ -55,11 +57,36 @@ def test_planner_bench_rescores_a_kept_result_without_running_torchrec(tmp_path)
                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = json.loads(path.read_text())  # written back to the kept file
-    # TorchRec's plan is not kept, so its score under Neo's (possibly changed) model is left out
+    # this kept result has no TorchRec plan, so its score under Neo's (possibly changed) model is left out
     assert row["torchrec"] == {k: v for k, v in kept[0]["torchrec"].items() if k != "neo_model_step_ms"}
-    assert "neo_over_torchrec_neo_model" not in row
     assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / kept[0]["torchrec"]["score_ms"] < 0.5
     assert "neo_tr_est_over_torchrec" in row and row["speedup"] == kept[0]["torchrec"]["plan_s"] / row["neo"]["time_s"]
+    assert "neo_over_torchrec_neo_model" not in row
+    # with the plan kept, it is scored again under the current model (here: Neo's own plan stands in)
+    kept[0]["torchrec"]["plan"] = [
+        {"name": a["name"], "sharding_type": a["sharding_type"], "compute_kernel": a["compute_kernel"],
+         "ranks": a["ranks"], "shard_shapes": a["shard_shapes"]} for a in _neo_plan_mlperf_8()]
+    path.write_text(json.dumps(kept))
+    proc = subprocess.run([sys.executable, "bench/planner.py", "--rescore", str(path), "--repeats", "1"],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = json.loads(path.read_text())
+    assert row["neo_over_torchrec_neo_model"] == pytest.approx(1.0)  # the same plan both ways
+    assert row["torchrec"]["neo_model_step_ms"] == pytest.approx(row["neo"]["step_ms"])
+
+
+def _neo_plan_mlperf_8() -> list[dict]:
+    """Neo's plan of MLPerf on 8 ranks, as the bench plans it (its tables' assignments)."""
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from planner import SUITES, _context
+
+    from neo_plugins.sharding.planner import NeoPlanner
+
+    gen, extra = SUITES["mlperf_dcnv2"]
+    result = NeoPlanner().plan(gen(), _context(8, extra))
+    return [dataclasses.asdict(a) for a in result.tables]
 
 
 @pytest.mark.parametrize(

@@ -251,13 +251,14 @@ def torchrec_plan_and_score(
         tr_planners.log_planning_result = original
     best = planner._best_plan or []
     out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size)), "plan_s": plan_s}
-    try:  # the other way round: TorchRec's plan under Neo's cost model
-        from neo_plugins.sharding.planner.score import score_assignments
-
-        scored = score_assignments(tables, assignments_of(best), context, planner="torchrec")
-        out["neo_model_step_ms"] = scored.predicted_step_time * 1e3
-    except Exception as exc:  # a shard shape Neo does not offer: reported, not fatal
-        out["neo_model_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    assignments = assignments_of(best)
+    # the plan itself, so that it can be scored again under a changed cost model (bench --rescore)
+    out["plan"] = [
+        {"name": a.name, "sharding_type": a.sharding_type, "compute_kernel": a.compute_kernel,
+         "ranks": a.ranks, "shard_shapes": [list(s) for s in a.shard_shapes]}
+        for a in assignments
+    ]
+    out.update(neo_model_score(tables, assignments, context))
     per_proposer = json.loads(logged.get("proposals_per_proposer", "{}"))
     out["timed_out"] = any(bool(v.get("timed_out")) for v in per_proposer.values())
     out["proposals"] = int(logged.get("num_proposals", 0))
@@ -279,6 +280,18 @@ def torchrec_plan_and_score(
         single[so.name] = min(single.get(so.name, float("inf")), big)
     out["bound_ms"] = max(sum(total.values()) / topo.world_size, max(single.values()))
     return out
+
+
+def neo_model_score(tables: Sequence[TableSpec], assignments: Sequence[Any], context: PlanningContext) -> dict[str, Any]:
+    """TorchRec's plan under Neo's cost model: ``neo_model_step_ms``, or ``neo_model_error``
+    for a shard shape Neo does not offer (reported, not fatal)."""
+    from neo_plugins.sharding.planner.score import score_assignments
+
+    try:
+        scored = score_assignments(tables, list(assignments), context, planner="torchrec")
+    except Exception as exc:  # noqa: BLE001 - any failure is reported in the result, as it was
+        return {"neo_model_error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    return {"neo_model_step_ms": scored.predicted_step_time * 1e3}
 
 
 def assignments_of(options: Sequence[Any]) -> list[Any]:
