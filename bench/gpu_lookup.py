@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 DIMS = (16, 32, 64, 128, 256)
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2}
 # TorchRec's estimator: a data-parallel table's optimizer step is 9.22 passes over its bytes
 # (DP_ELEMENTWISE_KERNELS_PERF_FACTOR) at half the device bandwidth, whatever the optimizer
 TORCHREC_DP_PASSES = 9.22 / 0.5
@@ -212,18 +213,10 @@ def predict(raw: dict[str, Any], block_terms: bool) -> list[float]:
     (and ``H``; rows in host memory are costed as cache misses: hit rate 0)."""
     import numpy as np
 
-    from neo_core.api import make_context
-    from neo_core.cache import CachePolicy
-    from neo_core.kernels import EmbeddingKernel
     from neo_core.sharding import TableSpec
     from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, TableArrays
 
-    topo = _topology(raw)
-    models = {
-        dtype: CostModel(make_context(topo, raw["batch"], kernel=EmbeddingKernel("fused", "fused", weight_bytes=size),
-                                      cache=CachePolicy("lru", load_factor=1e-9)))
-        for dtype, size in (("fp32", 4), ("fp16", 2))
-    }
+    models = {dtype: CostModel(_lookup_context(raw, dtype)) for dtype in WEIGHT_BYTES}
     out = []
     for case in raw["cases"]:
         model = models[case.get("dtype", "fp32")]
@@ -240,23 +233,17 @@ def predict_torchrec(raw: dict[str, Any]) -> list[float]:
     """TorchRec's ``EmbeddingPerfEstimator`` forward compute (``fwd_compute``) of every case: a
     table-wise shard on the same one-GPU topology, kernel ``fused`` for rows in device memory
     and ``fused_uvm_caching`` (cache load factor near 0) for rows in host memory."""
-
-    from neo_core.api import make_context
-    from neo_core.cache import CachePolicy
-    from neo_core.kernels import EmbeddingKernel
     from neo_core.sharding import ShardingType, TableSpec
     from neo_plugins.sharding.planner.cost import CACHED, CF, CostModel, TableArrays
     from neo_plugins.sharding.planner.search import build_options
     from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
 
-    topo = _topology(raw)
     out = [float("nan")] * len(raw["cases"])
-    for dtype, size in (("fp32", 4), ("fp16", 2)):
+    for dtype in WEIGHT_BYTES:
         mine = [i for i, c in enumerate(raw["cases"]) if c.get("dtype", "fp32") == dtype]
         if not mine:
             continue
-        ctx = make_context(topo, raw["batch"], kernel=EmbeddingKernel("fused", "fused", weight_bytes=size),
-                           cache=CachePolicy("lru", load_factor=1e-9))
+        ctx = _lookup_context(raw, dtype)
         specs = [TableSpec(f"c{i}", raw["rows"], raw["cases"][i]["dim"], float(raw["cases"][i]["pooling"]))
                  for i in mine]
         model, arrays = CostModel(ctx), TableArrays.from_specs(specs)
@@ -267,6 +254,18 @@ def predict_torchrec(raw: dict[str, Any]) -> list[float]:
             option = next(o for o in options if (o.placement == CACHED) == cached)
             out[i] = float(option.cost.time[k, CF]) if option.valid[k] else float("nan")
     return out
+
+
+def _lookup_context(raw: dict[str, Any], dtype: str) -> Any:
+    """The planning context both models cost the lookups in: one GPU with the measured
+    bandwidths, the fused kernel with ``dtype`` weights, and a cache of almost no rows (rows in
+    host memory are cache misses)."""
+    from neo_core.api import make_context
+    from neo_core.cache import CachePolicy
+    from neo_core.kernels import EmbeddingKernel
+
+    kernel = EmbeddingKernel("fused", "fused", weight_bytes=WEIGHT_BYTES[dtype])
+    return make_context(_topology(raw), raw["batch"], kernel=kernel, cache=CachePolicy("lru", load_factor=1e-9))
 
 
 def _topology(raw: dict[str, Any]) -> Any:
@@ -282,22 +281,10 @@ def _topology(raw: dict[str, Any]) -> Any:
     )
 
 
-def _spearman(a: list[float], b: list[float]) -> float:
-    def ranks(x: list[float]) -> list[float]:
-        order = sorted(range(len(x)), key=lambda i: x[i])
-        r = [0.0] * len(x)
-        for k, i in enumerate(order):
-            r[i] = float(k)
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-
-
 def report(raw: dict[str, Any]) -> dict[str, Any]:
     """Predicted against measured per case, with and without the narrow-row terms."""
+    from fidelity import spearman  # the fidelity bench's (ties get average ranks)
+
     with_terms, plain = predict(raw, True), predict(raw, False)
     try:
         torchrec = predict_torchrec(raw)
@@ -320,9 +307,9 @@ def report(raw: dict[str, Any]) -> dict[str, Any]:
                             max(r["measured_over_predicted"] for r in mine)],
             "torchrec_median_ratio": statistics.median(tr) if tr else None,
             "torchrec_ratio_range": [min(tr), max(tr)] if tr else None,
-            "spearman": _spearman(meas, [r["predicted_s"] for r in mine]),
+            "spearman": spearman(meas, [r["predicted_s"] for r in mine]),
             "median_abs_error": statistics.median(abs(r["measured_over_predicted"] - 1) for r in mine),
-            "spearman_plain": _spearman(meas, [r["predicted_plain_s"] for r in mine]),
+            "spearman_plain": spearman(meas, [r["predicted_plain_s"] for r in mine]),
             "median_abs_error_plain": statistics.median(abs(r["measured_over_plain"] - 1) for r in mine),
             # measured time per modelled byte, each width against 128 columns (the penalty the
             # formula assumes: 1.75 below 64 columns, 1.15 below 128)
