@@ -1050,26 +1050,40 @@ class Search:
         (scaled to time per byte of the whole cluster) is kept.
         """
         total = np.where(self.usable, self.total, np.inf)
-        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
-        dev = np.stack([o.cost.mem_device for o in self.opts]) * shards
-        host = np.stack([o.cost.mem_host for o in self.opts]) * shards
-        ok = np.isfinite(total)
-        if not ok.any(axis=0).all():
+        if not np.isfinite(total).any(axis=0).all():
             return 0.0
-        dev, host = np.where(ok, dev, 0.0), np.where(ok, host, 0.0)
+        best, lam, mu = self._lagrangian(total, self._memory_terms(total, points))
+        self.memory_prices = (lam, mu)  # (0, 0) when no price lifts the bound
+        return best / self.W
+
+    def _memory_terms(self, total: np.ndarray, points: int) -> tuple:
+        """Per option and table its device and host bytes (all shards; 0 where unusable), the
+        cluster's usable device and host memory, and the grid of prices: 0 and ``points`` steps
+        from 1e-3 to 1e3 times the cluster's time per byte."""
+        ok = np.isfinite(total)
+        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
+        dev = np.where(ok, np.stack([o.cost.mem_device for o in self.opts]) * shards, 0.0)
+        host = np.where(ok, np.stack([o.cost.mem_host for o in self.opts]) * shards, 0.0)
         D, H = self.cap_dev * self.W, self.cap_host * self.W
-        scale = float(np.where(ok, total, np.inf).min(axis=0).sum())
+        scale = float(total.min(axis=0).sum())
         grid = np.concatenate(([0.0], np.logspace(-3, 3, points)))
         lams = grid * scale / max(D, 1.0)
         mus = grid * scale / max(H, 1.0) if H > 0 else np.zeros(1)
-        best, self.memory_prices = 0.0, (0.0, 0.0)
+        return dev, host, D, H, lams, mus
+
+    @staticmethod
+    def _lagrangian(cost: np.ndarray, terms: tuple) -> tuple[float, float, float]:
+        """The largest ``sum_t min_o (cost + lam d + mu h) - lam D - mu H`` over the price grid
+        (at least 0), with the prices that give it."""
+        dev, host, D, H, lams, mus = terms
+        best, best_lam, best_mu = 0.0, 0.0, 0.0
         for lam in lams:
-            base = total + lam * dev  # (O, T)
+            base = cost + lam * dev  # (O, T)
             value = (base[None] + mus[:, None, None] * host[None]).min(axis=1).sum(axis=1) - lam * D - mus * H
             j = int(np.argmax(value))
             if float(value[j]) > best:
-                best, self.memory_prices = float(value[j]), (float(lam), float(mus[j]))
-        return best / self.W
+                best, best_lam, best_mu = float(value[j]), float(lam), float(mus[j])
+        return best, best_lam, best_mu
 
     def memory_shard_bound(self, points: int = 25) -> float:
         """``memory_bound`` and ``flat_bound`` combined: a plan with slowest rank ``M`` uses only
@@ -1087,25 +1101,13 @@ class Search:
         total = np.where(self.usable, self.total, np.inf)
         if not np.isfinite(total).any(axis=0).all():
             return 0.0
-        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
-        dev = np.nan_to_num(np.stack([o.cost.mem_device for o in self.opts]) * shards)
-        host = np.nan_to_num(np.stack([o.cost.mem_host for o in self.opts]) * shards)
-        D, H = self.cap_dev * self.W, self.cap_host * self.W
-        scale = float(total.min(axis=0).sum())
-        grid = np.concatenate(([0.0], np.logspace(-3, 3, points)))
-        lams = grid * scale / max(D, 1.0)
-        mus = grid * scale / max(H, 1.0) if H > 0 else np.zeros(1)
+        terms = self._memory_terms(total, points)
 
         def g(tau: float) -> float:
             cost = np.where(shard <= tau, total, np.inf)
             if not np.isfinite(cost).any(axis=0).all():
                 return float("inf")
-            best = 0.0
-            for lam in lams:
-                base = cost + lam * dev
-                value = (base[None] + mus[:, None, None] * host[None]).min(axis=1).sum(axis=1) - lam * D - mus * H
-                best = max(best, float(value.max()))
-            return best / self.W
+            return self._lagrangian(cost, terms)[0] / self.W
 
         return _min_max_over_shard_times(shard, g)
 
