@@ -160,12 +160,9 @@ def bench_case(
         # the plan was kept, else left out
         row["torchrec"] = {k: v for k, v in kept_torchrec.items() if k not in ("neo_model_step_ms", "neo_model_error")}
         if "plan" in kept_torchrec:
-            from neo_core.sharding import TableAssignment
-            from neo_plugins.sharding.planner.torchrec_score import neo_model_score
+            from neo_plugins.sharding.planner.torchrec_score import neo_model_score, plan_from_json
 
-            kept_plan = [TableAssignment(**{**a, "shard_shapes": [tuple(x) for x in a["shard_shapes"]]},
-                                         why="TorchRec planner") for a in kept_torchrec["plan"]]
-            row["torchrec"].update(neo_model_score(tables, kept_plan, ctx))
+            row["torchrec"].update(neo_model_score(tables, plan_from_json(kept_torchrec["plan"]), ctx))
     elif torchrec and "cache_load_factor" in extra and not torchrec_cached:
         row["torchrec"] = {"skipped": "skipped for time (about 3 min: 800 tables); --torchrec-cached runs it"}
     elif torchrec:
@@ -297,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
         cases = [(r["suite"], r["ranks"], r) for r in kept]
     else:
         cases = [(suite, world, None) for suite in args.suites for world in args.ranks]
+
+    def save(rows: list[dict[str, Any]]) -> None:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
+
     progress = tqdm(cases, desc="planner bench", unit="case", file=sys.stderr, dynamic_ncols=True)
     for suite, world, old in progress:
         progress.set_postfix_str(f"{suite} @ {world} ranks")
@@ -305,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
                              kept_torchrec=old.get("torchrec"))
             rows.append(row)
             tqdm.write(format_row(row), file=sys.stdout)
-            continue
+            continue  # the kept file is written once all its cases are planned (not cut short)
         run_tr = not args.no_torchrec and suite not in killed
         row = bench_case(
             suite, world, args.torchrec_timeout, run_tr, args.repeats, args.torchrec_kill, args.torchrec_cached
@@ -316,11 +318,8 @@ def main(argv: list[str] | None = None) -> None:
             killed.add(suite)
         rows.append(row)
         tqdm.write(format_row(row), file=sys.stdout)
-        with open(args.out, "w") as fh:
-            json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
-    if kept is not None:  # written once all cases are planned: the kept file is not cut short
-        with open(args.out, "w") as fh:
-            json.dump(rows, fh, indent=2, default=lambda o: dataclasses.asdict(o))
+        save(rows)  # after every case: a run stopped part-way keeps what it measured
+    save(rows)
     # the ratios and times as a chart beside the JSON (redraw: bench/charts.py OUT.json)
     chart = planner_chart(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
     print(f"wrote {args.out} and {chart}", file=sys.stderr)

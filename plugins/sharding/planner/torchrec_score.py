@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
@@ -253,11 +253,7 @@ def torchrec_plan_and_score(
     out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size)), "plan_s": plan_s}
     assignments = assignments_of(best)
     # the plan itself, so that it can be scored again under a changed cost model (bench --rescore)
-    out["plan"] = [
-        {"name": a.name, "sharding_type": a.sharding_type, "compute_kernel": a.compute_kernel,
-         "ranks": a.ranks, "shard_shapes": [list(s) for s in a.shard_shapes]}
-        for a in assignments
-    ]
+    out["plan"] = plan_to_json(assignments)
     out.update(neo_model_score(tables, assignments, context))
     per_proposer = json.loads(logged.get("proposals_per_proposer", "{}"))
     out["timed_out"] = any(bool(v.get("timed_out")) for v in per_proposer.values())
@@ -280,6 +276,22 @@ def torchrec_plan_and_score(
         single[so.name] = min(single.get(so.name, float("inf")), big)
     out["bound_ms"] = max(sum(total.values()) / topo.world_size, max(single.values()))
     return out
+
+
+def plan_to_json(assignments: Sequence[Any]) -> list[dict[str, Any]]:
+    """A plan's table assignments as JSON values (``plan_from_json`` reads them back)."""
+    return [
+        {"name": a.name, "sharding_type": a.sharding_type, "compute_kernel": a.compute_kernel,
+         "ranks": list(a.ranks), "shard_shapes": [list(s) for s in a.shard_shapes]}
+        for a in assignments
+    ]
+
+
+def plan_from_json(plan: Sequence[Mapping[str, Any]], why: str = "TorchRec planner") -> list[Any]:
+    """``TableAssignment``s of a plan written by ``plan_to_json``."""
+    from neo_core.sharding import TableAssignment
+
+    return [TableAssignment(**{**a, "shard_shapes": [tuple(x) for x in a["shard_shapes"]]}, why=why) for a in plan]
 
 
 def neo_model_score(tables: Sequence[TableSpec], assignments: Sequence[Any], context: PlanningContext) -> dict[str, Any]:
