@@ -122,23 +122,29 @@ def fidelity_chart(data: dict[str, Any], path: Path) -> Path:
     plans = data["plans"]
     pred = [p["predicted_s"] * 1e3 for p in plans]
     meas = [p["measured_s"] * 1e3 for p in plans]
-    lo, hi = 0.8 * min(pred + meas), 1.25 * max(pred + meas)
+    # TorchRec's estimator on the same topology, where the result has it (runs before did not)
+    tr = [p["torchrec_predicted_s"] * 1e3 for p in plans if "torchrec_predicted_s" in p]
+    lo, hi = 0.8 * min(pred + meas + tr), 1.25 * max(pred + meas + tr)
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
     line = [lo, hi]
     ax.plot(line, line, color="k", lw=0.8, label="predicted = measured")
     ax.fill_between(line, [v * (1 - FIDELITY_ERROR) for v in line], [v * (1 + FIDELITY_ERROR) for v in line],
                     color="C2", alpha=0.12, label=f"within {FIDELITY_ERROR:.0%}")
-    ax.scatter(meas, pred, zorder=3)
+    ax.scatter(meas, pred, zorder=3, label="Neo's cost model")
+    if len(tr) == len(plans):
+        ax.scatter(meas, tr, zorder=3, marker="s", facecolors="none", edgecolors="C3",
+                   label="TorchRec's estimator, same topology")
     placed: list[tuple[float, float]] = []  # labels of points within 4% of an earlier one go below it
     for p, m, q in sorted(zip(plans, meas, pred), key=lambda z: (z[2], z[1])):
         near = sum(abs(m / pm - 1) < 0.04 and abs(q / pq - 1) < 0.04 for pm, pq in placed)
         ax.annotate(p["plan"], (m, q), textcoords="offset points", xytext=(5, 3 - 11 * near), fontsize=8)
         placed.append((m, q))
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
         axis.set_major_formatter(ScalarFormatter())
         axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
@@ -147,7 +153,9 @@ def fidelity_chart(data: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("predicted step (ms)")
     ax.set_title(
         f"Cost-model fidelity: Spearman {data['spearman']:.3f}, median |error| {data['median_abs_error']:.1%}\n"
-        f"{len(plans)} plans, {data.get('world_size', '?')} ranks, batch {data.get('batch_size_per_rank', '?')} per rank",
+        f"{len(plans)} plans, {data.get('world_size', '?')} ranks, batch {data.get('batch_size_per_rank', '?')} per rank"
+        + (f"\nTorchRec's estimator: Spearman {data['torchrec_spearman']:.3f}, median |error| "
+           f"{data['torchrec_median_abs_error']:.1%}" if len(tr) == len(plans) else ""),
         fontsize=10,
     )
     ax.legend(fontsize=8, loc="upper left")

@@ -17,6 +17,10 @@ undisturbed machine, and on a shared one the slow steps are the disturbed ones (
 reported too). ``--nice N`` runs the ranks at raised priority (root only), which keeps
 concurrent jobs off their cores. Reports Spearman's rank correlation and the median absolute
 percentage error of predicted vs measured, and the load average before and after.
+
+For comparison every plan is also costed by TorchRec's ``EmbeddingPerfEstimator`` (max over
+ranks of summed ``Perf.total``, as ``bench/planner.py`` scores plans) on the same calibrated
+topology, so both models are checked against the same measurements.
 """
 
 from __future__ import annotations
@@ -98,6 +102,15 @@ def plans(ctx: Any) -> dict[str, Any]:
     out = {name: score_assignments(tables, fixed(kind), ctx, planner=name) for name, kind in layouts.items()}
     out["Neo planner"] = NeoPlanner().plan(tables, ctx)
     return out
+
+
+def torchrec_predictions(ctx: Any, results: dict[str, Any]) -> dict[str, float]:
+    """Plan name -> TorchRec's estimate of its step (s) on the same topology: the slowest
+    rank's summed ``Perf.total``, which has no dense part and no fixed cost per step."""
+    from neo_plugins.sharding.planner.torchrec_score import score_plan
+
+    tables = specs()
+    return {name: score_plan(tables, result, ctx) / 1e3 for name, result in results.items()}
 
 
 # ---- measurement (2 gloo ranks) -----------------------------------------------------
@@ -268,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a missing or damaged calibration file: one line, before any work
         parser.error(str(exc))
     results = plans(ctx)
+    torchrec = torchrec_predictions(ctx, results)
     print(ctx.topology.describe())
     load_before = os.getloadavg()
     times = measure(args.calibration, args.rounds, args.steps, args.nice)
@@ -286,22 +300,30 @@ def main(argv: list[str] | None = None) -> int:
             "measured_min_s": min(times[name]),
             "measured_steps_s": times[name],
             "error": predicted / measured - 1.0,
+            "torchrec_predicted_s": torchrec[name],
+            "torchrec_error": torchrec[name] / measured - 1.0,
             "predicted_by_rank": [r.time for r in result.ranks],
         })
     pred = [r["predicted_s"] for r in rows]
     meas = [r["measured_s"] for r in rows]
     rho = spearman(pred, meas)
     mape = statistics.median(abs(r["error"]) for r in rows)
-    print(f"\n{'plan':<22} {'predicted ms':>13} {'measured ms':>12} {'error':>8}")
+    tr_rho = spearman([r["torchrec_predicted_s"] for r in rows], meas)
+    tr_mape = statistics.median(abs(r["torchrec_error"]) for r in rows)
+    print(f"\n{'plan':<22} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  {'TorchRec ms':>12} {'error':>8}")
     for r in rows:
-        print(f"{r['plan']:<22} {r['predicted_s'] * 1e3:>13.2f} {r['measured_s'] * 1e3:>12.2f} {r['error']:>+8.0%}")
+        print(f"{r['plan']:<22} {r['predicted_s'] * 1e3:>13.2f} {r['measured_s'] * 1e3:>12.2f} {r['error']:>+8.0%}"
+              f"  {r['torchrec_predicted_s'] * 1e3:>12.2f} {r['torchrec_error']:>+8.0%}")
     print(f"\nSpearman {rho:.3f} (target >= 0.8), median |error| {mape:.1%} (target <= 30%), "
           f"{len(rows)} plans, {time.perf_counter() - start:.0f} s")
+    print(f"TorchRec's estimator on the same topology: Spearman {tr_rho:.3f}, median |error| {tr_mape:.1%}")
     print(f"load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)} on {os.cpu_count()} cpus")
     if args.json:
         args.json.write_text(json.dumps({
             "spearman": rho,
             "median_abs_error": mape,
+            "torchrec_spearman": tr_rho,
+            "torchrec_median_abs_error": tr_mape,
             "batch_size_per_rank": BATCH_PER_RANK,
             "world_size": WORLD_SIZE,
             "tables": TABLES,

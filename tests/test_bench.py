@@ -230,3 +230,19 @@ def test_gpu_lookup_report_uses_the_planners_formula():
     H = raw["host_to_device_bw"]
     expected = (n * (8 + 1024) + m * 256 * 4) * (1 / H + 1 / M)
     assert cases["host", "fp32", 256, 8]["predicted_s"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_fidelity_bench_costs_every_plan_with_both_models():
+    """bench/fidelity.py checks Neo's cost model against measured steps and, for comparison,
+    TorchRec's estimator on the same topology: both cost every plan, and both see that one
+    rank holding every table is about twice as slow as the tables split evenly over two."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fidelity
+
+    ctx = fidelity.context(None)
+    results = fidelity.plans(ctx)
+    torchrec = fidelity.torchrec_predictions(ctx, results)
+    assert set(torchrec) == set(results) and all(t > 0 for t in torchrec.values()), torchrec
+    neo = {name: r.predicted_step_time for name, r in results.items()}
+    for model in (neo, torchrec):
+        assert 1.5 < model["TW on rank 0"] / model["TW balanced"] <= 2.0, model
