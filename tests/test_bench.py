@@ -186,6 +186,8 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
         ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
         ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
+        ("bench/alltoall_share.py", ["--mib", "0"], "--mib 0: must be at least 1"),
+        ("bench/alltoall_share.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
         ("bench/gpu_lookup.py", [], "give --raw FILE (measure) or --report FILE"),
         ("bench/gpu_lookup.py", ["--raw", "x.json", "--dtypes", "bf16"], "--dtypes takes fp32 and fp16"),
         ("bench/gpu_lookup.py", ["--raw", "x.json"], "no CUDA device here"),
@@ -246,3 +248,14 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
     neo = {name: r.predicted_step_time for name, r in results.items()}
     for model in (neo, torchrec):
         assert 1.5 < model["TW on rank 0"] / model["TW balanced"] <= 2.0, model
+
+
+def test_alltoall_share_bench_times_every_share(tmp_path):
+    out = tmp_path / "share.json"
+    proc = subprocess.run([sys.executable, "bench/alltoall_share.py", "--mib", "1", "--repeats", "1", "--json", str(out)],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["share_kept"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert [r["bytes_crossing"] for r in rows] == [2**20 * (1 - r["share_kept"]) for r in rows]
+    assert all(r["measured_s"] >= 0 for r in rows) and rows[0]["over_all_crossing"] == 1.0
