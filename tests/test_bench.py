@@ -32,6 +32,8 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert "score_ms" in tr and not tr["timed_out"], tr  # TorchRec finishes on 26 tables in seconds
     # TorchRec's plan is kept (to be scored again under a changed cost model: --rescore)
     assert sorted(a["name"] for a in tr["plan"]) == sorted(f"cat_{i}" for i in range(26)) and "neo_model_step_ms" in tr
+    table_lines = [line for line in out.read_text().splitlines() if '"name": "cat_' in line]
+    assert len(table_lines) == 26 and all(line.strip().endswith(("},", "}")) for line in table_lines)  # one line a table
     # the ratios are what they say: plans scored by TorchRec's estimator, over TorchRec's plan
     assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / tr["score_ms"]
     # neither Neo plan is worse than TorchRec's under TorchRec's own estimator
