@@ -189,6 +189,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
         ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
         ("bench/alltoall_share.py", ["--mib", "0"], "--mib 0: must be at least 1"),
+        ("bench/input_dist.py", ["--dim", "0"], "--dim 0: must be at least 1"),
         ("bench/alltoall_share.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
         ("bench/gpu_lookup.py", [], "give --raw FILE (measure) or --report FILE"),
         ("bench/gpu_lookup.py", ["--raw", "x.json", "--dtypes", "bf16"], "--dtypes takes fp32 and fp16"),
@@ -261,3 +262,14 @@ def test_alltoall_share_bench_times_every_share(tmp_path):
     assert [r["share_kept"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert [r["bytes_crossing"] for r in rows] == [2**20 * (1 - r["share_kept"]) for r in rows]
     assert all(r["measured_s"] >= 0 for r in rows) and rows[0]["over_all_crossing"] == 1.0
+
+
+def test_input_dist_bench_times_ids_and_pooled_rows(tmp_path):
+    out = tmp_path / "ids.json"
+    proc = subprocess.run([sys.executable, "bench/input_dist.py", "--batch", "64", "--repeats", "1", "--json", str(out)],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["pooling"] for r in rows] == [1, 8, 32, 128]
+    assert [r["neo"] for r in rows] == [p * 8 / (64 * 4) for p in (1, 8, 32, 128)]  # bytes of ids over pooled bytes
+    assert all(r["ids_s"] > 0 and r["pooled_s"] > 0 for r in rows)
