@@ -80,11 +80,14 @@ def check_keys(cfg: dict[str, Any]) -> None:
     from neo_core.errors import ConfigError
 
     for where, node, known in (("", cfg, TOP_KEYS), ("plan_model.", cfg.get("plan_model") or {}, MODEL_KEYS)):
+        # ``model`` is how the docs name plan_model: a typo of either is matched
+        named = (*known, *ALIASES) if not where else known
         for key in node:
             if key not in known and key != "hydra":
-                close = difflib.get_close_matches(key, known, n=1)
+                close = difflib.get_close_matches(key, named, n=1)
                 hint = f" Did you mean {where}{close[0]}?" if close else ""
-                raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {', '.join(known)}.")
+                listed = ", ".join(f"{k} (model)" if k in ALIASES.values() and not where else k for k in known)
+                raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {listed}.")
 
 
 def check_model_values(model: dict[str, Any]) -> None:
@@ -113,6 +116,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
     ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
     """
+    out = Path(cfg.get("output_dir") or ".")
+    for stale in ("plan.json", "plan.txt", "plan.png"):  # a failed plan, bad keys included, leaves none behind
+        (out / stale).unlink(missing_ok=True)
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve
@@ -122,9 +128,6 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     from neo_plugins.sharding.planner.report import save_all
     from neo_plugins.sharding.planner.tables import make_tables
 
-    out = Path(cfg.get("output_dir") or ".")
-    for stale in ("plan.json", "plan.txt", "plan.png"):  # a failed plan leaves none behind
-        (out / stale).unlink(missing_ok=True)
     model = cfg["plan_model"]
     check_model_values(model)
     tables = make_tables(model["generator"], **(model.get("params") or {}))
