@@ -88,10 +88,7 @@ def _check_plugin_node(group: str, node: Any, plugins: Plugins) -> dict[str, Any
         accepted = entry.parameters()
         for key in node:
             if key not in accepted:
-                raise ConfigError(
-                    f"Unknown key {group}.{key} for {registry.kind} plugin {name!r}."
-                    f"{_close(key, list(accepted))} Its keys: {', '.join(sorted(accepted)) or 'none'}."
-                )
+                raise ConfigError(registry.unknown_key(str(name), key))
     return {"name": str(name), **node}
 
 

@@ -155,6 +155,33 @@ class Registry(Generic[T]):
             f"Available: {', '.join(choices) or 'none'}."
         )
 
+    def unknown_key(self, name: str, key: str) -> str:
+        """The message for ``<group>.<key>``, a key plugin ``name`` does not take: its close
+        match, else the other plugins of the group that take the key (or one close to it) and
+        how to select one (``cache.load_factor`` while ``cache=none``)."""
+        accepted = sorted(self.get(name).parameters())
+        close = difflib.get_close_matches(key, accepted, n=1)
+        hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
+        if not close:
+            owners: dict[str, list[str]] = {}
+            for other in self.entries():
+                if other.name == name or other.accepts_any_keyword():
+                    continue
+                keys = list(other.parameters())
+                match = key if key in keys else next(iter(difflib.get_close_matches(key, keys, n=1)), None)
+                if match:
+                    owners.setdefault(match, []).append(other.name)
+            if owners:
+                match = key if key in owners else next(iter(owners))
+                hint = (
+                    (f" Did you mean {self.group}.{match}?" if match != key else "")
+                    + f" {self.group}.{match} is a key of {', '.join(map(repr, owners[match]))}: select one "
+                    f"with it, e.g. {self.group}={owners[match][0]} {self.group}.{match}=<value>."
+                )
+        if not accepted:
+            return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}, which takes no keys.{hint}"
+        return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} Its keys: {', '.join(accepted)}."
+
     def create(self, name: str, params: Mapping[str, Any] | None = None) -> T:
         """Instantiate plugin ``name`` with ``params``, rejecting keys its factory does not take."""
         entry = self.get(name)
@@ -163,13 +190,7 @@ class Registry(Generic[T]):
             accepted = entry.parameters()
             for key in params:
                 if key not in accepted:
-                    close = difflib.get_close_matches(key, list(accepted), n=1)
-                    hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
-                    known = ", ".join(sorted(accepted)) or "none"
-                    raise ConfigError(
-                        f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} "
-                        f"Its keys: {known}."
-                    )
+                    raise ConfigError(self.unknown_key(name, key))
             annotations = entry.annotations()
             for key, value in params.items():
                 params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))

@@ -211,7 +211,28 @@ def test_misspelled_trainer_key_names_it_and_suggests_the_right_one(hydra_conf) 
 def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -> None:
     with pytest.raises(ConfigError) as err:
         validate(compose_run("+kernel.learning_rat=0.1"))
-    assert "Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean 'learning_rate'?" in str(err.value)
+    assert "Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean kernel.learning_rate?" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("+cache.load_factr=0.1", "Unknown key cache.load_factr for cache policy plugin 'none', which takes no keys. "
+         "Did you mean cache.load_factor? cache.load_factor is a key of 'lfu', 'lru': select one with it, "
+         "e.g. cache=lfu cache.load_factor=<value>."),
+        ("+compression.backward=fp16", "Unknown key compression.backward for compressor plugin 'none', which takes "
+         "no keys. compression.backward is a key of 'bf16', 'fp16': select one with it, e.g. compression=bf16 "
+         "compression.backward=<value>."),
+        ("+cache.shards=2", "Unknown key cache.shards for cache policy plugin 'none', which takes no keys."),
+    ],
+    ids=["typo", "key-of-another-plugin", "key-of-none"],
+)
+def test_a_key_of_another_plugin_of_the_group_says_how_to_select_it(hydra_conf, override, said) -> None:
+    # cache=none and compression=none take no keys: the key (or its close match) belongs to a
+    # policy or compressor that must be selected first
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run(override))
+    assert str(err.value) == said
 
 
 def test_misspelled_top_level_key() -> None:

@@ -58,8 +58,8 @@ def composed(*overrides: str, output_dir: Path) -> dict:
     [
         (("sharding.name=neoo",), PluginError, ("sharding.name", "Did you mean 'neo'?", "Available: neo, torchrec.")),
         (("+trainer.max_step=3",), NeoError, ("trainer.max_step", "Did you mean 'max_steps'?")),
-        (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean 'learning_rate'?")),
-        (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean 'embedding_dim'?")),
+        (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean kernel.learning_rate?")),
+        (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean model.embedding_dim?")),
         (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable", "add ranks or memory")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
     ],
