@@ -138,3 +138,7 @@ def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
     bad.write_text('{"device_memory_bw": -5}')
     with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json gives device_memory_bw=-5.0, a negative"):
         local_topology(compute_device="cpu", calibration=str(bad))
+    # a misspelt key would leave the assumed figure in place without a word
+    bad.write_text('{"devce_memory_bw": 1e10}')
+    with pytest.raises(ConfigError, match=r"unknown key 'devce_memory_bw'. Did you mean 'device_memory_bw'\?"):
+        local_topology(compute_device="cpu", calibration=str(bad))

@@ -34,8 +34,9 @@ def test_a_failing_rank_stops_the_step_and_is_named() -> None:
         (("--nice", "-3"), "--nice -3: give how far above normal priority"),
         (("--out", "{file}/cal.json"), "cannot write the calibration to"),
         (("--out", "/"), "cannot write the calibration to /;"),
+        (("--out", ""), "--out is empty; give a file path"),  # not the default file every local plan reads
     ],
-    ids=["ranks-3", "ranks-1", "negative-nice", "folder-is-a-file", "a-folder"],
+    ids=["ranks-3", "ranks-1", "negative-nice", "folder-is-a-file", "a-folder", "empty-out"],
 )
 def test_bad_arguments_are_one_line_before_measuring(args, fragment, tmp_path) -> None:
     (tmp_path / "file").write_text("")

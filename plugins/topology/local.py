@@ -7,6 +7,7 @@ defaults that are marked as assumed.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from pathlib import Path
@@ -27,6 +28,15 @@ CALIBRATED_KEYS = (
 
 
 # Optional CPU figures the cost model uses when present (seconds, or bytes/s for *_bw).
+# written by `neo calibrate` for the record (the measurements behind the figures above), not read
+CALIBRATION_RECORDS = (
+    "torchrec_step_small_s",
+    "torchrec_step_large_s",
+    "gloo_latency_s",
+    "lookup_rate_ids_per_s",
+    "lookup_concurrency_slowdown",
+    "measured_at",
+)
 CALIBRATED_EXTRAS = (
     "collective_latency_s",
     "lookup_fwd_id_s",
@@ -63,6 +73,14 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
             "writes; delete it or re-run calibration."
         )
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
+    unknown = [k for k in data if k not in keep and k not in CALIBRATION_RECORDS]
+    if unknown:  # a typo would otherwise leave the assumed figure in place, silently
+        close = difflib.get_close_matches(unknown[0], keep, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"Calibration file {path} has an unknown key {unknown[0]!r}.{hint} The planner reads "
+            f"{', '.join(keep)}; `neo calibrate` writes them."
+        )
     bad = [k for k, v in data.items() if k in keep and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     if bad:
         raise ConfigError(

@@ -382,6 +382,8 @@ def main(out: str | None = None) -> None:
         parser.error(f"--ranks {args.ranks}: use a power of two, at least 2 (the collectives need 2 or more ranks)")
     if args.nice < 0:
         parser.error(f"--nice {args.nice}: give how far above normal priority, 0 or more")
+    if args.out is not None and not args.out.strip():  # not the default file, which every local plan reads
+        parser.error(f"--out is empty; give a file path, or leave --out out to write {calibration_path()}")
     path = Path(out or args.out) if (out or args.out) else calibration_path()
     try:  # before measuring, so the measurements are not lost to a bad path
         path.parent.mkdir(parents=True, exist_ok=True)
