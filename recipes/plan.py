@@ -134,7 +134,12 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
     if batch is None:
-        batch = max(1, int(model.get("global_batch", 65536)) // topology.world_size)
+        wanted = int(model.get("global_batch", 65536))
+        batch = max(1, wanted // topology.world_size)
+        if batch * topology.world_size != wanted:  # samples/s and the plan are for the batch run
+            print(f"note: plan_model.global_batch={wanted} is not a whole number per rank on "
+                  f"{topology.world_size} ranks; planning for {batch} per rank ({batch * topology.world_size} "
+                  "in all). batch_size_per_rank=<n> sets it directly.", file=sys.stderr)
     kernel = resolve("kernel", cfg["kernel"])
     if model.get("weight_bytes") is not None:
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))

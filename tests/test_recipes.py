@@ -164,6 +164,16 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "26 tables" in proc.stdout and "predicted step" in proc.stdout
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
+    assert "is not a whole number per rank" not in proc.stderr  # 65536 over 128 ranks
+
+
+def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
+    # samples/s and the plan are for the batch that is planned, not the one asked for
+    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", "plan_model.global_batch=1000", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "plan_model.global_batch=1000 is not a whole number per rank on 128 ranks; planning for 7 per rank " \
+        "(896 in all)" in proc.stderr
+    assert "batch 7/rank" in proc.stdout and json.loads((tmp_path / "plan.json").read_text())["batch_size_per_rank"] == 7
 
 
 def test_plan_recipe_selects_a_plugin_by_name_with_its_own_defaults(tmp_path: Path) -> None:
