@@ -306,14 +306,22 @@ def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> N
     kinds = {t.name: t for t in result.tables}
     assert kinds["tiny"].sharding_type == "table_wise"
     assert all(rows > 0 for t in result.tables for rows, _ in t.shard_shapes)
-    with pytest.raises(PlanningError, match=r"'tiny' \(3 rows x 128\) has no sharding option .* 8 for RW, 4 for TWRW"):
+    with pytest.raises(PlanningError, match=r"'tiny' \(3 rows x 128\) has no sharding option .*RW: 3 rows, fewer than the 8 ranks\)"):
         plan_tables(tables, cluster(2, 4), 256, sharding_types=["RW"])
-    with pytest.raises(PlanningError, match=r"No allowed sharding type \(GRID\) applies .* on 1 node\(s\) x 4 rank"):
+    # the reason is the table's and the type's: too narrow a dim for column shards, not its rows
+    with pytest.raises(PlanningError, match=r"'narrow' \(1,000 rows x 20\) has no sharding option .*CW: dim 20 splits "
+                       r"into no column shards of 16 or more columns"):
+        plan_tables([TableSpec("wide", 100_000, 128), TableSpec("narrow", 1000, 20)], cluster(2, 4), 256,
+                    sharding_types=["CW"])
+    with pytest.raises(PlanningError, match=r"No allowed sharding type \(GRID\) applies to any of the 2 tables, "
+                       r"e.g. 'tiny' .* on 1 node\(s\) x 4 rank.*GRID: needs 2 or more nodes"):
         plan_tables(tables, cluster(1, 4), 256, sharding_types=["GRID"])
+    with pytest.raises(PlanningError, match=r"applies to table 'x' \(1,000,000 rows x 30\).*GRID: dim 30 splits into no"):
+        plan_tables([TableSpec("x", 10**6, 30)], cluster(2, 4), 256, sharding_types=["GRID"])
     # 2 nodes of one rank: the nodes are there, the ranks per node are not, and the message says so
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(2, 1), 256, sharding_types=["TWRW"])
-    assert "on 2 node(s) x 1 rank(s)" in str(err.value) and "2 or more nodes of 2 or more ranks each" in str(err.value)
+    assert "on 2 node(s) x 1 rank(s)" in str(err.value) and "TWRW: needs 2 or more nodes of 2 or more ranks (here 2 x 1)" in str(err.value)
     assert "devices_per_node" in str(err.value)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ from neo_plugins.sharding.planner.cost import (
     CostParams,
     TableArrays,
 )
-from neo_plugins.sharding.planner.search import Option, Search, build_options, human_bytes
+from neo_plugins.sharding.planner.search import Option, Search, build_options, human_bytes, why_no_option
 
 ESTIMATORS = ("neo", "torchrec")
 # targets of the packing restarts (Search.fit_restarts) with estimator=torchrec, two runs each
@@ -194,7 +194,13 @@ class NeoPlanner(Planner):
 
             torchrec_option_costs(options, tables, context)
         search = Search(model, arrays, options)
-        check_capacity(search, arrays)
+
+        def why_none(i: int) -> str:  # why table i has no option, type by type
+            types = allowed & self.table_types.get(arrays.names[i], allowed)
+            return why_no_option(types, int(arrays.rows[i]), int(arrays.dims[i]), model.W, model.L, model.N,
+                                 self.col_shard_counts, self.min_col_width)
+
+        check_capacity(search, arrays, why_none)
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced = search.first_unplaced
         refined, moves = float(search.loads.max()), search.moves
@@ -315,8 +321,9 @@ def restrict_unaligned(options: list[Option], tables: Sequence[TableSpec], conte
             )
 
 
-def check_capacity(search: Search, t: TableArrays) -> None:
-    """Fail early, naming tables, when tables cannot fit however they are sharded."""
+def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str] | None = None) -> None:
+    """Fail early, naming tables, when tables cannot fit however they are sharded
+    (``why_none(i)``: why table ``i`` has no option at all, where that is the cause)."""
     W = search.W
     cap_dev, cap_host = search.cap_dev, search.cap_host
     # smallest whole-table footprint per table over its valid options
@@ -358,10 +365,13 @@ def check_capacity(search: Search, t: TableArrays) -> None:
             cache_fix = f"pad its dim to {-(-int(t.dims[i]) // 4) * 4} so it can be sharded"
         opts = [o for o in search.opts if o.valid[i]]
         if not opts:
+            why = why_none(i) if why_none is not None else ""
+            why = why or (
+                f"row-wise types need a row per rank they span: {W} for RW, {search.L} for TWRW and GRID"
+            )
             raise PlanningError(
                 f"{size} has no sharding option among the allowed sharding types on this "
-                f"topology{more} (row-wise types need a row per rank they span: {W} for RW, "
-                f"{search.L} for TWRW and GRID); allow another sharding type (e.g. TW or DP)."
+                f"topology{more} ({why}); allow another sharding type (e.g. TW or DP)."
             )
         # The option closest to fitting: a shard fits a rank when its device bytes fit the
         # usable device memory and its host bytes (cached placement) fit the host memory.

@@ -68,6 +68,38 @@ class Option:
         return s + (" cached" if self.placement == CACHED else "")
 
 
+def why_no_option(
+    allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
+    col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
+) -> str:
+    """Why none of the ``allowed`` types applies to a table of ``rows`` x ``dim`` on ``N``
+    nodes of ``L`` ranks (``W`` in all): one reason per type, as :func:`build_options` decides."""
+
+    def splits(limit: int) -> bool:
+        return any(
+            k <= limit and dim % k == 0 and (dim // k) % 4 == 0 and dim // k >= min_col_width for k in col_shard_counts
+        )
+
+    cols = (
+        f"dim {dim} splits into no column shards of {min_col_width} or more columns in multiples of 4 "
+        f"({', '.join(map(str, col_shard_counts))} shards; sharding.min_col_width)"
+    )
+    nodes = f"needs 2 or more nodes of 2 or more ranks (here {N} x {L})"
+    reasons = {
+        ShardingType.COLUMN_WISE: None if splits(W) else cols,
+        ShardingType.TABLE_COLUMN_WISE: nodes if N < 2 else (None if splits(L) else f"{cols} within a node of {L} ranks"),
+        ShardingType.GRID_SHARD: nodes if N < 2 or L < 2 else (
+            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L
+            else None if splits(N) else f"{cols}, one column shard per node, up to {N}"),
+        ShardingType.ROW_WISE: "needs 2 or more ranks" if W < 2 else (
+            f"{rows:,} rows, fewer than the {W} ranks" if rows < W else None),
+        ShardingType.TABLE_ROW_WISE: nodes if N < 2 or L < 2 else (
+            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L else None),
+    }
+    said = [f"{st.short}: {reasons[st]}" for st in sorted(allowed, key=lambda st: st.short) if reasons.get(st)]
+    return "; ".join(said)
+
+
 def build_options(
     model: CostModel,
     t: TableArrays,
@@ -107,13 +139,12 @@ def build_options(
             add(ShardingType.TABLE_ROW_WISE, 1, place, NODE_ALL, L, t.rows >= L)
     if not opts:
         names = ", ".join(sorted(st.short for st in allowed)) or "none"
+        which = f"table {t.names[0]!r}" if n == 1 else f"any of the {n} tables, e.g. {t.names[0]!r}"
+        why = why_no_option(allowed, int(t.rows[0]), int(t.dims[0]), W, L, N, col_shard_counts, min_col_width)
         raise PlanningError(
-            f"No allowed sharding type ({names}) applies to these tables on {N} node(s) x {L} rank(s): "
-            "TWRW, TWCW and GRID need 2 or more nodes of 2 or more ranks each (TWCW: a rank per column "
-            "shard in a node, GRID: a node per column shard), RW 2 or more ranks and a row per rank, CW, "
-            f"TWCW and GRID dims that split into column shards of {min_col_width} or more (multiples of 4, "
-            "sharding.min_col_width); allow another type, e.g. TW or DP, or change the topology's "
-            "num_nodes / devices_per_node (an emulated topology: trainer.world_size)."
+            f"No allowed sharding type ({names}) applies to {which} ({int(t.rows[0]):,} rows x "
+            f"{int(t.dims[0])}) on {N} node(s) x {L} rank(s): {why}. Allow another type, e.g. TW or DP, or "
+            "change the topology's num_nodes / devices_per_node (an emulated topology: trainer.world_size)."
         )
     return opts
 
