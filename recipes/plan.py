@@ -41,8 +41,29 @@ GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model"
 ALIASES = {"model": "plan_model"}
 
 
+# recipes/train.py's groups, which a dry run has no use for (conf/ holds both recipes' groups)
+TRAIN_GROUPS = ("trainer", "data", "experiment")
+
+
 def check_options(argv: list[str]) -> None:
-    """Reject ``group=<option>`` for an option the group lacks, naming the key and the choices."""
+    """Reject ``group=<option>`` for an option the group lacks, naming the key and the choices;
+    a training setting (``trainer=smoke``, ``model=dlrm``) is named as recipes/train.py's."""
+    from neo_core.errors import ConfigError
+
+    plan_models = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
+    train_models = {p.stem for d in config_dirs(CONF, argv) for p in (d / "model").glob("*.yaml")} - plan_models
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+")
+        root = key.split(".")[0]
+        trained = root == "model" and "." not in key and any(v.strip() in train_models for v in value.split(","))
+        if root in TRAIN_GROUPS or trained or key.startswith("model."):
+            raise ConfigError(
+                f"{arg.lstrip('+')} is a setting of recipes/train.py. A dry run plans a table set: "
+                f"model=<{' | '.join(sorted(plan_models))}> (conf/plan_model/), with +topology=, sharding, "
+                "kernel, cache, compression and batch_size_per_rank; a table set's own settings are "
+                "plan_model.params.<key> (e.g. plan_model.params.num_tables=100 for production_like)."
+            )
     check_group_options(argv, CONF, GROUPS, ALIASES)
 
 

@@ -151,6 +151,23 @@ def test_plan_recipe_bad_key_or_value_is_one_sentence_naming_it(tmp_path: Path, 
     assert not (tmp_path / "plan.json").exists()
 
 
+@pytest.mark.parametrize("override", ["trainer=smoke", "+trainer=smoke", "+experiment=dcnv2", "model=dlrm",
+                                      "model.embedding_dim=8", "data.num_samples=5"])
+def test_plan_recipe_names_a_training_setting_as_train_pys(tmp_path: Path, override: str) -> None:
+    # these used to end in Hydra's "Could not override", whose advice (+trainer=) then failed too
+    proc = run_plan("+topology=zionex", override, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    assert_one_sentence(proc, f"{override.lstrip('+')} is a setting of recipes/train.py",
+                        "model=<mlperf_dcnv2 | production_like | zionex_12t>")
+    assert not list(tmp_path.iterdir())
+
+
+def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
+    proc = run_plan("--help")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trainer, data, experiment and model's own options (dcnv2, dlrm) belong to recipes/train.py" in proc.stdout
+
+
 def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "sharding.refine=false",
                     f"hydra.run.dir={tmp_path}")
