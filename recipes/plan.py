@@ -183,6 +183,12 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {batch}/rank")
     result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"])
     print(result.format_text())
+    if topology.compute_device == "cpu" and topology.world_size > 1:  # CPU ranks train over gloo
+        from neo_core.training.run import gloo_compression_problem
+
+        problem = gloo_compression_problem(result, context.compressor, planner)
+        if problem:
+            print(f"note: this plan cannot train on these CPU ranks (gloo): {problem}", file=sys.stderr)
     paths = save_all(result, out)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return result

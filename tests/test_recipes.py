@@ -168,6 +168,16 @@ def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
     assert "trainer, data, experiment and model's own options (dcnv2, dlrm) belong to recipes/train.py" in proc.stdout
 
 
+def test_plan_recipe_says_when_a_cpu_plan_cannot_train_in_its_precision(tmp_path: Path) -> None:
+    # train.py refuses fp8 over gloo for table-wise tables; the dry run for the same CPU ranks says so
+    args = ("model=production_like", "plan_model.params.num_tables=20", "compression=fp16", "compression.backward=fp8")
+    proc = run_plan(*args, f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: this plan cannot train on these CPU ranks (gloo): compression 'fp16' sends fp8" in proc.stderr
+    zionex = run_plan("+topology=zionex", *args, f"hydra.run.dir={tmp_path}")  # GPUs: NCCL carries fp8
+    assert zionex.returncode == 0 and "cannot train on these CPU ranks" not in zionex.stderr
+
+
 def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "sharding.refine=false",
                     f"hydra.run.dir={tmp_path}")

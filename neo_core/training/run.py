@@ -236,6 +236,14 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
     """Refuse, before any rank starts, a precision the plan's collectives cannot run over gloo."""
     if launch.backend != "gloo" or launch.world_size < 2:
         return
+    problem = gloo_compression_problem(plan, compressor, planner)
+    if problem:
+        raise ConfigError(problem)
+
+
+def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: Any = None) -> str | None:
+    """Why the plan's collectives cannot run over gloo in the compressor's precisions, with the
+    fix; None where they can (``recipes/plan.py`` says it as a note on CPU topologies)."""
     for precision, types in _GLOO_FAILS.items():
         if precision not in (compressor.forward_precision, compressor.backward_precision):
             continue
@@ -247,13 +255,14 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
         restrict = f"sharding.sharding_types=[{allowed}]"
         if not hasattr(planner, "allowed"):
             restrict = f"sharding=neo {restrict}"
-        raise ConfigError(
+        return (
             f"compression {compressor.name!r} sends {precision} "
             f"(forward {compressor.forward_precision}, backward {compressor.backward_precision}), which "
             f"TorchRec cannot run over gloo for {_some_tables(hit)}. On CPU ranks send fp32, fp16 or bf16 both ways "
             f"(e.g. compression=fp16 compression.backward=fp16), or keep to the sharding types that can carry "
             f"{precision}: {restrict}."
         )
+    return None
 
 
 def check_fits_this_machine(plan: PlanResult, launch: Launch, topology: Topology) -> None:
