@@ -13,14 +13,16 @@ def no_compression() -> Compressor:
 
 
 def fp16_compression(backward: str = "fp16") -> Compressor:
-    """fp16 forward all-to-all; backward in ``backward`` precision (fp32, fp16, bf16, fp8 or
-    int8; over gloo, fp8 and int8 only where the plan's collectives carry them)."""
+    """fp16 forward all-to-all; backward in compression.backward (fp32/fp16/bf16/fp8/int8).
+
+    Over gloo, fp8 and int8 run only where the plan's collectives carry them."""
     return _checked("fp16", "fp16", backward)
 
 
 def bf16_compression(backward: str = "bf16") -> Compressor:
-    """bf16 forward all-to-all; backward in ``backward`` precision (fp32, fp16, bf16, fp8 or
-    int8; over gloo, fp8 and int8 only where the plan's collectives carry them)."""
+    """bf16 forward all-to-all; backward in compression.backward (fp32/fp16/bf16/fp8/int8).
+
+    Over gloo, fp8 and int8 run only where the plan's collectives carry them."""
     return _checked("bf16", "bf16", backward)
 
 

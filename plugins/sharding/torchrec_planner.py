@@ -76,6 +76,13 @@ class TorchRecPlanner(Planner):
                 "sharding.timeout_s=<seconds> stops it with its best plan so far",
                 file=sys.stderr,
             )
+        elif len(tables) > 200:  # it prints nothing meanwhile
+            print(
+                f"note: TorchRec's planner on {len(tables)} tables: it enumerates and costs every option "
+                f"first (minutes on hundreds of tables, not capped), then searches for at most "
+                f"sharding.timeout_s={self.timeout_s:g} s",
+                file=sys.stderr,
+            )
         planner = EmbeddingShardingPlanner(
             topology=topology.to_torchrec(),
             batch_size=context.batch_size_per_rank,
