@@ -39,9 +39,9 @@ def _rank(rank: int, port: int, mib: int, repeats: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         n = mib * 2**20 // 4
-        send, recv = torch.ones(n), torch.empty(n)
+        send, recv = torch.full((n,), float(rank + 1)), torch.empty(n)
         best = {s: float("inf") for s in SHARES}
-        for _ in range(repeats):
+        for repeat in range(repeats):
             for share in SHARES:
                 own = int(n * share)
                 splits = [own, n - own] if rank == 0 else [n - own, own]  # [to rank 0, to rank 1]
@@ -50,6 +50,11 @@ def _rank(rank: int, port: int, mib: int, repeats: int, out: str) -> None:
                 dist.all_to_all_single(recv, send, output_split_sizes=splits, input_split_sizes=splits)
                 dist.barrier()
                 best[share] = min(best[share], time.perf_counter() - start)
+                if repeat == 0:  # the kept share came from this rank, the rest from the other
+                    kept = recv[:own] if rank == 0 else recv[n - own:]
+                    came = recv[own:] if rank == 0 else recv[:n - own]
+                    if not (bool((kept == rank + 1).all()) and bool((came == 2 - rank).all())):
+                        raise RuntimeError(f"rank {rank}: the exchange at share {share} did not split as asked")
         # the barrier's own time, taken off every figure
         barrier = float("inf")
         for _ in range(repeats * 4):

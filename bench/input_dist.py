@@ -3,7 +3,7 @@
     .venv/bin/python bench/input_dist.py [--batch 4096] [--dim 64] [--repeats 15] [--json X.json]
 
 Before a table-wise shard can look anything up, TorchRec's input distribution sends every
-sample's ids for that table to the shard's rank (``KJTAllToAll``: lengths, then the ids as
+sample's ids for that table to the shard's rank (``KJTAllToAll``: splits, lengths, then the ids as
 int64); after the lookup the pooled embeddings come back (``PooledEmbeddingsAllToAll``).
 Neo's cost model charges both all-to-alls by their bytes: ``P ib`` per sample for the ids
 (``ib = 8``, ``P`` the pooling factor) against ``d ob`` for the pooled row (``ob = 4``), so
@@ -66,7 +66,8 @@ def _rank(rank: int, port: int, batch: int, dim: int, repeats: int, out: str) ->
                 lengths=torch.full((2 * batch,), pooling, dtype=torch.long),
             )
             got = ids_a2a(kjt).wait().wait()
-            assert got.values().numel() == 2 * batch * pooling  # this rank's feature, from both ranks
+            if got.values().numel() != 2 * batch * pooling or got.keys() != [f"f{rank}"]:  # its feature, both ranks'
+                raise RuntimeError(f"rank {rank}: got {got.keys()} with {got.values().numel()} ids at pooling {pooling}")
             ids = _fastest(lambda kjt=kjt: ids_a2a(kjt).wait().wait(), repeats)
             out_rows = _fastest(lambda: pooled_a2a(pooled, batch_size_per_rank=[batch, batch]).wait(), repeats)
             rows[pooling] = (ids, out_rows)

@@ -156,21 +156,22 @@ class Registry(Generic[T]):
         )
 
     def unknown_key(self, name: str, key: str) -> str:
-        """The message for ``<group>.<key>``, a key plugin ``name`` does not take: its close
-        match, else the other plugins of the group that take the key (or one close to it) and
-        how to select one (``cache.load_factor`` while ``cache=none``)."""
+        """The message for ``<group>.<key>``, a key plugin ``name`` does not take: the other
+        plugins of the group that take the key itself and how to select one
+        (``sharding.timeout_s`` while ``sharding=neo``, ``cache.load_factor`` while
+        ``cache=none``), else its close match, else another plugin's close match."""
         accepted = sorted(self.get(name).parameters())
-        close = difflib.get_close_matches(key, accepted, n=1)
+        owners: dict[str, list[str]] = {}
+        for other in self.entries():
+            if other.name == name or other.accepts_any_keyword():
+                continue
+            keys = list(other.parameters())
+            match = key if key in keys else next(iter(difflib.get_close_matches(key, keys, n=1)), None)
+            if match:
+                owners.setdefault(match, []).append(other.name)
+        close = [] if key in owners else difflib.get_close_matches(key, accepted, n=1)
         hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
         if not close:
-            owners: dict[str, list[str]] = {}
-            for other in self.entries():
-                if other.name == name or other.accepts_any_keyword():
-                    continue
-                keys = list(other.parameters())
-                match = key if key in keys else next(iter(difflib.get_close_matches(key, keys, n=1)), None)
-                if match:
-                    owners.setdefault(match, []).append(other.name)
             if owners:
                 match = key if key in owners else next(iter(owners))
                 hint = (

@@ -50,12 +50,19 @@ def check_options(argv: list[str]) -> None:
     a training setting (``trainer=smoke``, ``model=dlrm``) is named as recipes/train.py's."""
     from neo_core.errors import ConfigError
 
-    plan_models = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
-    train_models = {p.stem for d in config_dirs(CONF, argv) for p in (d / "model").glob("*.yaml")} - plan_models
+    plan_models = _options(argv, "plan_model")
+    train_models = _options(argv, "model") - plan_models
     for arg in argv:
-        key, _, value = arg.partition("=")
+        key, eq, value = arg.partition("=")
+        if not eq:  # a flag, or a flag's value (--config-dir data)
+            continue
         key = key.lstrip("+")
         root = key.split(".")[0]
+        if key.startswith("model.") and key.split(".")[1] in MODEL_KEYS:  # model= names a table set
+            raise ConfigError(
+                f"Unknown key {key}. Did you mean plan_{key}? (model= selects a table set; its own "
+                "settings are plan_model.<key>)"
+            )
         trained = root == "model" and "." not in key and any(v.strip() in train_models for v in value.split(","))
         if root in TRAIN_GROUPS or trained or key.startswith("model."):
             raise ConfigError(
@@ -67,12 +74,17 @@ def check_options(argv: list[str]) -> None:
     check_group_options(argv, CONF, GROUPS, ALIASES)
 
 
+def _options(argv: list[str], group: str) -> set[str]:
+    """The options of config group ``group`` in conf/ and a ``--config-dir``."""
+    return {p.stem for d in config_dirs(CONF, argv) for p in (d / group).glob("*.yaml")}
+
+
 def _model_alias(argv: list[str]) -> list[str]:
     """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
     the plan_model/ folder of a ``--config-dir``; ``model=<a>,<b>`` (a sweep) too. Give
     ``cache.load_factor`` without a cache policy and the policy is LRU (the cache a plan
     model's share applies to)."""
-    names = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
+    names = _options(argv, "plan_model")
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")

@@ -142,3 +142,12 @@ def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
     bad.write_text('{"devce_memory_bw": 1e10}')
     with pytest.raises(ConfigError, match=r"unknown key 'devce_memory_bw'. Did you mean 'device_memory_bw'\?"):
         local_topology(compute_device="cpu", calibration=str(bad))
+
+
+def test_a_calibration_key_the_planner_does_not_read_is_said_and_ignored(tmp_path, capsys) -> None:
+    # a note, or a record a newer `neo calibrate` writes, must not stop every CPU plan
+    path = tmp_path / "calibration.json"
+    path.write_text('{"device_memory_bw": 7e9, "note": "after the BIOS update"}')
+    topo = local_topology(compute_device="cpu", calibration=str(path))
+    assert topo.device_memory_bw == 7e9
+    assert "key 'note' is not one the planner reads; ignored" in capsys.readouterr().err

@@ -224,8 +224,13 @@ def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -
          "no keys. compression.backward is a key of 'bf16', 'fp16': select one with it, e.g. compression=bf16 "
          "compression.backward=<value>."),
         ("+cache.shards=2", "Unknown key cache.shards for cache policy plugin 'none', which takes no keys."),
+        # neo has a close key (time_budget_s), but timeout_s is TorchRec's own: that is what is said
+        ("+sharding.timeout_s=60", "Unknown key sharding.timeout_s for sharder plugin 'neo'. sharding.timeout_s is "
+         "a key of 'torchrec': select one with it, e.g. sharding=torchrec sharding.timeout_s=<value>. Its keys: "
+         "col_shard_counts, collective_latency_s, estimator, host_reserve_fraction, index_bytes, min_col_width, "
+         "packing_targets, refine, reserve_fraction, sharding_types, table_sharding_types, time_budget_s."),
     ],
-    ids=["typo", "key-of-another-plugin", "key-of-none"],
+    ids=["typo", "key-of-another-plugin", "key-of-none", "exact-key-of-another-plugin"],
 )
 def test_a_key_of_another_plugin_of_the_group_says_how_to_select_it(hydra_conf, override, said) -> None:
     # cache=none and compression=none take no keys: the key (or its close match) belongs to a

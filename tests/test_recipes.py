@@ -162,6 +162,16 @@ def test_plan_recipe_names_a_training_setting_as_train_pys(tmp_path: Path, overr
     assert not list(tmp_path.iterdir())
 
 
+def test_plan_recipe_takes_a_table_sets_setting_under_its_alias_as_plan_models(tmp_path: Path) -> None:
+    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", "model.global_batch=1000", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, "Unknown key model.global_batch. Did you mean plan_model.global_batch?")
+    # a flag's value is no setting: a config folder named data is not train.py's data group
+    (tmp_path / "data").mkdir()
+    proc = run_plan("--config-dir", str(tmp_path / "data"), "+topology=zionex", "model=mlperf_dcnv2",
+                    f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
     proc = run_plan("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,15 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
             "writes; delete it or re-run calibration."
         )
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
-    unknown = [k for k in data if k not in keep and k not in CALIBRATION_RECORDS]
-    if unknown:  # a typo would otherwise leave the assumed figure in place, silently
-        close = difflib.get_close_matches(unknown[0], keep, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            f"Calibration file {path} has an unknown key {unknown[0]!r}.{hint} The planner reads "
-            f"{', '.join(keep)}; `neo calibrate` writes them."
-        )
+    for key in (k for k in data if k not in keep and k not in CALIBRATION_RECORDS):
+        close = difflib.get_close_matches(key, keep, n=1)
+        if close:  # a typo of a figure the planner reads would leave the assumed one, silently
+            raise ConfigError(
+                f"Calibration file {path} has an unknown key {key!r}. Did you mean {close[0]!r}? The planner "
+                f"reads {', '.join(keep)}; `neo calibrate` writes them."
+            )
+        # anything else (a note, a newer calibrate's record) is not read, and said so
+        print(f"note: calibration file {path}: key {key!r} is not one the planner reads; ignored", file=sys.stderr)
     bad = [k for k, v in data.items() if k in keep and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     if bad:
         raise ConfigError(

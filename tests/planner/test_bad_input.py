@@ -318,6 +318,10 @@ def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> N
         plan_tables(tables, cluster(1, 4), 256, sharding_types=["GRID"])
     with pytest.raises(PlanningError, match=r"applies to table 'x' \(1,000,000 rows x 30\).*GRID: dim 30 splits into no"):
         plan_tables([TableSpec("x", 10**6, 30)], cluster(2, 4), 256, sharding_types=["GRID"])
+    # a dim that splits well, on too few ranks in a node for any column shard count: the count is the reason
+    with pytest.raises(PlanningError, match=r"TWCW: its fewest column shards \(2, sharding.col_shard_counts\) need as "
+                       r"many ranks in a node; here 1"):
+        plan_tables([TableSpec("w", 10**5, 128)], cluster(2, 1), 256, sharding_types=["TWCW"])
     # 2 nodes of one rank: the nodes are there, the ranks per node are not, and the message says so
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(2, 1), 256, sharding_types=["TWRW"])

@@ -75,22 +75,25 @@ def why_no_option(
     """Why none of the ``allowed`` types applies to a table of ``rows`` x ``dim`` on ``N``
     nodes of ``L`` ranks (``W`` in all): one reason per type, as :func:`build_options` decides."""
 
-    def splits(limit: int) -> bool:
-        return any(
-            k <= limit and dim % k == 0 and (dim // k) % 4 == 0 and dim // k >= min_col_width for k in col_shard_counts
-        )
+    def columns(limit: int, where: str) -> str | None:
+        """Why no column split of at most ``limit`` shards applies (None: one does), with
+        build_options' rule: a shard count of the sharding.col_shard_counts up to ``limit``
+        whose shards are whole multiples of 4 columns, at least sharding.min_col_width."""
+        counts = [k for k in col_shard_counts if k <= limit]
+        if not counts:
+            return (f"its fewest column shards ({min(col_shard_counts)}, sharding.col_shard_counts) need as "
+                    f"many {where}; here {limit}")
+        if any(dim % k == 0 and (dim // k) % 4 == 0 and dim // k >= min_col_width for k in counts):
+            return None
+        return (f"dim {dim} splits into no column shards of {min_col_width} or more columns in multiples of 4 "
+                f"({', '.join(map(str, counts))} shards; sharding.min_col_width)")
 
-    cols = (
-        f"dim {dim} splits into no column shards of {min_col_width} or more columns in multiples of 4 "
-        f"({', '.join(map(str, col_shard_counts))} shards; sharding.min_col_width)"
-    )
     nodes = f"needs 2 or more nodes of 2 or more ranks (here {N} x {L})"
     reasons = {
-        ShardingType.COLUMN_WISE: None if splits(W) else cols,
-        ShardingType.TABLE_COLUMN_WISE: nodes if N < 2 else (None if splits(L) else f"{cols} within a node of {L} ranks"),
+        ShardingType.COLUMN_WISE: columns(W, "ranks"),
+        ShardingType.TABLE_COLUMN_WISE: nodes if N < 2 else columns(L, "ranks in a node"),
         ShardingType.GRID_SHARD: nodes if N < 2 or L < 2 else (
-            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L
-            else None if splits(N) else f"{cols}, one column shard per node, up to {N}"),
+            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L else columns(N, "nodes")),
         ShardingType.ROW_WISE: "needs 2 or more ranks" if W < 2 else (
             f"{rows:,} rows, fewer than the {W} ranks" if rows < W else None),
         ShardingType.TABLE_ROW_WISE: nodes if N < 2 or L < 2 else (
