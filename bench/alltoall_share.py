@@ -16,56 +16,42 @@ figures are rank 0's clock between barriers.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from args import check_writable  # noqa: E402
+from gloo_pair import fastest, run_pair, write_result  # noqa: E402
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)  # of each rank's buffer addressed to itself
 
 
-def _rank(rank: int, port: int, mib: int, repeats: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        n = mib * 2**20 // 4
-        send, recv = torch.full((n,), float(rank + 1)), torch.empty(n)
-        best = {s: float("inf") for s in SHARES}
-        for repeat in range(repeats):
-            for share in SHARES:
-                own = int(n * share)
-                splits = [own, n - own] if rank == 0 else [n - own, own]  # [to rank 0, to rank 1]
-                dist.barrier()
-                start = time.perf_counter()
-                dist.all_to_all_single(recv, send, output_split_sizes=splits, input_split_sizes=splits)
-                dist.barrier()
-                best[share] = min(best[share], time.perf_counter() - start)
-                if repeat == 0:  # the kept share came from this rank, the rest from the other
-                    kept = recv[:own] if rank == 0 else recv[n - own:]
-                    came = recv[own:] if rank == 0 else recv[:n - own]
-                    if not (bool((kept == rank + 1).all()) and bool((came == 2 - rank).all())):
-                        raise RuntimeError(f"rank {rank}: the exchange at share {share} did not split as asked")
-        # the barrier's own time, taken off every figure
-        barrier = float("inf")
-        for _ in range(repeats * 4):
-            dist.barrier()
-            start = time.perf_counter()
-            dist.barrier()
-            barrier = min(barrier, time.perf_counter() - start)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"best_s": {str(s): t for s, t in best.items()}, "barrier_s": barrier}))
-    finally:
-        dist.destroy_process_group()
+def _measure(rank: int, mib: int, repeats: int) -> dict[str, Any]:
+    n = mib * 2**20 // 4
+    send, recv = torch.full((n,), float(rank + 1)), torch.empty(n)
+    exchanges = {}
+    for share in SHARES:
+        own = int(n * share)
+        splits = [own, n - own] if rank == 0 else [n - own, own]  # [to rank 0, to rank 1]
+
+        def exchange(splits: list[int] = splits) -> None:
+            dist.all_to_all_single(recv, send, output_split_sizes=splits, input_split_sizes=splits)
+
+        exchange()  # the kept share came from this rank, the rest from the other
+        kept = recv[:own] if rank == 0 else recv[n - own:]
+        came = recv[own:] if rank == 0 else recv[:n - own]
+        if not (bool((kept == rank + 1).all()) and bool((came == 2 - rank).all())):
+            raise RuntimeError(f"rank {rank}: the exchange at share {share} did not split as asked")
+        exchanges[str(share)] = exchange
+    best = {share: float("inf") for share in exchanges}
+    for _ in range(repeats):  # the shares interleaved, a call of each per round
+        for share, exchange in exchanges.items():
+            best[share] = min(best[share], fastest(exchange, 1))
+    return {"best_s": best, "barrier_s": fastest(lambda: None, repeats * 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,15 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1:
             parser.error(f"{flag} {value}: must be at least 1")
     check_writable(parser, "--json", args.json)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"alltoall_share_{os.getpid()}.json"
-    try:
-        mp.spawn(_rank, args=(port, args.mib, args.repeats, str(out)), nprocs=2)
-        raw = json.loads(out.read_text())
-    finally:
-        out.unlink(missing_ok=True)
+    raw = run_pair(_measure, args.mib, args.repeats)
     barrier = raw["barrier_s"]
     times = {float(s): max(t - barrier, 0.0) for s, t in raw["best_s"].items()}
     whole = max(times[0.0], 1e-9)  # everything crosses: the reference for both models
@@ -104,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(columns Neo and TorchRec: each model's time for the share, over its time when everything crosses; "
           f"{buffer * 1e-9 / whole:.2f} GB/s per rank when everything crosses)")
     if args.json:
-        args.json.write_text(json.dumps({"mib": args.mib, "repeats": args.repeats, "barrier_s": barrier,
-                                         "machine": f"{os.cpu_count()} cpus, torch {torch.__version__}",
-                                         "rows": rows}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_result(args.json, {"mib": args.mib, "repeats": args.repeats}, barrier, rows)
     return 0
 
 

@@ -17,65 +17,43 @@ calls (rank 0's clock, barrier to barrier, the barrier's own time taken off).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from args import check_writable  # noqa: E402
+from gloo_pair import fastest, run_pair, write_result  # noqa: E402
 
 POOLING = (1, 8, 32, 128)
 
 
-def _fastest(fn: object, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        dist.barrier()
-        start = time.perf_counter()
-        fn()  # type: ignore[operator]
-        dist.barrier()
-        best = min(best, time.perf_counter() - start)
-    return best
+def _measure(rank: int, batch: int, dim: int, repeats: int) -> dict[str, Any]:
+    from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-
-def _rank(rank: int, port: int, batch: int, dim: int, repeats: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        from torchrec.distributed.dist_data import KJTAllToAll, PooledEmbeddingsAllToAll
-        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-        pg = dist.group.WORLD
-        ids_a2a = KJTAllToAll(pg, [1, 1])  # feature f0 to rank 0, f1 to rank 1
-        pooled_a2a = PooledEmbeddingsAllToAll(pg, [dim, dim])
-        # the pooled rows of the feature this rank owns, for both ranks' samples
-        pooled = torch.randn(2 * batch, dim)
-        gen = torch.Generator().manual_seed(rank)
-        rows = {}
-        for pooling in POOLING:
-            kjt = KeyedJaggedTensor.from_lengths_sync(
-                keys=["f0", "f1"], values=torch.randint(0, 1_000_000, (2 * batch * pooling,), generator=gen),
-                lengths=torch.full((2 * batch,), pooling, dtype=torch.long),
-            )
-            got = ids_a2a(kjt).wait().wait()
-            if got.values().numel() != 2 * batch * pooling or got.keys() != [f"f{rank}"]:  # its feature, both ranks'
-                raise RuntimeError(f"rank {rank}: got {got.keys()} with {got.values().numel()} ids at pooling {pooling}")
-            ids = _fastest(lambda kjt=kjt: ids_a2a(kjt).wait().wait(), repeats)
-            out_rows = _fastest(lambda: pooled_a2a(pooled, batch_size_per_rank=[batch, batch]).wait(), repeats)
-            rows[pooling] = (ids, out_rows)
-        barrier = _fastest(lambda: None, repeats * 4)
-        if rank == 0:
-            Path(out).write_text(json.dumps({"rows": {str(p): t for p, t in rows.items()}, "barrier_s": barrier}))
-    finally:
-        dist.destroy_process_group()
+    pg = dist.group.WORLD
+    ids_a2a = KJTAllToAll(pg, [1, 1])  # feature f0 to rank 0, f1 to rank 1
+    pooled_a2a = PooledEmbeddingsAllToAll(pg, [dim, dim])
+    # the pooled rows of the feature this rank owns, for both ranks' samples
+    pooled = torch.randn(2 * batch, dim)
+    gen = torch.Generator().manual_seed(rank)
+    rows = {}
+    for pooling in POOLING:
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0", "f1"], values=torch.randint(0, 1_000_000, (2 * batch * pooling,), generator=gen),
+            lengths=torch.full((2 * batch,), pooling, dtype=torch.long),
+        )
+        got = ids_a2a(kjt).wait().wait()
+        if got.values().numel() != 2 * batch * pooling or got.keys() != [f"f{rank}"]:  # its feature, both ranks'
+            raise RuntimeError(f"rank {rank}: got {got.keys()} with {got.values().numel()} ids at pooling {pooling}")
+        ids = fastest(lambda kjt=kjt: ids_a2a(kjt).wait().wait(), repeats)
+        out_rows = fastest(lambda: pooled_a2a(pooled, batch_size_per_rank=[batch, batch]).wait(), repeats)
+        rows[str(pooling)] = (ids, out_rows)
+    return {"rows": rows, "barrier_s": fastest(lambda: None, repeats * 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,15 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1:
             parser.error(f"{flag} {value}: must be at least 1")
     check_writable(parser, "--json", args.json)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"input_dist_{os.getpid()}.json"
-    try:
-        mp.spawn(_rank, args=(port, args.batch, args.dim, args.repeats, str(out)), nprocs=2)
-        raw = json.loads(out.read_text())
-    finally:
-        out.unlink(missing_ok=True)
+    raw = run_pair(_measure, args.batch, args.dim, args.repeats)
     barrier = raw["barrier_s"]
     rows = []
     print(f"2 gloo ranks, {args.batch} samples per rank, {args.dim} columns, fastest of {args.repeats} calls, "
@@ -113,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print("(Neo, TorchRec: each model's ids time over its pooled-output time, bytes alone: "
           "Neo's fixed cost per all-to-all, its collective latency, comes on top of both)")
     if args.json:
-        args.json.write_text(json.dumps({"batch": args.batch, "dim": args.dim, "repeats": args.repeats,
-                                         "barrier_s": barrier,
-                                         "machine": f"{os.cpu_count()} cpus, torch {torch.__version__}",
-                                         "rows": rows}, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        write_result(args.json, {"batch": args.batch, "dim": args.dim, "repeats": args.repeats}, barrier, rows)
     return 0
 
 

@@ -1,0 +1,60 @@
+"""Two gloo ranks on this machine, for the benches of single collectives: spawned with one
+torch thread each, calls timed barrier to barrier, rank 0's figures returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def fastest(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``fn``, barrier to barrier (other jobs on the
+    machine add noise, never remove it); with ``fn`` doing nothing, the barrier's own time."""
+    best = float("inf")
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        dist.barrier()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _entry(rank: int, target: Callable[..., dict[str, Any]], port: int, out: str, args: tuple[Any, ...]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        result = target(rank, *args)
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_pair(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """``target(rank, *args)`` on two gloo ranks; returns rank 0's result (a JSON object)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rank0.json")
+        mp.spawn(_entry, args=(target, port, out, args), nprocs=2)
+        return json.loads(Path(out).read_text())
+
+
+def write_result(path: Path, settings: dict[str, Any], barrier_s: float, rows: list[dict[str, Any]]) -> None:
+    """A bench's JSON: its settings, the barrier time taken off, this machine, its rows."""
+    machine = f"{os.cpu_count()} cpus, torch {torch.__version__}"
+    path.write_text(json.dumps({**settings, "barrier_s": barrier_s, "machine": machine, "rows": rows}, indent=2) + "\n")
+    print(f"wrote {path}")
