@@ -171,14 +171,13 @@ class Registry(Generic[T]):
                 owners.setdefault(match, []).append(other.name)
         close = [] if key in owners else difflib.get_close_matches(key, accepted, n=1)
         hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
-        if not close:
-            if owners:
-                match = key if key in owners else next(iter(owners))
-                hint = (
-                    (f" Did you mean {self.group}.{match}?" if match != key else "")
-                    + f" {self.group}.{match} is a key of {', '.join(map(repr, owners[match]))}: select one "
-                    f"with it, e.g. {self.group}={owners[match][0]} {self.group}.{match}=<value>."
-                )
+        if not close and owners:
+            match = key if key in owners else next(iter(owners))
+            hint = (
+                (f" Did you mean {self.group}.{match}?" if match != key else "")
+                + f" {self.group}.{match} is a key of {', '.join(map(repr, owners[match]))}: select one "
+                f"with it, e.g. {self.group}={owners[match][0]} {self.group}.{match}=<value>."
+            )
         if not accepted:
             return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}, which takes no keys.{hint}"
         return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} Its keys: {', '.join(accepted)}."

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,13 @@ class Option:
         return s + (" cached" if self.placement == CACHED else "")
 
 
+def splits_into(dims: Any, k: int, min_col_width: int) -> Any:
+    """Whether ``dims`` (an int or an array) split into ``k`` column shards the fused kernel
+    takes: whole shards of a multiple of 4 columns, at least ``min_col_width``."""
+    width = dims // k
+    return (dims % k == 0) & (width % 4 == 0) & (width >= min_col_width)
+
+
 def why_no_option(
     allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
     col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
@@ -83,7 +91,7 @@ def why_no_option(
         if not counts:
             return (f"its fewest column shards ({min(col_shard_counts)}, sharding.col_shard_counts) need as "
                     f"many {where}; here {limit}")
-        if any(dim % k == 0 and (dim // k) % 4 == 0 and dim // k >= min_col_width for k in counts):
+        if any(splits_into(dim, k, min_col_width) for k in counts):
             return None
         return (f"dim {dim} splits into no column shards of {min_col_width} or more columns in multiples of 4 "
                 f"({', '.join(map(str, counts))} shards; sharding.min_col_width)")
@@ -118,8 +126,7 @@ def build_options(
     opts: list[Option] = []
 
     def col_ok(k: int) -> np.ndarray:
-        width = t.dims // k
-        return (t.dims % k == 0) & (width % 4 == 0) & (width >= min_col_width)
+        return splits_into(t.dims, k, min_col_width)
 
     def add(st: ShardingType, k: int, place: str, unit: str, nsh: int, valid: np.ndarray) -> None:
         if st in allowed and valid.any():
