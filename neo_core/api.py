@@ -123,4 +123,4 @@ def plan_tables(
     if isinstance(planner, Planner) and params:
         raise ConfigError("Planner parameters apply only when the planner is given by name.")
     name = planner if isinstance(planner, str) else chosen.name
-    return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name)
+    return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name, context)

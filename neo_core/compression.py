@@ -35,6 +35,25 @@ class Compressor:
     def backward_bytes(self) -> int:
         return _PRECISION_BYTES[self.backward_precision]
 
+    # TorchRec has no fp8 reduce-scatter: its codec registry (get_qcomm_codecs_registry) sends
+    # the reduce-scatter of row-split tables (RW; TWRW and GRID inside the node) in fp16 where
+    # fp8 is asked for forward and in bf16 where it is asked for backward
+    @property
+    def reduce_scatter_forward_precision(self) -> str:
+        return "fp16" if self.forward_precision == "fp8" else self.forward_precision
+
+    @property
+    def reduce_scatter_backward_precision(self) -> str:
+        return "bf16" if self.backward_precision == "fp8" else self.backward_precision
+
+    @property
+    def reduce_scatter_forward_bytes(self) -> int:
+        return _PRECISION_BYTES[self.reduce_scatter_forward_precision]
+
+    @property
+    def reduce_scatter_backward_bytes(self) -> int:
+        return _PRECISION_BYTES[self.reduce_scatter_backward_precision]
+
     def qcomms_config(self) -> Any:
         """TorchRec ``QCommsConfig`` for the sharders, or None when uncompressed."""
         if self.forward_precision == "fp32" and self.backward_precision == "fp32":

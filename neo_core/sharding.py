@@ -310,13 +310,61 @@ class PlanResult:
         return "\n".join(lines)
 
 
-def check_plan(result: Any, tables: Sequence[TableSpec], world_size: int, planner: str) -> PlanResult:
+_ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")  # reduce-scatter their pooled rows
+
+
+def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
+    """What of the run's cache and compressor the plan cannot use, whichever planner made it."""
+    notes = []
+    compressor, cache = context.compressor, context.cache
+    compressed = {compressor.forward_precision, compressor.backward_precision} != {"fp32"}
+    unused = [f"cache {cache.name}"] if cache.load_factor is not None else []
+    unused += [f"compression {compressor.name}"] if compressed else []
+    all_dp = bool(plan.tables) and all(t.sharding_type == "data_parallel" for t in plan.tables)
+    if unused and (context.kernel.data_parallel_only or all_dp):
+        why = (
+            f"kernel {context.kernel.name} replicates every table (data parallel)"
+            if context.kernel.data_parallel_only
+            else "every table is data parallel (replicated)"
+        )
+        notes.append(
+            f"{' and '.join(unused)} not used: {why}, so no table sits behind a cache and no pooled "
+            "embeddings are exchanged"
+        )
+        return notes
+    if cache.load_factor is not None and context.topology.compute_device != "cuda":
+        notes.append(
+            f"cache {cache.name} not used: {context.topology.compute_device} ranks have no device "
+            "memory apart from host memory, so every table stays in place"
+        )
+    changed = [
+        f"{kind} {asked} is sent as {sent}"
+        for kind, asked, sent in (
+            ("forward", compressor.forward_precision, compressor.reduce_scatter_forward_precision),
+            ("backward", compressor.backward_precision, compressor.reduce_scatter_backward_precision),
+        )
+        if asked != sent
+    ]
+    split = [t for t in plan.tables if t.sharding_type in _ROW_SPLIT]
+    if changed and split:
+        names = ", ".join(t.name for t in split[:5]) + (f" and {len(split) - 5} more" if len(split) > 5 else "")
+        notes.append(
+            f"compression {compressor.name}: TorchRec has no fp8 reduce-scatter, so in the row-split "
+            f"tables' reduce-scatters ({names}) {' and '.join(changed)} (costed so)"
+        )
+    return notes
+
+
+def check_plan(
+    result: Any, tables: Sequence[TableSpec], world_size: int, planner: str, context: PlanningContext | None = None
+) -> PlanResult:
     """``result`` as a plan the ranks can run: a :class:`PlanResult` placing every table once,
     on ranks of this world, reporting every rank once within its memory capacity.
 
     Neo's planners pass this by construction; a planner plugin's result is checked here
     before any rank builds it (otherwise a missing report gives an infinite step, an unknown
     or doubled table trains silently, and an over-full rank fails only on the device).
+    With ``context``, the plan gets the notes of :func:`context_notes` (once).
     """
     from collections import Counter
 
@@ -357,6 +405,8 @@ def check_plan(result: Any, tables: Sequence[TableSpec], world_size: int, planne
             break
     if problems:
         raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
+    if context is not None:
+        result.notes.extend(n for n in context_notes(result, context) if n not in result.notes)
     return result
 
 

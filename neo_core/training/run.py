@@ -173,7 +173,7 @@ def checked_plan(parts: RunParts, model: Any) -> PlanResult:
     """The run's planner on ``model``, its result checked before any rank builds it."""
     result = parts.planner.plan_module(model, parts.tables, parts.context)
     name = getattr(parts.planner, "name", type(parts.planner).__name__)
-    return check_plan(result, parts.tables, parts.topology.world_size, name)
+    return check_plan(result, parts.tables, parts.topology.world_size, name, parts.context)
 
 
 def _available_memory() -> float | None:
@@ -255,12 +255,18 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
         restrict = f"sharding.sharding_types=[{allowed}]"
         if not hasattr(planner, "allowed"):
             restrict = f"sharding=neo {restrict}"
+        if precision == "fp8":  # RW runs, but sends bf16 (no fp8 reduce-scatter); DP sends nothing
+            other = (
+                "no sharding type sends fp8 over gloo: row-wise tables reduce-scatter in bf16 instead "
+                "(TorchRec has no fp8 reduce-scatter) and data-parallel tables exchange no embeddings"
+            )
+        else:
+            other = f"or keep to the sharding types that can carry {precision}: {restrict}"
         return (
             f"compression {compressor.name!r} sends {precision} "
             f"(forward {compressor.forward_precision}, backward {compressor.backward_precision}), which "
             f"TorchRec cannot run over gloo for {_some_tables(hit)}. On CPU ranks send fp32, fp16 or bf16 both ways "
-            f"(e.g. compression=fp16 compression.backward=fp16), or keep to the sharding types that can carry "
-            f"{precision}: {restrict}."
+            f"(e.g. compression=fp16 compression.backward=fp16); {other}."
         )
     return None
 

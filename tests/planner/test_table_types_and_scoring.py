@@ -122,5 +122,60 @@ def test_cache_and_compression_unused_by_the_dense_kernel_are_noted() -> None:
     assert any(n.startswith("cache lru and compression fp16 not used: kernel dense replicates every table")
                for n in notes), notes
     fused = make_context({"name": "zionex", "num_nodes": 2}, 256, compressor="fp16", cache="lru")
-    assert not any("not used" in n for n in NeoPlanner().plan(tables, fused).notes)
+    sharded = NeoPlanner(sharding_types=["TW", "RW"]).plan(tables, fused)
+    assert not any("not used" in n for n in sharded.notes), sharded.notes
 
+
+
+def test_plans_of_a_data_parallel_only_kernel_note_what_they_leave_unused_whichever_planner() -> None:
+    # the notes come from the run's context, not from Neo's planner: TorchRec's plans get them too
+    tables = [TableSpec(f"t{i}", 1000, 16, 2.0) for i in range(3)]
+    cpu = {"name": "local", "world_size": 2, "compute_device": "cpu"}
+    for planner in ("neo", "torchrec"):
+        notes = plan_tables(tables, cpu, 64, cache="lru", planner=planner).notes
+        assert sum(n.startswith("cache lru not used: cpu ranks have no device memory") for n in notes) == 1, notes
+    # every table replicated by the allowed types (not by the kernel): said so
+    dp = plan_tables(tables, {"name": "zionex", "num_nodes": 2}, 256, compressor="fp16", cache="lru",
+                     sharding_types=["DP"])
+    assert any(n.startswith("cache lru and compression fp16 not used: every table is data parallel")
+               for n in dp.notes), dp.notes
+
+
+def test_a_data_parallel_only_kernel_refuses_types_that_leave_out_data_parallel() -> None:
+    from neo_core.api import make_context
+
+    tables = [TableSpec(f"t{i}", 1000, 16, 2.0) for i in range(3)]
+    ctx = make_context({"name": "zionex", "num_nodes": 2}, 256, kernel="dense")
+    with pytest.raises(ConfigError, match=r"kernel dense replicates every table .* sharding.sharding_types=\[RW,TW\] "
+                                          r"leaves out DP: allow DP there, or choose a kernel that shards"):
+        NeoPlanner(sharding_types=["TW", "RW"]).plan(tables, ctx)
+    with pytest.raises(ConfigError, match=r"sharding.table_sharding_types.t1=\[TW\] leaves out DP"):
+        NeoPlanner(table_sharding_types={"t1": ["TW"], "t2": ["DP", "TW"]}).plan(tables, ctx)
+    assert {a.sharding_type for a in NeoPlanner(sharding_types=["TW", "DP"]).plan(tables, ctx).tables} == {
+        "data_parallel"}
+
+
+def test_fp8_gradients_of_row_split_tables_are_costed_and_noted_as_bf16() -> None:
+    # TorchRec has no fp8 reduce-scatter: its codecs send bf16 there (get_qcomm_codecs_registry)
+    tables = [TableSpec(f"t{i}", 100_000, 64, 8.0) for i in range(4)]
+    topo = {"name": "zionex", "num_nodes": 2}
+
+    def plan(backward: str, types: list[str]):
+        return plan_tables(tables, topo, 256, compressor={"name": "fp16", "backward": backward}, sharding_types=types)
+
+    def sent(p, kind: str) -> float:
+        return sum(r.comm_bytes[kind] for r in p.ranks)
+
+    rw8, rw16 = plan("fp8", ["RW"]), plan("bf16", ["RW"])
+    assert rw8.predicted_step_time == rw16.predicted_step_time
+    assert sent(rw8, "inter_node") == sent(rw16, "inter_node") and sent(rw8, "intra_node") == sent(rw16, "intra_node")
+    note = [n for n in rw8.notes if "TorchRec has no fp8 reduce-scatter" in n]
+    assert len(note) == 1 and "(t0, t1, t2, t3) backward fp8 is sent as bf16" in note[0], rw8.notes
+    # table-wise all-to-alls do carry fp8; table-row-wise sends fp8 across nodes, bf16 inside
+    tw8, tw16 = plan("fp8", ["TW"]), plan("bf16", ["TW"])
+    assert tw8.predicted_step_time < tw16.predicted_step_time
+    assert not any("reduce-scatter" in n for n in tw8.notes)
+    twrw8, twrw16 = plan("fp8", ["TWRW"]), plan("bf16", ["TWRW"])
+    assert sent(twrw8, "inter_node") < sent(twrw16, "inter_node")
+    assert twrw8.predicted_step_time < twrw16.predicted_step_time
+    assert any("TorchRec has no fp8 reduce-scatter" in n for n in twrw8.notes)

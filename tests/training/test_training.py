@@ -95,7 +95,11 @@ def test_a_precision_gloo_cannot_carry_is_refused_before_the_ranks_start(backwar
                         f"+sharding.sharding_types={types}"], tmp_path))
     message = str(err.value)
     assert fragment in message and "and 21 more" in message, message
-    assert "compression=fp16 compression.backward=fp16" in message and "sharding.sharding_types=[" in message
+    assert "compression=fp16 compression.backward=fp16" in message
+    if backward == "int8":  # TW and CW carry int8
+        assert "keep to the sharding types that can carry int8: sharding.sharding_types=[DP,TW,CW,TWCW]" in message
+    else:  # RW falls back to bf16 (no fp8 reduce-scatter): no type carries fp8 over gloo
+        assert "sharding_types=[" not in message and "no sharding type sends fp8 over gloo" in message, message
     assert not (tmp_path / "logs").exists()  # no rank started
 
 
@@ -127,13 +131,26 @@ def test_node_local_sharding_the_launch_layout_cannot_give_is_refused(monkeypatc
 
 
 def test_the_precision_refusal_names_a_fix_the_planner_takes(tmp_path) -> None:
+    from neo_core.api import plan_tables
+    from neo_core.compression import Compressor
     from neo_core.errors import ConfigError
-    from neo_core.training.run import train
+    from neo_core.sharding import TableSpec
+    from neo_core.training.run import gloo_compression_problem, train
 
     with pytest.raises(ConfigError) as err:
         train(composed(["trainer=smoke", "sharding=torchrec", "compression=fp16", "compression.backward=fp8"],
                        tmp_path))
-    assert "sharding=neo sharding.sharding_types=[DP,RW]" in str(err.value), str(err.value)
+    assert "no sharding type sends fp8 over gloo" in str(err.value), str(err.value)
+    # a planner without a list of sharding types (TorchRec's) is told to switch to Neo's
+    rw = plan_tables([TableSpec("t", 1000, 16, 2.0)], {"name": "local", "world_size": 2, "compute_device": "cpu"},
+                     64, sharding_types=["RW"])
+    int8 = Compressor("int8ish", "fp16", "int8")
+    assert "sharding=neo sharding.sharding_types=[DP,TW,CW,TWCW]" in gloo_compression_problem(rw, int8, object())
+    assert "sharding=neo" not in gloo_compression_problem(rw, int8, NeoPlannerLike())
+
+
+class NeoPlannerLike:
+    allowed = None  # Neo's planner takes sharding.sharding_types
 
 
 @pytest.mark.slow

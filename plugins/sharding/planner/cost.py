@@ -138,6 +138,9 @@ class CostModel:
         self.e = float(kernel.weight_bytes)
         self.fb = float(context.compressor.forward_bytes)
         self.bb = float(context.compressor.backward_bytes)
+        # the reduce-scatter of row-split tables and its backward (no fp8 there: Compressor)
+        self.fs = float(context.compressor.reduce_scatter_forward_bytes)
+        self.bs = float(context.compressor.reduce_scatter_backward_bytes)
         self.ib = float(self.params.index_bytes)
         self.ob = float(self.params.output_bytes)
         gran = self.params.access_bytes or (32 if topo.compute_device == "cuda" else 64)
@@ -322,8 +325,8 @@ class CostModel:
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
             # reduce-scatter of pooled partial sums; all-gather of their gradients
-            time[:, CMF] = G * cols * self.fb * self.a2a * self.rs_factor
-            time[:, CMB] = G * cols * self.bb * (self.a2a * self.ag_factor + self.batched_copy)
+            time[:, CMF] = G * cols * self.fs * self.a2a * self.rs_factor
+            time[:, CMB] = G * cols * self.bs * (self.a2a * self.ag_factor + self.batched_copy)
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
@@ -333,8 +336,8 @@ class CostModel:
             time[:, CIN] = G * P / L * self.ib * self.a2a + buckets
             intra = (L - 1) / L / topo.intra_node_bw
             # reduce-scatter inside the node, then all-to-all of each rank's 1/L of samples
-            time[:, CMF] = G * cols * self.fb * (intra * self.rs_factor + self.a2a / L)
-            time[:, CMB] = G * cols * self.bb * (intra * self.ag_factor + self.a2a / L + self.batched_copy)
+            time[:, CMF] = G * cols * (self.fs * intra * self.rs_factor + self.fb * self.a2a / L)
+            time[:, CMB] = G * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * self.a2a / L)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
@@ -361,14 +364,15 @@ class CostModel:
             ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD
         ) else d
         out = G * cols * (self.fb + self.bb)
+        scattered = G * cols * (self.fs + self.bs)  # reduce-scatter and its backward
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
             sent = G * P * self.ib + out
             return sent * a2a_in, sent * a2a_out
         if st is ShardingType.ROW_WISE:
-            sent = G * P / W * self.ib + out
+            sent = G * P / W * self.ib + scattered
             return sent * a2a_in, sent * a2a_out
         sent = G * P / L * self.ib + out / L  # TWRW, GRID: the across-node part
-        return sent * a2a_in + out * (L - 1) / L, sent * a2a_out
+        return sent * a2a_in + scattered * (L - 1) / L, sent * a2a_out
 
     def latency_time(self, types_used: set[str]) -> float:
         """Fixed collective latency per step: three all-to-alls per sharding type, one all-reduce."""

@@ -19,6 +19,7 @@ from neo_core.sharding import (
     ShardingType,
     TableAssignment,
     TableSpec,
+    context_notes,
 )
 from neo_plugins.sharding.planner.cost import (
     CACHED,
@@ -185,6 +186,7 @@ class NeoPlanner(Planner):
         arrays = TableArrays.from_specs(tables)
         allowed = self.allowed
         if context.kernel.data_parallel_only:
+            check_data_parallel_allowed(context.kernel.name, self.allowed, self.table_types, tables)
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
         restrict_per_table(options, tables, self.table_types, self.min_col_width)
@@ -215,19 +217,7 @@ class NeoPlanner(Planner):
         )
         self.last_search = search
         result = build_result(self.name, search, tables, context)
-        compressed = {context.compressor.forward_precision, context.compressor.backward_precision} != {"fp32"}
-        unused = [f"cache {context.cache.name}"] if context.cache.load_factor is not None else []
-        unused += [f"compression {context.compressor.name}"] if compressed else []
-        if context.kernel.data_parallel_only and unused:
-            result.notes.append(
-                f"{' and '.join(unused)} not used: kernel {context.kernel.name} replicates every table (data "
-                "parallel), so no table sits behind a cache and no pooled embeddings are exchanged"
-            )
-        elif context.cache.load_factor is not None and model.cache_load_factor is None:
-            result.notes.append(
-                f"cache {context.cache.name} not used: {context.topology.compute_device} ranks have no device "
-                "memory apart from host memory, so every table stays in place"
-            )
+        result.notes.extend(context_notes(result, context))
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
@@ -264,6 +254,29 @@ class NeoPlanner(Planner):
         from neo_plugins.sharding.sharders import make_sharders
 
         return make_sharders(context)
+
+
+def check_data_parallel_allowed(
+    kernel: str, allowed: set[ShardingType], table_types: dict[str, set[ShardingType]], tables: Sequence[TableSpec]
+) -> None:
+    """A kernel that only replicates tables needs data parallel among the allowed types."""
+    dp = ShardingType.DATA_PARALLEL
+    where = None
+    if dp not in allowed:
+        where = f"sharding.sharding_types=[{','.join(sorted(s.short for s in allowed))}]"
+    else:
+        names = {t.name for t in tables}
+        left_out = sorted(n for n, types in table_types.items() if n in names and dp not in types)
+        if left_out:
+            types = table_types[left_out[0]]
+            where = f"sharding.table_sharding_types.{left_out[0]}=[{','.join(sorted(s.short for s in types))}]"
+            if len(left_out) > 1:
+                where += f" (and {len(left_out) - 1} more table(s))"
+    if where:
+        raise ConfigError(
+            f"kernel {kernel} replicates every table (data parallel only), but {where} leaves out DP: "
+            "allow DP there, or choose a kernel that shards tables (kernel=fused)."
+        )
 
 
 def restrict_per_table(
