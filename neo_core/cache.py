@@ -39,6 +39,15 @@ class CachePolicy:
             )
         if lf is not None:
             object.__setattr__(self, "load_factor", float(lf))  # numpy or int in, a float kept
+        if lf is not None and isinstance(self.name, str) and self.name.lower() == "none":
+            raise ConfigError(
+                f"cache 'none' with load_factor={lf!r}: the policy named none caches nothing; name an "
+                f"eviction algorithm instead, e.g. CachePolicy('lru', {lf!r}) (cache=lru cache.load_factor={lf!r})."
+            )
+        if not isinstance(self.prefetch_pipeline, bool):
+            raise ConfigError(
+                f"cache.prefetch_pipeline must be true or false, got {self.prefetch_pipeline!r} (cache {self.name!r})."
+            )
         if not isinstance(self.algorithm, str) or self.algorithm.lower() not in ("lru", "lfu"):
             raise ConfigError(
                 f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "

@@ -8,6 +8,7 @@ planner how much optimizer state each row carries.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,28 @@ class EmbeddingKernel:
     weight_bytes: int = 4  # bytes per stored embedding element
     data_parallel_only: bool = False  # the unfused kernel only runs replicated tables
     fused_backward: bool = True  # gradients applied inside backward, never materialised
+
+    def __post_init__(self) -> None:
+        """Kinds and ranges of the fields, each error naming its ``kernel.`` key."""
+        from neo_core.checks import is_number, is_whole
+
+        if isinstance(self.optimizer, str) and not isinstance(self.optimizer, SparseOptimizer):
+            object.__setattr__(self, "optimizer", SparseOptimizer.parse(self.optimizer))
+        if not isinstance(self.optimizer, SparseOptimizer):
+            raise ConfigError(f"kernel.optimizer must be an optimizer name, got {self.optimizer!r}.")
+        if self.compute_kernel not in ("fused", "dense"):
+            raise ConfigError(
+                f"kernel {self.name!r}: compute_kernel={self.compute_kernel!r} is not one of TorchRec's "
+                "kernels Neo runs; choose fused or dense."
+            )
+        for key in ("learning_rate", "eps"):
+            value = getattr(self, key)
+            if not is_number(value) or not 0 < value < math.inf:
+                raise ConfigError(f"kernel.{key} must be a positive finite number, got {value!r}.")
+        if not is_whole(self.weight_bytes) or self.weight_bytes not in (1, 2, 4):
+            raise ConfigError(
+                f"kernel {self.name!r}: weight_bytes must be 4 (fp32), 2 (fp16) or 1 (int8), got {self.weight_bytes!r}."
+            )
 
     def fused_params(self) -> dict[str, Any]:
         """Parameters for TorchRec sharders (FBGEMM's fused optimizer settings)."""

@@ -591,3 +591,57 @@ def test_a_plugins_bug_is_named_by_the_files_of_its_traceback(tmp_path, register
     with pytest.raises(ValueError) as other:
         int("x")
     assert plugin_blame(other.value) is None  # not through the plugin: nothing named
+
+
+def test_kernel_and_cache_objects_check_their_fields() -> None:
+    from neo_core.cache import CachePolicy
+    from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+
+    assert EmbeddingKernel("k", "fused", "adam").optimizer is SparseOptimizer.ADAM  # a name is parsed
+    bad = [
+        (dict(optimizer="adamw"), r"kernel.optimizer='adamw' is not an optimizer"),
+        (dict(optimizer=3), r"kernel.optimizer must be an optimizer name, got 3"),
+        (dict(compute_kernel="sparse"), r"compute_kernel='sparse' is not one of TorchRec's kernels Neo runs"),
+        (dict(learning_rate=float("nan")), r"kernel.learning_rate must be a positive finite number, got nan"),
+        (dict(learning_rate=float("inf")), r"kernel.learning_rate must be a positive finite number, got inf"),
+        (dict(learning_rate=0), r"kernel.learning_rate must be a positive finite number, got 0"),
+        (dict(eps=-1e-8), r"kernel.eps must be a positive finite number"),
+        (dict(weight_bytes=0), r"weight_bytes must be 4 \(fp32\), 2 \(fp16\) or 1 \(int8\), got 0"),
+    ]
+    for fields, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            EmbeddingKernel(**{"name": "k", "compute_kernel": "fused", **fields})
+    plugins = load_plugins(autoload=False)
+    for kernel in ("fused", "dense"):
+        with pytest.raises(ConfigError, match=r"kernel.learning_rate must be a positive finite number, got inf"):
+            plugins.create("kernel", kernel, {"learning_rate": float("inf")})
+    with pytest.raises(ConfigError, match=r"cache 'none' with load_factor=0.1: the policy named none caches "
+                                          r"nothing; .* CachePolicy\('lru', 0.1\)"):
+        CachePolicy("none", 0.1)
+    with pytest.raises(ConfigError, match=r"cache.prefetch_pipeline must be true or false, got 'yes'"):
+        CachePolicy("lru", 0.1, prefetch_pipeline="yes")
+
+
+def test_replicated_tables_take_the_kernels_eps() -> None:
+    # the dense kernel's tables (and the fused kernel's data-parallel ones) train with torch's
+    # optimizer: kernel.eps reaches it (it was left at torch's default)
+    from types import SimpleNamespace
+
+    import torch
+    from torchrec.optim.keyed import CombinedOptimizer
+
+    from neo_core.config import TrainerConfig
+    from neo_core.kernels import EmbeddingKernel
+    from neo_core.training.module import NeoModule
+
+    model = torch.nn.Module()
+    model.embedding_bags = torch.nn.ParameterDict({"t": torch.nn.Parameter(torch.zeros(4, 2))})
+    model.over = torch.nn.Linear(2, 1)
+    model.fused_optimizer = CombinedOptimizer([])
+    for opt, eps in (("adagrad", 0.25), ("adam", 0.5)):
+        kernel = EmbeddingKernel("dense", "dense", opt, learning_rate=0.2, eps=eps, data_parallel_only=True)
+        made = NeoModule.configure_optimizers(SimpleNamespace(model=model, kernel=kernel, trainer_cfg=TrainerConfig()))
+        groups = {name: o.param_groups for name, o in made.optimizers}
+        (table_group,) = groups["embedding"]
+        assert (table_group["lr"], table_group["eps"]) == (0.2, eps), table_group
+        assert groups["dense"][0]["eps"] == 1e-8  # kernel.eps is the tables' alone

@@ -62,8 +62,14 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean model.embedding_dim?")),
         (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable", "add ranks or memory")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
+        (("kernel.learning_rate=inf",), NeoError, ("kernel.learning_rate must be a positive finite number, got inf",)),
+        (("kernel=dense", "kernel.eps=-1"), NeoError, ("kernel.eps must be a positive finite number, got -1",)),
+        (("cache=lru", "cache.prefetch_pipeline=maybe"), NeoError, ("cache.prefetch_pipeline must be true or false",)),
+        (("kernel=dense", "+sharding.sharding_types=[TW,RW]"), NeoError,
+         ("kernel dense replicates every table", "sharding.sharding_types=[RW,TW] leaves out DP")),
     ],
-    ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec"],
+    ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec",
+         "infinite-lr", "negative-eps", "prefetch-not-bool", "dense-kernel-without-dp"],
 )
 def test_train_rejects_bad_input_before_ranks_start(tmp_path: Path, overrides, error, fragments) -> None:
     with pytest.raises(error) as err:

@@ -102,7 +102,7 @@ def _check_metadata(folder: Path) -> None:
     """The checkpoint's index (``.metadata``, written last by every save) is there and reads."""
     index = folder / ".metadata"
     fix = (f"the checkpoint in {folder} is damaged (cut short or copied in part); restore it, or start "
-           "afresh with trainer.resume=false or another output folder.")
+           "afresh in another output folder (a run that does not resume keeps this folder's checkpoint).")
     if not index.is_file() or index.stat().st_size == 0:
         raise CheckpointError(f"{index} is {'empty' if index.is_file() else 'missing'}: {fix}")
     try:
@@ -234,12 +234,14 @@ class DistributedCheckpoint(pl.Callback):
             if failures:
                 exc = next(iter(failures.values()))
                 exc = exc[0] if isinstance(exc, tuple) and exc else exc  # (exception, traceback)
-            first = (str(exc).strip().splitlines() or [""])[0][:300] or "a file ends early"
+            first = (str(exc).strip().splitlines() or [""])[0] or "a file ends early"
+            if len(first) > 300:  # at a word's end
+                first = first[:300].rsplit(" ", 1)[0] + " ..."
             raise CheckpointError(
                 f"The checkpoint in {folder} does not load into this run ({type(exc).__name__}: {first}); "
                 "it was written with a different model, data, kernel or plan (its config is in "
-                "config.json next to it) or is damaged. Resume with that config, or set "
-                "trainer.resume=false or another output_dir to start afresh."
+                "config.json next to it) or is damaged. Resume with that config, or start afresh in "
+                "another output folder."
             ) from None
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:

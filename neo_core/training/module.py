@@ -12,6 +12,7 @@ logged loss was the second pass's. :class:`OneClosureOptimizer` runs the closure
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import CombinedOptimizer
 
 from neo_core.config import TrainerConfig
+from neo_core.errors import TrainingError
 from neo_core.kernels import EmbeddingKernel
 from neo_core.sharding import PlanResult
 
@@ -161,7 +163,9 @@ class NeoModule(pl.LightningModule):
         if embedding:  # replicated tables (dense compute kernel): the kernel's optimizer, unfused
             opt = self.kernel.replica_optimizer.value  # row-wise Adagrad: full Adagrad here
             parts.append(
-                ("embedding", KeyedOptimizerWrapper(embedding, _torch_optimizer(opt, self.kernel.learning_rate)))
+                ("embedding", KeyedOptimizerWrapper(
+                    embedding, _torch_optimizer(opt, self.kernel.learning_rate, self.kernel.eps)
+                ))
             )
         return OneClosureOptimizer(parts)
 
@@ -181,6 +185,13 @@ class NeoModule(pl.LightningModule):
             self._step_times.append(time.perf_counter() - self._step_started)
         step = self.global_step + self.step_offset
         loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        if not math.isfinite(loss):
+            raise TrainingError(
+                f"The training loss is {loss} at step {step}: training diverged. Lower the tables' learning "
+                f"rate (kernel.learning_rate={self.kernel.learning_rate:g}, {self.kernel.optimizer.value}) or the "
+                f"dense layers' (trainer.dense_learning_rate={self.trainer_cfg.dense_learning_rate:g}, "
+                f"{self.trainer_cfg.dense_optimizer}); the last checkpoint, if any, is from before this step."
+            )
         self.history.append({"step": step, "loss": loss})
         self._pending = None
         every = self.trainer_cfg.log_every_n_steps

@@ -303,8 +303,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# What a checkpoint's tensors depend on: resuming with any of these changed cannot load it
-# (the plan, world size and topology may change: shards are resharded on load)
+# What a checkpoint's tensors and optimizer state were made with: resuming with any of these
+# changed is refused (the kernel's learning rate and eps too: some of TorchRec's optimizers
+# restore their settings with their state, so a change could be silently undone). The plan,
+# world size and topology may change: shards are resharded on load
 RESUME_KEYS = ("model", "data", "kernel")
 
 
@@ -333,8 +335,8 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
     """Before any rank starts: the run resumed must match the one that wrote the checkpoint in
     ``RESUME_KEYS``; returns the other settings that differ (``NOTED_KEYS``), as ``key: old ->
     new``."""
-    fix = ("put back the config.json of the run that wrote the checkpoint, or start afresh with "
-           "trainer.resume=false or another output folder")
+    fix = ("put back the config.json of the run that wrote the checkpoint, or start afresh in another "
+           "output folder")
     if not saved.is_file():
         raise ConfigError(
             f"trainer.resume=true, but the settings of the run that wrote the checkpoint are missing "
@@ -387,8 +389,8 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
         more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
         raise ConfigError(
             f"trainer.resume=true, but this run differs from the one that wrote the checkpoint: "
-            f"{'; '.join(changed[:4])}{more}. Resume with that run's settings ({saved}), or set "
-            "trainer.resume=false or another output folder."
+            f"{'; '.join(changed[:4])}{more}. Resume with that run's settings ({saved}), or start afresh "
+            "in another output folder."
         )
     return differences(NOTED_KEYS)
 

@@ -4,6 +4,9 @@
 tables in host memory behind a device cache of ``load_factor`` of their rows, evicting by
 FBGEMM's LRU or LFU algorithm (TorchRec's ``fused_uvm_caching`` kernel; GPU topologies only:
 CPU ranks have no separate device memory, so there the planner keeps every table in place).
+``prefetch_pipeline`` builds FBGEMM's cache for a prefetching train pipeline (a lock counter
+per slot, which the planner counts in device memory); Neo's training loop runs no such
+pipeline, so the cache fetches its missed rows inside each forward, as without it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ def no_cache() -> CachePolicy:
 
 def _cached(algorithm: str, load_factor: float, prefetch_pipeline: bool) -> CachePolicy:
     # CachePolicy checks the share (0, 1] and the algorithm
-    return CachePolicy(name=algorithm, load_factor=load_factor, algorithm=algorithm, prefetch_pipeline=bool(prefetch_pipeline))
+    return CachePolicy(name=algorithm, load_factor=load_factor, algorithm=algorithm, prefetch_pipeline=prefetch_pipeline)
 
 
 def lru_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> CachePolicy:

@@ -15,8 +15,6 @@ def fused_kernel(
     eps: float = 1e-8,
 ) -> EmbeddingKernel:
     """FBGEMM table-batched embeddings; backward fused with the sparse optimizer."""
-    if learning_rate <= 0:
-        raise ConfigError(f"kernel.learning_rate must be positive, got {learning_rate}.")
     return EmbeddingKernel(
         name="fused",
         compute_kernel="fused",
@@ -38,8 +36,6 @@ def dense_kernel(
             "kernel.optimizer=rowwise_adagrad exists only in the fused kernel; use kernel=fused "
             "or kernel.optimizer=adagrad."
         )
-    if learning_rate <= 0:
-        raise ConfigError(f"kernel.learning_rate must be positive, got {learning_rate}.")
     return EmbeddingKernel(
         name="dense",
         compute_kernel="dense",

@@ -652,7 +652,7 @@ def test_a_damaged_checkpoint_index_or_config_is_named_with_the_fix(tmp_path: Pa
     with pytest.raises(CheckpointError, match=r"checkpoint/\.metadata is missing: the checkpoint in .* is damaged"):
         _check_metadata(folder)
     (folder / ".metadata").write_bytes(b"")
-    with pytest.raises(CheckpointError, match=r"\.metadata is empty: .*trainer\.resume=false or another output"):
+    with pytest.raises(CheckpointError, match=r"\.metadata is empty: .*start afresh in another output folder"):
         _check_metadata(folder)
     (folder / ".metadata").write_bytes(b"\x80\x04not a pickle")
     with pytest.raises(CheckpointError, match=r"\.metadata cannot be read \(\w+\): the checkpoint in"):
@@ -663,3 +663,16 @@ def test_a_damaged_checkpoint_index_or_config_is_named_with_the_fix(tmp_path: Pa
     (folder / "config.json").write_text('{"model": {"name": "dl')
     with pytest.raises(ConfigError, match=r"config\.json, the settings of the run .* cannot be read \(JSONDecodeError\)"):
         check_resumable(folder / "config.json", {})
+
+
+def test_a_diverging_run_stops_with_the_step_and_the_rates_to_lower(tmp_path: Path) -> None:
+    # before: the NaN loss reached validation, where the AUC's input check failed in a rank
+    from neo_core.errors import TrainingError
+    from neo_core.training.run import train
+
+    with pytest.raises(TrainingError) as err:
+        train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30"],
+                       tmp_path))
+    message = str(err.value)
+    assert message.startswith("The training loss is nan at step 2: training diverged."), message
+    assert "kernel.learning_rate=1e+30, sgd" in message and "trainer.dense_learning_rate=0.05" in message
