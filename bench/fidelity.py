@@ -257,7 +257,7 @@ def _load(avg: tuple[float, float, float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", default=None, help="calibration JSON (default: NEO_CALIBRATION or ~/.cache/neo)")
-    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=60, help="rounds over the plans, in a new shuffled order each round; a round times each plan --steps times")
     parser.add_argument("--steps", type=int, default=1, help="steps per plan and round (each timed)")
     parser.add_argument(
         "--quantile", type=float, default=0.1,
@@ -275,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.quantile <= 1.0:
         parser.error(f"--quantile {args.quantile}: must lie in [0, 1]")
     check_writable(parser, "--json", args.json)
+    if args.calibration is not None and not Path(args.calibration).is_file():
+        parser.error(f"--calibration {args.calibration}: not a file; write one with "
+                     f"`.venv/bin/python -m neo_plugins.sharding.planner.calibrate --out {args.calibration}`")
     start = time.perf_counter()
     try:
         ctx = context(args.calibration)

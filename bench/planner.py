@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> None:
         help="world sizes: up to 8 (one node) or multiples of 8 (ZionEX-shaped nodes of 8); default: "
              + " ".join(map(str, RANKS)),
     )
-    parser.add_argument("--no-torchrec", action="store_true")
+    parser.add_argument("--no-torchrec", action="store_true",
+                        help="plan with Neo only (no TorchRec planner, no search over its estimator): seconds")
     parser.add_argument(
         "--torchrec-cached", action="store_true",
         help="also run TorchRec's planner on the cached 12T suite (about 3 min more; off to stay under 15 min)",

@@ -1,5 +1,6 @@
-"""Neo's search over TorchRec's estimator (``sharding.estimator=torchrec``): time with and
-without ``quick_estimates``, in one process, same plans.
+"""Neo's search over TorchRec's estimator (``sharding.estimator=torchrec``), timed with and without ``quick_estimates``.
+
+In one process, with the same plans.
 
     .venv/bin/python bench/torchrec_estimator.py [--suites mlperf_dcnv2 production_like]
         [--ranks 8 16 64 128] [--json out.json]

@@ -11,6 +11,7 @@ resolved through the plugin manager, so third-party plugins work the same way.
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -60,6 +61,12 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
     if isinstance(value, Mapping):
         node = dict(value)
         name = node.pop("name", None)
+        if name is None:
+            example = "{'name': <plugin>, " + ", ".join(f"{k!r}: ..." for k in node) + "}" if node else "{'name': <plugin>}"
+            raise ConfigError(
+                f"{group} given as a mapping without 'name': name the {group} plugin, e.g. {example} "
+                f"(`neo plugins` lists them)."
+            )
         params = {**node, **(params or {})}
         value = name
     if not isinstance(value, str) or not value:
@@ -92,6 +99,23 @@ def make_context(
     )
 
 
+# keywords meant for plan_tables' own parameters: plugin groups by the parameter that takes them
+_MEANT = {"compression": "compressor", "sharding": "planner", "batch_size": "batch_size_per_rank"}
+
+
+def _check_planner_params(params: Mapping[str, Any]) -> None:
+    """A keyword that names a plugin group, or is a typo of plan_tables' own parameter, is not
+    the planner's key it would otherwise be taken for."""
+    own = ("topology", "batch_size_per_rank", "kernel", "compressor", "cache", "planner")
+    for key in params:
+        meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, own, n=1, cutoff=0.8)), None)
+        if meant:
+            raise ConfigError(
+                f"plan_tables() has no parameter {key!r}; did you mean {meant}=? (other keyword arguments go "
+                "to the planner, e.g. reserve_fraction=0.2)"
+            )
+
+
 def plan_tables(
     tables: Sequence[TableSpec],
     topology: Topology | str | Mapping[str, Any],
@@ -118,6 +142,7 @@ def plan_tables(
     bad = [t for t in tables if not isinstance(t, TableSpec)]
     if bad:
         raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    _check_planner_params(params)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
     if isinstance(planner, Planner) and params:

@@ -132,7 +132,7 @@ class SweepFailures:
 APPENDED_GROUPS = ("topology",)
 
 
-def force_add_overrides(argv: Sequence[str], groups: Collection[str] = ()) -> list[str]:
+def force_add_overrides(argv: Sequence[str], groups: Collection[str] = (), selected: Collection[str] = ()) -> list[str]:
     """Turn plain ``group.key=value`` and ``key=value`` overrides into ``++...`` ones.
 
     Hydra rejects a key the composed config lacks ("not in struct") before Neo sees it; with
@@ -140,11 +140,15 @@ def force_add_overrides(argv: Sequence[str], groups: Collection[str] = ()) -> li
     match, and accepts any parameter of a plugin selected by name only. ``key=value`` where
     ``key`` is one of ``groups`` (the config's group folders) selects an option and is left
     to Hydra, except an appended group (``topology=zionex`` becomes ``+topology=zionex``).
+    ``+group=option`` for a group the recipe's defaults list already ``selected`` (Hydra:
+    "Multiple values for cache") is taken as ``group=option``, as ``+topology=`` is written.
     """
     out = []
     for arg in argv:
         key, eq, _ = arg.partition("=")
-        if not eq or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
+        if eq and key.startswith("+") and not key.startswith("++") and key[1:] in selected:
+            out.append(arg[1:])
+        elif not eq or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
             out.append(arg)
         elif key in APPENDED_GROUPS:
             out.append(f"+{arg}")
@@ -227,7 +231,8 @@ def check_group_options(
             raise ConfigError(f"{key} needs an option; choose one of {', '.join(choices)}.")
         for option in value.split(","):
             if option and option != "null" and option not in choices:
-                close = difflib.get_close_matches(option, choices, n=1)
+                close = [c for c in choices if c.lower() == option.lower()]
+                close = close or difflib.get_close_matches(option, choices, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
                     f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{_failed_note()}"

@@ -132,7 +132,18 @@ def _report_failure(name: str, exc: BaseException, failed: dict[str, str], stric
         ) from exc
     failed[name] = f"{type(exc).__name__}: {exc}"
     warnings.warn(message, PluginLoadWarning, stacklevel=3)
-    print(f"warning: {message}", file=sys.stderr)
+    if not _reported_elsewhere():
+        print(f"warning: {message}", file=sys.stderr)
+
+
+# set in the ranks a training run spawns: their parent loaded the same plugins and said so
+QUIET_ENV = "NEO_PLUGIN_WARNINGS_SHOWN"
+
+
+def _reported_elsewhere() -> bool:
+    """A skipped plugin is said once per run: by the process that spawned the ranks, or by
+    rank 0 of ranks launched by torchrun."""
+    return bool(os.environ.get(QUIET_ENV)) or os.environ.get("RANK", "0") != "0"
 
 
 def load_plugins(

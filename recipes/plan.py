@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from neo_core.cli import (
+    APPENDED_GROUPS,
     SweepFailures,
     check_group_options,
     config_dirs,
@@ -193,14 +194,17 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     planner = resolve("sharding", cfg["sharding"])
     print(topology.describe())
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {batch}/rank")
-    result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"])
+    result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"], context)
     print(result.format_text())
-    if topology.compute_device == "cpu" and topology.world_size > 1:  # CPU ranks train over gloo
-        from neo_core.training.run import gloo_compression_problem
+    if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
+        from neo_core.training.run import cpu_kernel_problem, gloo_compression_problem
 
-        problem = gloo_compression_problem(result, context.compressor, planner)
-        if problem:
-            print(f"note: this plan cannot train on these CPU ranks (gloo): {problem}", file=sys.stderr)
+        problems = [("", cpu_kernel_problem(context.kernel.name, context.kernel.optimizer))]
+        if topology.world_size > 1:  # CPU ranks train over gloo
+            problems.append((" (gloo)", gloo_compression_problem(result, context.compressor, planner)))
+        for over, problem in problems:
+            if problem:
+                print(f"note: this plan cannot train on these CPU ranks{over}: {problem}", file=sys.stderr)
     paths = save_all(result, out)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return result
@@ -229,6 +233,7 @@ if __name__ == "__main__":
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
-    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv))]
+    selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
+    sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
     main()
     SWEEP.exit()

@@ -19,8 +19,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from neo_core.cli import (
+    APPENDED_GROUPS,
     SweepFailures,
     check_group_options,
+    config_dirs,
     config_groups,
     force_add_overrides,
     select_by_name,
@@ -32,6 +34,30 @@ from neo_core.errors import RunInterrupted
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 # train.yaml's config groups (topology is added with +topology=<option>)
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "model", "data", "trainer", "experiment")
+
+
+# recipes/plan.py's settings, which a training run has no use for (conf/ holds both recipes' groups)
+PLAN_KEYS = ("plan_model", "batch_size_per_rank")
+
+
+def check_plan_settings(argv: list[str]) -> None:
+    """Name a dry run's setting (``plan_model=``, ``model=<table set>``) as recipes/plan.py's."""
+    from neo_core.errors import ConfigError
+
+    table_sets = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        key = key.lstrip("+")
+        if not eq or key.startswith("-"):
+            continue
+        table_set = key == "model" and any(v.strip() in table_sets for v in value.split(","))
+        if key.split(".")[0] in PLAN_KEYS or table_set:
+            raise ConfigError(
+                f"{arg.lstrip('+')} is a setting of recipes/plan.py, which plans a table set "
+                f"({' | '.join(sorted(table_sets))}) for a cluster without training: python recipes/plan.py "
+                f"+topology=zionex model=<table set>. recipes/train.py trains model=<dlrm | dcnv2> on data=synthetic "
+                "(data.num_sparse, data.rows, ... size its tables; trainer.batch_size is the batch per rank)."
+            )
 
 
 # Hydra's config-folder flags as given (--config-dir ...): the command that continues a run needs them
@@ -128,11 +154,13 @@ if __name__ == "__main__":
     ARGV[:] = sys.argv[1:]
     with user_errors():
         register_plugin_options(CONF)
+        check_plan_settings(sys.argv[1:])
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     # experiment=null is its default already (Hydra refuses null as a group override)
     argv = [a for a in argv if a not in ("experiment=null", "experiment=")]
-    sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv))]
+    selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
+    sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv), selected)]
     try:
         main()
         SWEEP.exit()

@@ -213,6 +213,15 @@ def test_plugin_failing_to_register_is_named_and_skipped(capsys) -> None:
     assert "failing_plugin" in capsys.readouterr().err
     with pytest.raises(PluginError, match="'failing_plugin' failed to load .*NEO_STRICT_PLUGINS"):
         load_plugins(extra=[Failing()], autoload=False, strict=True)
+    # said once per run: not again by the ranks it spawns, nor by torchrun's ranks other than 0
+    from neo_core.plugins import QUIET_ENV
+
+    for env, value in ((QUIET_ENV, "1"), ("RANK", "1")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(env, value)
+            with pytest.warns(PluginLoadWarning):
+                again = load_plugins(extra=[Failing()], autoload=False, strict=False)
+        assert again.failed and "failing_plugin" not in capsys.readouterr().err
 
 
 def test_strict_mode_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:

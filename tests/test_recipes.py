@@ -194,6 +194,38 @@ def test_plan_recipe_says_when_a_cpu_plan_cannot_train_in_its_precision(tmp_path
     assert zionex.returncode == 0 and "cannot train on these CPU ranks" not in zionex.stderr
 
 
+def test_plan_recipe_says_when_a_cpu_plan_cannot_train_with_its_kernel(tmp_path: Path) -> None:
+    # train.py refuses FBGEMM's fused Adam on CPU ranks; the dry run for them says so, and
+    # TorchRec's plans get the run's cache note too
+    proc = run_plan("kernel.optimizer=adam", "sharding=torchrec", "cache=lru", "model=production_like",
+                    "plan_model.params.num_tables=20", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: this plan cannot train on these CPU ranks: kernel.optimizer=adam: FBGEMM's fused kernel has no " \
+           "Adam on CPU" in proc.stderr
+    assert "note: cache lru not used: cpu ranks have no device memory" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_a_group_selected_with_a_plus_is_selected(tmp_path: Path) -> None:
+    # "+cache=lru" failed inside Hydra ("Multiple values for cache"); +topology= is the written form
+    proc = run_plan("+topology=zionex", "topology.num_nodes=2", "+cache=lfu", "+compression=FP16",
+                    f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2 and "Unknown compression option 'FP16' (did you mean 'fp16'?)" in proc.stderr
+    proc = run_plan("+topology=zionex", "topology.num_nodes=2", "+cache=lfu", "+compression=fp16",
+                    f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = (tmp_path / "plan.txt").read_text()
+    assert "compression fp16 (fp16/fp16), cache lfu (load factor 0.2)" in plan, plan[-2000:]
+
+
+def test_train_recipe_names_plan_recipe_settings(tmp_path: Path) -> None:
+    for arg in ("plan_model=production_like", "model=zionex_12t", "batch_size_per_rank=64"):
+        proc = run_recipe(arg, "trainer=smoke", f"hydra.run.dir={tmp_path}")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert_one_sentence(proc, f"{arg} is a setting of recipes/plan.py", "recipes/train.py trains model=<dlrm | dcnv2>")
+    help_text = run_recipe("--help").stdout
+    assert "plan_model (table sets for dry runs) belongs to recipes/plan.py" in help_text
+
+
 def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "sharding.refine=false",
                     f"hydra.run.dir={tmp_path}")

@@ -105,13 +105,19 @@ def resolve_launch(run: RunConfig) -> Launch:
     backend = run.trainer.backend or ("nccl" if device_type == "cuda" else "gloo")
     if backend == "nccl" and device_type == "cpu":
         raise ConfigError("trainer.backend=nccl needs CUDA devices; on CPU ranks use trainer.backend=gloo (or null).")
-    optimizer = str(run.kernel.get("optimizer", "")).lower()
-    if device_type == "cpu" and run.kernel.get("name") == "fused" and optimizer == "adam":
-        raise ConfigError(
-            "kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU; use rowwise_adagrad, "
-            "adagrad or sgd, or kernel=dense."
-        )
+    problem = cpu_kernel_problem(run.kernel.get("name"), run.kernel.get("optimizer", "")) if device_type == "cpu" else None
+    if problem:
+        raise ConfigError(problem)
     return Launch(world, device_type, backend, external)
+
+
+def cpu_kernel_problem(kernel: Any, optimizer: Any) -> str | None:
+    """Why the kernel cannot train on CPU ranks, with the fix; None where it can
+    (``recipes/plan.py`` says it as a note on CPU topologies)."""
+    if kernel == "fused" and str(getattr(optimizer, "value", optimizer)).lower() == "adam":
+        return ("kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU; use rowwise_adagrad, "
+                "adagrad or sgd, or kernel=dense.")
+    return None
 
 
 def build_parts(run: RunConfig, launch: Launch) -> RunParts:
@@ -540,6 +546,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, stop: Any) -> None:
     parent = os.getppid()  # the process that started this rank (run_ranks)
+    from neo_core.plugins import QUIET_ENV
+
+    os.environ[QUIET_ENV] = "1"  # the parent said which plugins were skipped
     try:
         rank_main(local_rank, launch, payload, port=port, stop_event=stop, parent=parent)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: the parent reports it once

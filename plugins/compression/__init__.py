@@ -31,6 +31,8 @@ def _checked(name: str, forward: str, backward: str) -> Compressor:
     # collectives cannot carry, naming the tables (run.py, check_compression_on_gloo)
     from neo_core.errors import ConfigError
 
+    if isinstance(backward, str):  # FP16 as fp16, as kernel.optimizer=ADAM is adam
+        backward = backward.lower()
     try:
         return Compressor(name=name, forward_precision=forward, backward_precision=backward)
     except ConfigError as exc:

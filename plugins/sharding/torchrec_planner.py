@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import nn
@@ -27,6 +30,28 @@ from neo_core.sharding import (
 )
 
 _MS = 1e-3  # TorchRec's perf estimates are in milliseconds
+# TorchRec's planner warns, for every plan, of its dry-run dense-size estimate and of each
+# data-parallel table (no sharding spec, as such tables have none): noise next to the plan
+_NOISE = ("Sharding spec not found for ", "There is a known issue with TorchRec's dense tensor size")
+_NOISY_LOGGERS = ("", "torchrec.distributed.planner.storage_reservations")
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(_NOISE)
+
+
+@contextlib.contextmanager
+def _quiet_planner() -> Iterator[None]:
+    drop = _DropNoise()
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)
 
 
 class TorchRecPlanner(Planner):
@@ -83,14 +108,18 @@ class TorchRecPlanner(Planner):
                 f"sharding.timeout_s={self.timeout_s:g} s",
                 file=sys.stderr,
             )
-        planner = EmbeddingShardingPlanner(
-            topology=topology.to_torchrec(),
-            batch_size=context.batch_size_per_rank,
-            constraints=constraints,
-            timeout_seconds=self.timeout_s,
-        )
+        with warnings.catch_warnings():  # its default storage reservation warns of itself: the
+            # baseline is TorchRec's planner as it comes, defaults included
+            warnings.filterwarnings("ignore", message="HeuristicalStorageReservation", category=FutureWarning)
+            planner = EmbeddingShardingPlanner(
+                topology=topology.to_torchrec(),
+                batch_size=context.batch_size_per_rank,
+                constraints=constraints,
+                timeout_seconds=self.timeout_s,
+            )
         try:
-            torchrec_plan = planner.plan(module, self.sharders(context))
+            with _quiet_planner():
+                torchrec_plan = planner.plan(module, self.sharders(context))
         except PlannerError as exc:
             cache_hint = (
                 ", or let tables sit in host memory behind a cache (cache=lru cache.load_factor=0.2)"

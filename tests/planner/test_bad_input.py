@@ -432,3 +432,16 @@ def test_the_api_names_a_single_table_or_an_unknown_group() -> None:
         resolve("topolgy", "zionex")
     with pytest.raises(ConfigError, match="Unknown plugin group \\['topology'\\]"):
         resolve(["topology"], "zionex")  # type: ignore[arg-type]
+
+
+def test_the_api_names_its_own_parameter_where_a_keyword_would_be_taken_for_the_planners() -> None:
+    # before: compression="fp16" was taken as the planner's key ("Unknown key sharding.compression")
+    one = [TableSpec("t0", 1000, 16, 1.0)]
+    for key, meant in (("compression", "compressor"), ("sharding", "planner"), ("compresor", "compressor"),
+                       ("batch_size", "batch_size_per_rank")):
+        with pytest.raises(ConfigError, match=rf"plan_tables\(\) has no parameter '{key}'; did you mean {meant}=\?"):
+            plan_tables(one, cluster(), 256, **{key: "fp16"})
+    with pytest.raises(ConfigError, match=r"kernel given as a mapping without 'name': name the kernel plugin, e.g. "
+                                          r"\{'name': <plugin>, 'learning_rate': ...\}"):
+        plan_tables(one, cluster(), 256, kernel={"learning_rate": 0.1})
+    assert plan_tables(one, cluster(), 256, kernel={"name": "fused", "learning_rate": 0.1}, reserve_fraction=0.2)

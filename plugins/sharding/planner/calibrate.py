@@ -371,7 +371,7 @@ def main(out: str | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="calibration JSON path")
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that measure the collectives: a power of two, 2 or more (as many as will train)")
     parser.add_argument(
         "--nice", type=int, default=0,
         help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
