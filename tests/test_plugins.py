@@ -456,6 +456,21 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
     assert isinstance(err.value.__cause__, RuntimeError)
 
 
+@pytest.mark.parametrize("precisions", [("fp16", "fp8"), ("bf16", "fp8"), ("fp8", "fp16"), ("fp16", "int8"), ("bf16", "fp32")])
+def test_the_reduce_scatter_precisions_are_those_torchrec_sends(precisions) -> None:
+    # the cost model charges row-split tables' reduce-scatters at these precisions: they must be
+    # what TorchRec's codec registry builds for that collective (no fp8 there), and the
+    # all-to-alls keep the asked ones
+    from neo_core.compression import Compressor
+
+    c = Compressor("x", *precisions)
+    registry = c.qcomm_codecs_registry()
+    scatter, a2a = registry["POOLED_EMBEDDINGS_REDUCE_SCATTER"], registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
+    assert (str(scatter.forward._comm_precision), str(scatter.backward._comm_precision)) == (
+        c.reduce_scatter_forward_precision, c.reduce_scatter_backward_precision)
+    assert (str(a2a.forward._comm_precision), str(a2a.backward._comm_precision)) == precisions
+
+
 def test_compressor_precisions_are_checked() -> None:
     from neo_core.compression import Compressor
 
