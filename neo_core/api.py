@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from neo_core.cache import CachePolicy
@@ -103,11 +103,19 @@ def make_context(
 _MEANT = {"compression": "compressor", "sharding": "planner", "batch_size": "batch_size_per_rank"}
 
 
-def _check_planner_params(params: Mapping[str, Any]) -> None:
+def _check_planner_params(params: Mapping[str, Any], planner: Any) -> None:
     """A keyword that names a plugin group, or is a typo of plan_tables' own parameter, is not
-    the planner's key it would otherwise be taken for."""
+    the planner's key it would otherwise be taken for (unless the planner takes it)."""
     own = ("topology", "batch_size_per_rank", "kernel", "compressor", "cache", "planner")
-    for key in params:
+    takes: Collection[str] = ()
+    if isinstance(planner, str):
+        from neo_core.plugins import get_plugins
+
+        try:
+            takes = get_plugins().registry("sharding").get(planner).parameters()
+        except Exception:  # noqa: BLE001 - an unknown planner is named by resolve below
+            takes = ()
+    for key in (k for k in params if k not in takes):
         meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, own, n=1, cutoff=0.8)), None)
         if meant:
             raise ConfigError(
@@ -142,7 +150,7 @@ def plan_tables(
     bad = [t for t in tables if not isinstance(t, TableSpec)]
     if bad:
         raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
-    _check_planner_params(params)
+    _check_planner_params(params, planner)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
     if isinstance(planner, Planner) and params:

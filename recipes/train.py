@@ -44,7 +44,10 @@ def check_plan_settings(argv: list[str]) -> None:
     """Name a dry run's setting (``plan_model=``, ``model=<table set>``) as recipes/plan.py's."""
     from neo_core.errors import ConfigError
 
-    table_sets = {p.stem for d in config_dirs(CONF, argv) for p in (d / "plan_model").glob("*.yaml")}
+    def options(group: str) -> set[str]:
+        return {p.stem for d in config_dirs(CONF, argv) for p in (d / group).glob("*.yaml")}
+
+    table_sets = options("plan_model") - options("model")  # a training model of the same name is one
     for arg in argv:
         key, eq, value = arg.partition("=")
         key = key.lstrip("+")
@@ -158,7 +161,7 @@ if __name__ == "__main__":
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     # experiment=null is its default already (Hydra refuses null as a group override)
-    argv = [a for a in argv if a not in ("experiment=null", "experiment=")]
+    argv = [a for a in argv if a.lstrip("+") not in ("experiment=null", "experiment=")]
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv), selected)]
     try:

@@ -186,7 +186,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/train.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
         ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
-        ("bench/fidelity.py", ["--calibration", "/no/such.json"], "topology.calibration='/no/such.json' is not a file"),
+        ("bench/fidelity.py", ["--calibration", "/no/such.json"], "--calibration /no/such.json: not a file; write one with"),
         ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
         ("bench/alltoall_share.py", ["--mib", "0"], "--mib 0: must be at least 1"),
         ("bench/input_dist.py", ["--dim", "0"], "--dim 0: must be at least 1"),

@@ -88,9 +88,11 @@ def test_every_group_has_options() -> None:
     for group in PLUGIN_GROUPS:
         assert yaml_options(group), f"conf/{group}/ has no options"
     assert set(yaml_options("experiment")) >= {"zionex_emulated", "torchrec_baseline"}
-    # the root config is only the defaults list plus the default topology and run keys
+    # the root config is only the defaults list plus the default topology and run keys (and
+    # Hydra's help text, which is not part of the run's config)
     root = OmegaConf.load(CONF / "train.yaml")
-    assert set(root) == {"defaults", "topology", "seed", "output_dir"}
+    assert set(root) == {"defaults", "topology", "seed", "output_dir", "hydra"}
+    assert set(root.hydra) == {"help"}
 
 
 @pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])

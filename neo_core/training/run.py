@@ -263,7 +263,7 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
             restrict = f"sharding=neo {restrict}"
         if precision == "fp8":  # RW runs, but sends bf16 (no fp8 reduce-scatter); DP sends nothing
             other = (
-                "no sharding type sends fp8 over gloo: row-wise tables reduce-scatter in bf16 instead "
+                "no sharding type sends fp8 over gloo: row-wise tables send their gradients in bf16 instead "
                 "(TorchRec has no fp8 reduce-scatter) and data-parallel tables exchange no embeddings"
             )
         else:

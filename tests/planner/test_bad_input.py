@@ -445,3 +445,24 @@ def test_the_api_names_its_own_parameter_where_a_keyword_would_be_taken_for_the_
                                           r"\{'name': <plugin>, 'learning_rate': ...\}"):
         plan_tables(one, cluster(), 256, kernel={"learning_rate": 0.1})
     assert plan_tables(one, cluster(), 256, kernel={"name": "fused", "learning_rate": 0.1}, reserve_fraction=0.2)
+
+
+def test_a_planner_plugin_that_takes_such_a_keyword_gets_it(register_plugin) -> None:
+    from neo_core import hookimpl
+
+    seen = {}
+
+    def wide_planner(batch_size: int = 0) -> NeoPlanner:
+        seen["batch_size"] = batch_size
+        return NeoPlanner()
+
+    class Wide:
+        __name__ = "wide_planner"
+
+        @hookimpl
+        def neo_register_sharders(self, registry):
+            registry.register("wide", wide_planner)
+
+    register_plugin(Wide())
+    assert plan_tables([TableSpec("t0", 1000, 16, 1.0)], cluster(), 256, planner="wide", batch_size=7)
+    assert seen == {"batch_size": 7}
