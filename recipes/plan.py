@@ -83,8 +83,8 @@ def _options(argv: list[str], group: str) -> set[str]:
 def _model_alias(argv: list[str]) -> list[str]:
     """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
     the plan_model/ folder of a ``--config-dir``; ``model=<a>,<b>`` (a sweep) too. Give
-    ``cache.load_factor`` without a cache policy and the policy is LRU (the cache a plan
-    model's share applies to)."""
+    ``cache.load_factor`` (or another cache key) without a cache policy and the policy is LRU
+    (the cache a plan model's share applies to)."""
     names = _options(argv, "plan_model")
     out = []
     for arg in argv:
@@ -93,8 +93,9 @@ def _model_alias(argv: list[str]) -> list[str]:
             arg = f"plan_model={value}"
         out.append(arg)
     keys = [a.partition("=")[0].lstrip("+") for a in out]
-    if "cache.load_factor" in keys and "cache" not in keys:
-        print("note: cache.load_factor without a cache policy: planning with cache=lru", file=sys.stderr)
+    cache_keys = [k for k in keys if k.startswith("cache.") and k != "cache.name"]
+    if cache_keys and "cache" not in keys and "cache.name" not in keys:
+        print(f"note: {cache_keys[0]} without a cache policy: planning with cache=lru", file=sys.stderr)
         out.append("cache=lru")  # after any Hydra flag; Hydra applies a group choice before values
     return out
 

@@ -368,8 +368,9 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
         ((), "cache lru (load factor 0.1)"),  # no cache selected: LRU at the model's share
         (("cache=none",), "cache none"),  # said so: no cache
         (("cache.load_factor=0.3",), "cache lru (load factor 0.3)"),  # a share alone: LRU at it
+        (("cache.prefetch_pipeline=true",), "cache lru (load factor 0.1)"),  # another cache key alone: LRU
     ],
-    ids=["model-share", "user-share", "default-lru", "said-none", "share-alone"],
+    ids=["model-share", "user-share", "default-lru", "said-none", "share-alone", "prefetch-alone"],
 )
 def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path: Path, overrides, expected) -> None:
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2",
