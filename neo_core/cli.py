@@ -98,7 +98,11 @@ class SweepFailures:
             raise
         except Exception as exc:
             if os.environ.get("NEO_TRACEBACK"):
-                raise
+                # Hydra's launcher keeps a job's exception and runs the next job: a SystemExit
+                # is not an Exception, so it ends the sweep here
+                traceback.print_exc()
+                print(f"error: job #{num} ({overrides}) failed; NEO_TRACEBACK=1 stops the sweep here", file=sys.stderr)
+                raise SystemExit(1) from exc
             message = user_error_message(exc)
             detail = message
             if message is None:

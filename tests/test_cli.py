@@ -163,3 +163,23 @@ def test_groups_of_an_added_config_dir_are_groups(tmp_path) -> None:
         assert force_add_overrides([*argv, "scheduler=cosine"], groups)[-1] == "scheduler=cosine"
     assert "scheduler" not in config_groups(ROOT / "conf", [])
     assert force_add_overrides(["scheduler=cosine"], config_groups(ROOT / "conf")) == ["++scheduler=cosine"]
+
+
+def test_neo_traceback_stops_a_sweep_at_its_first_failure(tmp_path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hydra's launcher keeps an Exception a job raises and runs the next job: the sweep went on
+    from neo_core.cli import SweepFailures
+
+    def failing() -> None:
+        raise ConfigError("trainer.batch_size must be a positive integer, got 0.")
+
+    monkeypatch.setenv("NEO_TRACEBACK", "1")
+    with pytest.raises(SystemExit) as stop:
+        SweepFailures().job(failing, tmp_path, 0, "trainer.batch_size=0")
+    assert stop.value.code == 1 and not isinstance(stop.value, Exception)
+    err = capsys.readouterr().err
+    assert "ConfigError: trainer.batch_size must be a positive integer" in err  # the traceback
+    assert "job #0 (trainer.batch_size=0) failed; NEO_TRACEBACK=1 stops the sweep here" in err
+    monkeypatch.delenv("NEO_TRACEBACK")
+    sweep = SweepFailures()
+    assert sweep.job(failing, tmp_path, 1, "trainer.batch_size=0") is None  # reported and kept
+    assert sweep.jobs and (tmp_path / "error.txt").is_file()

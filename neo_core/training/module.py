@@ -107,6 +107,7 @@ class NeoModule(pl.LightningModule):
         self.loss_fn = nn.BCEWithLogitsLoss()
         self._val_preds: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
+        self._said_one_class = False  # the note that the AUC is undefined, said once
         self._val_losses: list[float] = []
         self.history: list[dict[str, float]] = []  # per logged step, this rank
         self.val_history: list[dict[str, float]] = []
@@ -236,7 +237,16 @@ class NeoModule(pl.LightningModule):
             dist.all_gather(gathered_p, preds)
             dist.all_gather(gathered_l, labels)
             preds, labels = torch.cat(gathered_p), torch.cat(gathered_l)
-        auc = float(binary_auroc(preds, labels.long()))
+        classes = labels.long().unique()
+        if len(classes) < 2:  # AUC is undefined (torchmetrics gives 0.0): recorded as not measured
+            auc = math.nan
+            if not self._said_one_class and (not dist.is_initialized() or dist.get_rank() == 0):
+                self._said_one_class = True
+                print(f"note: every held-out label is {int(classes[0]) if len(classes) else '-'}, so the "
+                      "validation AUC is undefined (recorded as null); the data's labels have one class "
+                      "(data.bias?) or trainer.val_batches x batch is too small", flush=True)
+        else:
+            auc = float(binary_auroc(preds, labels.long()))
         loss = float(torch.nn.functional.binary_cross_entropy(preds.clamp(1e-7, 1 - 1e-7), labels))
         self.log("val/auc", auc, prog_bar=True, rank_zero_only=True)
         self.log("val/loss", loss, rank_zero_only=True)

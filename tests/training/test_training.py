@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -676,3 +677,14 @@ def test_a_diverging_run_stops_with_the_step_and_the_rates_to_lower(tmp_path: Pa
     message = str(err.value)
     assert message.startswith("The training loss is nan at step 2: training diverged."), message
     assert "kernel.learning_rate=1e+30, sgd" in message and "trainer.dense_learning_rate=0.05" in message
+
+
+def test_an_undefined_auc_is_recorded_as_not_measured(tmp_path: Path, capsys) -> None:
+    # every label 0: torchmetrics gave an AUC of 0.0, reported as a result
+    from neo_core.training.run import train
+
+    metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "+data.bias=-50"], tmp_path))
+    assert math.isnan(metrics["val_auc"])
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["val_auc"] is None and all(v["auc"] is None for v in saved["val_history"])
+    assert "every held-out label is 0, so the validation AUC is undefined" in capsys.readouterr().out

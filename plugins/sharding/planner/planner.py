@@ -218,6 +218,15 @@ class NeoPlanner(Planner):
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         result.notes.extend(context_notes(result, context))
+        odd = [t for t in tables if t.embedding_dim % 4] if context.kernel.compute_kernel == "fused" else []
+        if odd:
+            names = ", ".join(f"{t.name} (dim {t.embedding_dim})" for t in odd[:5])
+            result.notes.append(
+                f"{len(odd)} table(s) replicated on the unfused dense kernel, whatever their cost: their dim is not "
+                f"a multiple of 4, which FBGEMM's fused kernel needs: {names}"
+                + (f" and {len(odd) - 5} more" if len(odd) > 5 else "")
+                + f"; pad the dim to {-(-odd[0].embedding_dim // 4) * 4} to shard them"
+            )
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
@@ -499,6 +508,10 @@ def _why(opt: Option, search: Search, i: int) -> str:
     }[st]
     if opt.placement == CACHED:
         reason += ", host memory behind device cache"
+    if st is ShardingType.DATA_PARALLEL and dim % 4 and not any(
+        search.opts[o].valid[i] for o in range(len(search.opts)) if search.opts[o].sharding_type is not st
+    ):
+        reason = f"replicated: dim {dim} is not a multiple of 4, which the fused kernel needs to shard it"
     return f"{size}, {reason}; {cost(int(search.choice[i]))}{cmp}"
 
 
