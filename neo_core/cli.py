@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import sys
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ def user_errors() -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+# what a finished job leaves in its folder (train.py or plan.py)
+RESULT_FILES = ("metrics.json", "training.png", "config.json", "plan.json", "plan.txt", "plan.png")
+
+
 class SweepFailures:
     """The failed jobs of a Hydra multirun sweep; each job runs through :meth:`job`.
 
@@ -92,6 +97,7 @@ class SweepFailures:
         import traceback
 
         (out / "error.txt").unlink(missing_ok=True)
+        started = time.time()
         try:
             return fn()
         except passthrough:
@@ -116,6 +122,10 @@ class SweepFailures:
                 message = f"{type(exc).__name__}: {first} ({where}; traceback in error.txt)"
                 detail = "".join(traceback.format_exception(exc))
             out.mkdir(parents=True, exist_ok=True)
+            earlier = [n for n in RESULT_FILES if (out / n).is_file() and (out / n).stat().st_mtime < started - 1.0]
+            if earlier:  # a rerun into the folder of a job that once succeeded
+                detail += (f"\n(this job wrote no results: {', '.join(earlier)} in this folder "
+                           f"{'is' if len(earlier) == 1 else 'are'} an earlier run's)")
             (out / "error.txt").write_text(detail + "\n")
             print(f"error: job #{num} ({overrides}): {message}", file=sys.stderr)
             self.jobs.append((num, overrides, message))

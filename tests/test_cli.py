@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,4 +183,10 @@ def test_neo_traceback_stops_a_sweep_at_its_first_failure(tmp_path, capsys, monk
     monkeypatch.delenv("NEO_TRACEBACK")
     sweep = SweepFailures()
     assert sweep.job(failing, tmp_path, 1, "trainer.batch_size=0") is None  # reported and kept
-    assert sweep.jobs and (tmp_path / "error.txt").is_file()
+    assert sweep.jobs and "earlier run" not in (tmp_path / "error.txt").read_text()
+    # a rerun into a folder whose job once succeeded: its results are not this job's
+    (tmp_path / "metrics.json").write_text("{}")
+    os.utime(tmp_path / "metrics.json", (1, 1))
+    sweep.job(failing, tmp_path, 1, "trainer.batch_size=0")
+    assert "(this job wrote no results: metrics.json in this folder is an earlier run's)" in (
+        tmp_path / "error.txt").read_text()

@@ -67,9 +67,14 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("cache=lru", "cache.prefetch_pipeline=maybe"), NeoError, ("cache.prefetch_pipeline must be true or false",)),
         (("kernel=dense", "+sharding.sharding_types=[TW,RW]"), NeoError,
          ("kernel dense replicates every table", "sharding.sharding_types=[RW,TW] leaves out DP")),
+        (("model.dense_arch=5",), NeoError, ("model.dense_arch must be a list of layer sizes of 1 or more, got 5",)),
+        (("model=dcnv2", "model.dcn_num_layers=-1"), NeoError,
+         ("model.dcn_num_layers must be a positive whole number, got -1",)),
+        (("data.num_dense=0",), NeoError, ("needs at least one dense feature, got 0 (data.num_dense",)),
     ],
     ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec",
-         "infinite-lr", "negative-eps", "prefetch-not-bool", "dense-kernel-without-dp"],
+         "infinite-lr", "negative-eps", "prefetch-not-bool", "dense-kernel-without-dp", "dense-arch-int",
+         "dcn-layers", "no-dense-features"],
 )
 def test_train_rejects_bad_input_before_ranks_start(tmp_path: Path, overrides, error, fragments) -> None:
     with pytest.raises(error) as err:

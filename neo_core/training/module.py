@@ -212,8 +212,11 @@ class NeoModule(pl.LightningModule):
         return {"history": history, "val_history": list(self.val_history)}
 
     def samples_per_second(self, warmup: int = 5) -> float:
-        """Global samples/s over this run's steps after ``warmup`` (training time only)."""
-        times = self._step_times[warmup:] if len(self._step_times) > 2 * warmup else self._step_times
+        """Global samples/s over this run's steps after ``warmup`` (training time only); a run of
+        ``2 * warmup`` steps or fewer leaves out its first step alone (it builds the kernels and
+        caches: 10-20x a later step on CPU)."""
+        n = len(self._step_times)
+        times = self._step_times[warmup:] if n > 2 * warmup else self._step_times[1:] if n > 1 else self._step_times
         return self.global_batch_size * len(times) / sum(times) if times else 0.0
 
     # -- validation ---------------------------------------------------------------------

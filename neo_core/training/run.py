@@ -691,8 +691,9 @@ def rank_main(
     if rank == 0:
         if start_step > 0:  # rows after the checkpoint were logged by a run that did not save them
             keep_rows_before(log_csv, start_step)
-        else:
-            log_csv.unlink(missing_ok=True)  # an earlier run's, in a folder started afresh
+        else:  # an earlier run's, in a folder started afresh: this run's replace them, or none are left
+            for stale in (log_csv, out / "metrics.json", out / "training.png"):
+                stale.unlink(missing_ok=True)
     started = time.perf_counter()
     try:
         with stop.installed():
@@ -706,6 +707,16 @@ def rank_main(
                 _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
     except HardStop:  # the second Ctrl-C (inside fit, Lightning has torn the rank down)
         raise KeyboardInterrupt from None
+    except RuntimeError as exc:  # torch's out-of-memory errors (CUDA's is a RuntimeError too)
+        text = str(exc)
+        if "can't allocate memory" not in text and "out of memory" not in text.lower():
+            raise
+        first = text.strip().splitlines()[0][:200] if text.strip() else type(exc).__name__
+        raise TrainingError(
+            f"Rank {rank} ran out of {launch.device_type} memory while training ({first}). The plan counts the "
+            f"embedding tables only: lower trainer.batch_size (now {cfg.batch_size} per rank) or the model's "
+            "layer sizes (model.dense_arch, model.over_arch, ...), or run on more ranks."
+        ) from None
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

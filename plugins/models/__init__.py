@@ -23,7 +23,7 @@ class _DLRMBuilder(ModelBuilder):
     ) -> None:
         self.embedding_dim = int(embedding_dim)
         for key, sizes in (("dense_arch", dense_arch), ("over_arch", over_arch)):
-            if isinstance(sizes, str) or not all(
+            if isinstance(sizes, str) or not hasattr(sizes, "__iter__") or not all(
                 isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes
             ):
                 raise ConfigError(f"model.{key} must be a list of layer sizes of 1 or more, got {sizes!r}.")
@@ -49,7 +49,10 @@ class _DLRMBuilder(ModelBuilder):
                     f"model.embedding_dim={self.embedding_dim}."
                 )
         if num_dense < 1:
-            raise ConfigError(f"{self.name} needs at least one dense feature, got {num_dense}.")
+            raise ConfigError(
+                f"{self.name} needs at least one dense feature, got {num_dense} (data.num_dense for the "
+                "synthetic data)."
+            )
 
 
 class DLRMBuilder(_DLRMBuilder):
@@ -81,8 +84,9 @@ class DCNv2Builder(_DLRMBuilder):
         dcn_low_rank_dim: int,
     ) -> None:
         super().__init__(embedding_dim, dense_arch, over_arch)
-        if dcn_num_layers < 1 or dcn_low_rank_dim < 1:
-            raise ConfigError("model.dcn_num_layers and model.dcn_low_rank_dim must be positive.")
+        for key, value in (("dcn_num_layers", dcn_num_layers), ("dcn_low_rank_dim", dcn_low_rank_dim)):
+            if value < 1:
+                raise ConfigError(f"model.{key} must be a positive whole number, got {value!r}.")
         self.dcn_num_layers = int(dcn_num_layers)
         self.dcn_low_rank_dim = int(dcn_low_rank_dim)
 

@@ -671,11 +671,15 @@ def test_a_diverging_run_stops_with_the_step_and_the_rates_to_lower(tmp_path: Pa
     from neo_core.errors import TrainingError
     from neo_core.training.run import train
 
+    for earlier in ("metrics.json", "training.png"):  # an earlier run's results (it kept no checkpoint)
+        (tmp_path / earlier).write_text("{}")
     with pytest.raises(TrainingError) as err:
         train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30"],
                        tmp_path))
     message = str(err.value)
     assert message.startswith("The training loss is nan at step 2: training diverged."), message
+    # the failed run's folder does not offer the earlier run's results as its own
+    assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "training.png").exists()
     assert "kernel.learning_rate=1e+30, sgd" in message and "trainer.dense_learning_rate=0.05" in message
 
 
@@ -688,3 +692,37 @@ def test_an_undefined_auc_is_recorded_as_not_measured(tmp_path: Path, capsys) ->
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["val_auc"] is None and all(v["auc"] is None for v in saved["val_history"])
     assert "every held-out label is 0, so the validation AUC is undefined" in capsys.readouterr().out
+
+
+def test_running_out_of_memory_in_a_rank_names_the_batch_and_the_model(tmp_path: Path, monkeypatch) -> None:
+    # the plan counts the tables only: a batch or MLP too large for memory died in a raw traceback
+    from neo_core.errors import TrainingError
+    from neo_core.training import module
+    from neo_core.training.run import train
+
+    def oom(self, batch, batch_idx):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you "
+                           "tried to allocate 3840062992 bytes.")
+
+    monkeypatch.setattr(module.NeoModule, "training_step", oom)
+    with pytest.raises(TrainingError, match=r"Rank 0 ran out of cpu memory while training \(.*can't allocate memory.*\)"
+                                            r"\. The plan counts the embedding tables only: lower trainer.batch_size "
+                                            r"\(now 64 per rank\)"):
+        train(composed(["trainer=smoke", "trainer.world_size=1"], tmp_path))
+    monkeypatch.setattr(module.NeoModule, "training_step", lambda *a: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # other errors keep their own
+        train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.resume=false"], tmp_path / "b"))
+
+
+def test_a_short_runs_throughput_leaves_out_its_first_step() -> None:
+    # trainer=smoke reported 1,644 samples/s where its steps after the first ran at 6-9k/s
+    from types import SimpleNamespace
+
+    from neo_core.training.module import NeoModule
+
+    def rate(times: list[float]) -> float:
+        return NeoModule.samples_per_second(SimpleNamespace(_step_times=times, global_batch_size=10))
+
+    assert rate([1.0, 0.1, 0.1]) == pytest.approx(100.0)  # the first step left out
+    assert rate([1.0] * 5 + [0.1] * 6) == pytest.approx(100.0)  # longer runs: the 5-step warm-up
+    assert rate([0.5]) == pytest.approx(20.0) and rate([]) == 0.0
