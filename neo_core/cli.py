@@ -253,6 +253,33 @@ def check_group_options(
                 )
 
 
+def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
+    """Without ``-m``, an override that lists values (``trainer.max_steps=1,2``) is refused
+    naming the flag; Hydra's own message ("Ambiguous value") shows it as rewritten (``++``)."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+            continue
+        depth, quoted = 0, None
+        for ch in value:
+            if quoted:
+                quoted = None if ch == quoted else quoted
+            elif ch in "'\"":
+                quoted = ch
+            elif ch in "[{(":
+                depth += 1
+            elif ch in "]})":
+                depth -= 1
+            elif ch == "," and depth == 0:
+                listed = f" (a list value goes in brackets: {key.lstrip('+')}=[{value}])" if "." in key else ""
+                raise ConfigError(
+                    f"{arg} lists several values: add -m to run one job per value (python {recipe} -m ...), "
+                    f"or give one value{listed}."
+                )
+
+
 def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:
     """``conf`` and the config directory ``argv`` adds with ``--config-dir``/``-cd`` (the last
     one given, as Hydra takes it)."""

@@ -27,6 +27,7 @@ from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
     check_group_options,
+    check_sweep_values,
     config_dirs,
     config_groups,
     force_add_overrides,
@@ -233,6 +234,7 @@ if __name__ == "__main__":
     with user_errors():
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
+        check_sweep_values(sys.argv[1:], "recipes/plan.py")
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]

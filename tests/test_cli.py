@@ -190,3 +190,18 @@ def test_neo_traceback_stops_a_sweep_at_its_first_failure(tmp_path, capsys, monk
     sweep.job(failing, tmp_path, 1, "trainer.batch_size=0")
     assert "(this job wrote no results: metrics.json in this folder is an earlier run's)" in (
         tmp_path / "error.txt").read_text()
+
+
+def test_listed_values_without_multirun_name_the_flag() -> None:
+    # Hydra's "Ambiguous value for argument '++trainer.max_steps=1,2'" showed an override the user never typed
+    from neo_core.cli import check_sweep_values
+
+    with pytest.raises(ConfigError, match=r"^trainer.max_steps=1,2 lists several values: add -m to run one job per "
+                                          r"value \(python recipes/train.py -m ...\), or give one value \(a list value "
+                                          r"goes in brackets: trainer.max_steps=\[1,2\]\)\.$"):
+        check_sweep_values(["trainer.max_steps=1,2"], "recipes/train.py")
+    with pytest.raises(ConfigError, match=r"^kernel=fused,dense lists several values: .* give one value\.$"):
+        check_sweep_values(["kernel=fused,dense"], "recipes/train.py")
+    for fine in (["-m", "kernel=fused,dense"], ["model.dense_arch=[64,16]"], ["data.name='a,b'"],
+                 ["hydra.sweeper.params={a: 1,2}"], ["--config-dir", "x,y"]):
+        check_sweep_values(fine, "recipes/train.py")
