@@ -247,6 +247,8 @@ class DistributedCheckpoint(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
         step = trainer.global_step + self.step_offset
         if self.every_n_steps and step % self.every_n_steps == 0:
+            if hasattr(module, "finite_loss"):  # a diverged step is not saved (the module's own hook runs later)
+                module.finite_loss(outputs)
             self.save(trainer, module)
 
     def on_validation_end(self, trainer: pl.Trainer, module: Any) -> None:

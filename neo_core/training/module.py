@@ -177,24 +177,29 @@ class NeoModule(pl.LightningModule):
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         logits = self(batch)
         loss = self.loss_fn(logits, batch.labels)
-        if not math.isfinite(float(loss)):  # before its backward and before any checkpoint of the step
-            step = self.global_step + self.step_offset + 1
-            raise TrainingError(
-                f"The training loss is {float(loss)} at step {step}: training diverged. Lower the tables' learning "
-                f"rate (kernel.learning_rate={self.kernel.learning_rate:g}, {self.kernel.optimizer.value}) or the "
-                f"dense layers' (trainer.dense_learning_rate={self.trainer_cfg.dense_learning_rate:g}, "
-                f"{self.trainer_cfg.dense_optimizer}); no checkpoint was written for this step (earlier ones may "
-                "hold weights that had already diverged)."
-            )
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         self._pending = (self.global_step + self.step_offset + 1, loss.detach())  # recorded at batch end
+        return loss
+
+    def finite_loss(self, outputs: Any) -> float:
+        """The step's loss (one device sync per step; the checkpoint callback, which Lightning
+        calls first, reads it before saving): a diverged run stops here, naming what to lower."""
+        loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        if not math.isfinite(loss):
+            raise TrainingError(
+                f"The training loss is {loss} at step {self.global_step + self.step_offset}: training diverged. "
+                f"Lower the tables' learning rate (kernel.learning_rate={self.kernel.learning_rate:g}, "
+                f"{self.kernel.optimizer.value}) or the dense layers' (trainer.dense_learning_rate="
+                f"{self.trainer_cfg.dense_learning_rate:g}, {self.trainer_cfg.dense_optimizer}); no checkpoint was "
+                "written for this step (earlier ones may hold weights that had already diverged)."
+            )
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._step_started is not None:
             self._step_times.append(time.perf_counter() - self._step_started)
         step = self.global_step + self.step_offset
-        loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+        loss = self.finite_loss(outputs)
         self.history.append({"step": step, "loss": loss})
         self._pending = None
         every = self.trainer_cfg.log_every_n_steps

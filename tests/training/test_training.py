@@ -674,10 +674,13 @@ def test_a_diverging_run_stops_with_the_step_and_the_rates_to_lower(tmp_path: Pa
     for earlier in ("metrics.json", "training.png"):  # an earlier run's results (it kept no checkpoint)
         (tmp_path / earlier).write_text("{}")
     with pytest.raises(TrainingError) as err:
-        train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30"],
-                       tmp_path))
+        train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30",
+                        "trainer.checkpoint=true", "trainer.checkpoint_every_n_steps=1"], tmp_path))
     message = str(err.value)
     assert message.startswith("The training loss is nan at step 2: training diverged."), message
+    assert "no checkpoint was written for this step" in message
+    # Lightning runs the checkpoint callback's batch-end hook before the module's: the diverged step 2 was saved
+    assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 1
     # the failed run's folder does not offer the earlier run's results as its own
     assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "training.png").exists()
     assert "kernel.learning_rate=1e+30, sgd" in message and "trainer.dense_learning_rate=0.05" in message
