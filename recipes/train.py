@@ -23,9 +23,9 @@ from neo_core.cli import (
     SweepFailures,
     check_group_options,
     check_sweep_values,
-    config_dirs,
     config_groups,
     force_add_overrides,
+    option_names,
     select_by_name,
     user_errors,
 )
@@ -45,10 +45,8 @@ def check_plan_settings(argv: list[str]) -> None:
     """Name a dry run's setting (``plan_model=``, ``model=<table set>``) as recipes/plan.py's."""
     from neo_core.errors import ConfigError
 
-    def options(group: str) -> set[str]:
-        return {p.stem for d in config_dirs(CONF, argv) for p in (d / group).glob("*.yaml")}
-
-    table_sets = options("plan_model") - options("model")  # a training model of the same name is one
+    # a training model of a table set's name (a --config-dir's, a plugin) is that model
+    table_sets = set(option_names(CONF, "plan_model", argv)) - set(option_names(CONF, "model", argv))
     for arg in argv:
         key, eq, value = arg.partition("=")
         key = key.lstrip("+")
