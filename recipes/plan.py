@@ -35,6 +35,7 @@ from neo_core.cli import (
     user_errors,
 )
 from neo_core.config import register_plugin_options
+from neo_core.training.console import console_log
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SWEEP = SweepFailures()  # failed jobs of a -m sweep
@@ -221,13 +222,14 @@ def main(cfg: DictConfig) -> None:
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
     no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
     config = OmegaConf.to_container(cfg, resolve=True)
-    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
-        SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
-                  Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
-                  " ".join(o.removeprefix("++") for o in overrides))
-        return
-    with user_errors():
-        run(config, cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
+    with console_log(Path(config["output_dir"]) / "plan.log"):  # type: ignore[index]
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
+            SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
+                      Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
+                      " ".join(o.removeprefix("++") for o in overrides))
+            return
+        with user_errors():
+            run(config, cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

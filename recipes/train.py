@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -31,6 +32,7 @@ from neo_core.cli import (
 )
 from neo_core.config import register_plugin_options
 from neo_core.errors import RunInterrupted
+from neo_core.training.console import console_log
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 # train.yaml's config groups (topology is added with +topology=<option>)
@@ -128,6 +130,14 @@ def _continue_command(run_dir: str) -> str:
     return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
 
+def interrupted_message(exc: KeyboardInterrupt) -> str:
+    """The line an interrupted run ends with: where its checkpoint is, how to continue."""
+    if isinstance(exc, RunInterrupted):
+        return f"interrupted: {exc}"
+    return "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; " + (
+        f"continue with: {CONTINUE[0]}" if CONTINUE else "continue with trainer.resume=true")
+
+
 @hydra.main(version_base="1.3", config_path=CONF, config_name="train")
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
@@ -138,16 +148,19 @@ def main(cfg: DictConfig) -> float:
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
     CONTINUE[:] = [_continue_command(str(config["output_dir"]))]  # type: ignore[index]
-    try:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            metrics = _sweep_job(config)
-        else:
-            with user_errors():
-                metrics = train(config)  # type: ignore[arg-type]
-    except RunInterrupted as exc:
-        if exc.resume_dir is None:
-            raise
-        raise RunInterrupted(f"{exc.summary}; continue with: {_continue_command(exc.resume_dir)}") from None
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
+    log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
+    with console_log(log, interrupted_message) if rank0 else contextlib.nullcontext():
+        try:
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                metrics = _sweep_job(config)
+            else:
+                with user_errors():
+                    metrics = train(config)  # type: ignore[arg-type]
+        except RunInterrupted as exc:
+            if exc.resume_dir is None:
+                raise
+            raise RunInterrupted(f"{exc.summary}; continue with: {_continue_command(exc.resume_dir)}") from None
     return float(metrics.get("val_auc", float("nan")))
 
 
@@ -171,10 +184,5 @@ if __name__ == "__main__":
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it
             sys.exit(130)
-        print(
-            f"interrupted: {exc}" if isinstance(exc, RunInterrupted) else
-            "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; "
-            + (f"continue with: {CONTINUE[0]}" if CONTINUE else "continue with trainer.resume=true"),
-            file=sys.stderr,
-        )
+        print(interrupted_message(exc), file=sys.stderr)
         sys.exit(130)

@@ -90,6 +90,8 @@ def test_recipe_error_is_one_line_without_traceback(tmp_path: Path) -> None:
     proc = run_recipe(*HUGE_TABLE, "trainer=smoke", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
     assert_one_sentence(proc, "Table 't_cat_0'", "GiB", "over the")
+    error = next(line for line in proc.stderr.splitlines() if line.startswith("error: "))
+    assert (tmp_path / "train.log").read_text().splitlines()[-1] == error  # the run's transcript keeps it
 
 
 def test_recipe_unknown_plugin_is_one_line_without_traceback(tmp_path: Path) -> None:
@@ -245,6 +247,7 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert "26 tables" in proc.stdout and "predicted step" in proc.stdout
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
     assert "is not a whole number per rank" not in proc.stderr  # 65536 over 128 ranks
+    assert (tmp_path / "plan.log").read_text() == proc.stdout  # the console's transcript
 
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
@@ -402,6 +405,10 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     assert f"error: job #0 (model.embedding_dim=7 trainer=smoke trainer.max_steps=2): {said}" in proc.stderr
     assert (tmp_path / "0" / "error.txt").read_text() == said + "\n"
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["steps"] == 2  # the next job ran
+    # each job's transcript is its own: the error in the first, the plan and results in the second
+    assert (tmp_path / "0" / "train.log").read_text() == f"error: job #0 (model.embedding_dim=7 trainer=smoke trainer.max_steps=2): {said}\n"
+    second = (tmp_path / "1" / "train.log").read_text()
+    assert "Sharding plan (neo), 2 ranks" in second and "done: 2 steps, val AUC" in second and "error" not in second
     assert "1 job(s) of the sweep failed" in proc.stderr and "  #0 model.embedding_dim=7" in proc.stderr
 
 

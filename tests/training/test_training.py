@@ -330,6 +330,10 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: s
             "continue with: python recipes/train.py trainer=smoke trainer.max_steps=100000 trainer.checkpoint=true "
             "trainer.checkpoint_every_n_steps=3 trainer.log_every_n_steps=2 trainer.resume=true "
             f"hydra.run.dir={out}") in stderr, stderr[-3000:]
+    # the run's transcript keeps the plan, the notice and the line to continue with
+    transcript = (out / "train.log").read_text().splitlines()
+    assert "Sharding plan (neo), 2 ranks" in transcript and said in "\n".join(transcript)
+    assert transcript[-1].startswith(f"interrupted: stopped after step {step} of 100000"), transcript[-5:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["steps"] == step
     assert not (out / "checkpoint.tmp").exists()
@@ -367,6 +371,8 @@ def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Pa
     step = json.loads(meta.read_text())["step"]
     assert 3 <= step < 100000 and step % 2 == 0, stderr[-3000:]
     assert f"interrupted: stopped after step {step} of 100000" in stderr, stderr[-3000:]
+    transcript = (out / "train.log").read_text()  # rank 0's
+    assert transcript.count(said) == 1 and f"interrupted: stopped after step {step} of 100000" in transcript
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["interrupted"] is True and metrics["steps"] == step and metrics["world_size"] == 2
     assert not (out / "checkpoint.tmp").exists()

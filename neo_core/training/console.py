@@ -1,0 +1,139 @@
+"""A run's console transcript: what the recipe prints, kept in the run's folder.
+
+Hydra opens ``<run dir>/<recipe>.log`` for the ``logging`` records of a job, but Neo's
+messages (the plan, notes, the ``done:`` line, an error) are printed, so the file stayed
+empty. :func:`console_log` copies everything written to ``sys.stdout`` and ``sys.stderr``
+into that file while the job runs, and rank 0 of the spawned ranks (``CONSOLE_LOG_ENV``)
+copies its own output (its warnings and notes) there too. Progress bars stay on the console
+(``logs/metrics.csv`` has the steps); a line redrawn with carriage returns keeps its last
+state, and terminal colour codes are dropped. A
+failure's traceback, which Hydra prints after the job has ended, is written to the file as
+the failure leaves the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+# the file rank 0 of the spawned ranks appends its output to (set while a job runs)
+CONSOLE_LOG_ENV = "NEO_CONSOLE_LOG"
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+# a tqdm bar's counter: "| 30/30 [", "| 0/? ["
+_BAR = re.compile(r"\|\s*[\d.?]+[kMG]?/[\d.?]+[kMG]?\s*\[")
+
+
+def _shown(line: str) -> str | None:
+    """What a console line leaves in the file: its last state (after a carriage return), no
+    colour codes; None for a progress bar's redraw (or a bar cleared with '\\r   \\r')."""
+    redrawn = "\r" in line or "\x1b" in line
+    shown = _ANSI.sub("", line).rsplit("\r", 1)[-1].rstrip()
+    if redrawn and (not shown or _BAR.search(shown)):
+        return None
+    return shown
+
+
+class _LineFile:
+    """Whole lines for a file shared by stdout and stderr (:func:`_shown` says what each leaves)."""
+
+    def __init__(self, fh: IO[str]) -> None:
+        self.fh = fh
+        self.lock = threading.Lock()
+        self.partial = {"out": "", "err": ""}
+
+    def write(self, stream: str, text: str) -> None:
+        with self.lock:
+            *lines, rest = (self.partial[stream] + text).split("\n")
+            for line in lines:
+                if (shown := _shown(line)) is not None:
+                    self.fh.write(shown + "\n")
+            self.partial[stream] = rest
+            if lines:
+                self.fh.flush()
+
+    def close(self) -> None:
+        with self.lock:
+            for stream, rest in self.partial.items():
+                shown = _shown(rest)
+                if shown:
+                    self.fh.write(shown + "\n")
+                self.partial[stream] = ""
+            self.fh.flush()
+
+
+class _Tee:
+    """A text stream that also writes to a :class:`_LineFile`; anything else is the stream's."""
+
+    def __init__(self, stream: Any, lines: _LineFile, name: str) -> None:
+        self._stream, self._lines, self._name = stream, lines, name
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        try:
+            self._lines.write(self._name, text)
+        except (OSError, ValueError):  # the file went away (disk full, closed): the console goes on
+            pass
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def tee_streams(path: str | os.PathLike[str]) -> _LineFile:
+    """Copy this process's ``sys.stdout`` and ``sys.stderr`` into ``path`` (appended) from now on."""
+    lines = _LineFile(open(path, "a", encoding="utf-8", errors="replace"))  # noqa: SIM115 - closed by the caller
+    sys.stdout = _Tee(sys.stdout, lines, "out")  # type: ignore[assignment]
+    sys.stderr = _Tee(sys.stderr, lines, "err")  # type: ignore[assignment]
+    return lines
+
+
+@contextlib.contextmanager
+def console_log(
+    path: str | os.PathLike[str], interrupted: Callable[[KeyboardInterrupt], str] | None = None
+) -> Iterator[None]:
+    """Keep what the job prints in ``path`` (appended, so a resumed run's transcript follows the
+    first one's); the spawned rank 0 adds its own (:func:`tee_rank_output`). An interrupt
+    leaving the job is recorded as ``interrupted(exc)`` says (the line the recipe prints once
+    Hydra has let go of it)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out, err, before = sys.stdout, sys.stderr, os.environ.get(CONSOLE_LOG_ENV)
+    lines = tee_streams(path)
+    os.environ[CONSOLE_LOG_ENV] = str(path)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        lines.write("err", (interrupted(exc) if interrupted else f"interrupted: {exc}") + "\n")
+        raise
+    except Exception as exc:  # the console shows it after the job; the file keeps it now
+        lines.write("err", "".join(traceback.format_exception(exc)))
+        raise
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        sys.stdout, sys.stderr = out, err
+        if before is None:
+            os.environ.pop(CONSOLE_LOG_ENV, None)
+        else:
+            os.environ[CONSOLE_LOG_ENV] = before
+        lines.close()
+        lines.fh.close()
+
+
+def tee_rank_output(local_rank: int) -> None:
+    """In a spawned rank: rank 0 copies its output into the job's console log, if there is one."""
+    path = os.environ.get(CONSOLE_LOG_ENV)
+    if local_rank == 0 and path:
+        with contextlib.suppress(OSError):
+            tee_streams(path)

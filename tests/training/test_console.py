@@ -1,0 +1,50 @@
+"""A job's console transcript (``neo_core/training/console.py``): what the console shows, minus
+progress bars, in the run's folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from neo_core.training.console import CONSOLE_LOG_ENV, console_log
+
+
+def test_the_transcript_keeps_messages_and_drops_progress_bars(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "run.log"
+    before = sys.stdout, sys.stderr
+    with console_log(log):
+        assert os.environ[CONSOLE_LOG_ENV] == str(log)  # spawned ranks add theirs
+        print("plan: 26 tables")
+        sys.stderr.write("\rEpoch 0:  10%|█         | 3/30 [00:00<00:01, 33.8it/s]")
+        sys.stderr.write("\rEpoch 0: 100%|██████████| 30/30 [00:01<00:00, 30.0it/s, loss=0.5]\n")
+        sys.stderr.write("\x1b[A\rValidation: |          | 0/? [00:00<?, ?it/s]\x1b[A\n")
+        sys.stderr.write("\r                    \r")  # a bar cleared
+        sys.stderr.write("\rcounting 1\rcounting 2\n")  # a redrawn line that is not a bar: its last state
+        print("\x1b[1mwarning\x1b[0m: slow", file=sys.stderr)
+        print()
+        print("done: 30 steps", end="")  # no newline yet: written when the log closes
+    assert CONSOLE_LOG_ENV not in os.environ and (sys.stdout, sys.stderr) == before
+    assert log.read_text() == "plan: 26 tables\ncounting 2\nwarning: slow\n\ndone: 30 steps\n"
+    shown = capsys.readouterr()
+    assert "plan: 26 tables" in shown.out and "Epoch 0: 100%" in shown.err  # the console is untouched
+
+
+def test_a_failure_leaving_the_job_is_kept_with_its_traceback(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("first segment\n")  # a resumed run's transcript follows the first one's
+    with pytest.raises(ZeroDivisionError), console_log(log):
+        print("step 1")
+        1 / 0  # noqa: B018
+    text = log.read_text()
+    assert text.startswith("first segment\nstep 1\nTraceback (most recent call last):")
+    assert text.rstrip().endswith("ZeroDivisionError: division by zero")
+
+
+def test_an_interrupt_is_recorded_as_the_recipe_says(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    with pytest.raises(KeyboardInterrupt), console_log(log, lambda exc: "interrupted: continue with X"):
+        raise KeyboardInterrupt
+    assert log.read_text() == "interrupted: continue with X\n"
