@@ -53,3 +53,22 @@ def test_bad_schema_is_rejected_naming_the_key() -> None:
         synthetic(rows=[100, 0])
     with pytest.raises(ConfigError, match="data.num_sparse"):
         synthetic(num_sparse=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"seed": -1}, "data.seed must be a whole number, 0 or more, got -1."),
+        ({"seed": 1.5}, "data.seed must be a whole number, 0 or more, got 1.5."),
+        ({"num_dense": 2.5}, "data.num_dense must be a whole number >= 0, got 2.5."),
+        ({"num_sparse": True}, "data.num_sparse must be a whole number, at least 1, got True."),
+        ({"zipf_alpha": float("inf")}, "data.zipf_alpha must be a positive finite number, got inf."),
+        ({"zipf_alpha": float("nan")}, "data.zipf_alpha must be a positive finite number, got nan."),
+        ({"dense_scale": float("nan")}, "data.dense_scale must be a finite number, got nan."),
+        ({"bias": "high"}, "data.bias must be a finite number, got 'high'."),
+    ],
+)
+def test_bad_numbers_are_rejected_naming_the_key(kwargs, said) -> None:
+    with pytest.raises(ConfigError) as err:
+        synthetic(**kwargs)
+    assert str(err.value) == said

@@ -182,12 +182,17 @@ def synthetic(
     seed: int = 0,
 ) -> SyntheticData:
     """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables."""
-    if num_dense < 0:
-        raise ConfigError(f"data.num_dense must be >= 0, got {num_dense}.")
-    if num_sparse < 1:
-        raise ConfigError(f"data.num_sparse must be at least 1, got {num_sparse}.")
-    if zipf_alpha <= 0:
-        raise ConfigError(f"data.zipf_alpha must be positive, got {zipf_alpha}.")
+    if not is_whole(num_dense) or num_dense < 0:
+        raise ConfigError(f"data.num_dense must be a whole number >= 0, got {num_dense!r}.")
+    if not is_whole(num_sparse) or num_sparse < 1:
+        raise ConfigError(f"data.num_sparse must be a whole number, at least 1, got {num_sparse!r}.")
+    if not is_whole(seed) or seed < 0:
+        raise ConfigError(f"data.seed must be a whole number, 0 or more, got {seed!r}.")
+    if not is_number(zipf_alpha) or not 0 < zipf_alpha < math.inf:
+        raise ConfigError(f"data.zipf_alpha must be a positive finite number, got {zipf_alpha!r}.")
+    for key, value in (("dense_scale", dense_scale), ("sparse_scale", sparse_scale), ("bias", bias)):
+        if not is_number(value) or not math.isfinite(value):
+            raise ConfigError(f"data.{key} must be a finite number, got {value!r}.")
     row_list = _cycled(rows, num_sparse, "rows", int)
     pool_list = _cycled(pooling, num_sparse, "pooling", float)
     for i, n in enumerate(row_list):
