@@ -14,6 +14,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.types import RunMode
@@ -24,6 +25,7 @@ from neo_core.cli import (
     SweepFailures,
     check_group_options,
     check_sweep_values,
+    config_dirs,
     config_groups,
     force_add_overrides,
     option_names,
@@ -130,6 +132,24 @@ def _continue_command(run_dir: str) -> str:
     return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
 
+def experiment_replaced(choices: dict[str, Any], argv: list[str]) -> list[str]:
+    """Notes for the groups the chosen experiment selects that the command line selected
+    otherwise (the command line wins, as in Hydra)."""
+    name = choices.get("experiment")
+    files = [d / "experiment" / f"{name}.yaml" for d in reversed(config_dirs(CONF, argv))] if name else []
+    found = next((f for f in files if f.is_file()), None)
+    if found is None:  # none chosen, or a plugin's
+        return []
+    notes = []
+    for entry in OmegaConf.to_container(OmegaConf.load(found)).get("defaults") or []:  # type: ignore[union-attr]
+        for key, option in (entry.items() if isinstance(entry, dict) else ()):
+            group = str(key).removeprefix("override").strip().lstrip("/")
+            if group in choices and option is not None and choices[group] != option:
+                notes.append(f"note: {group}={choices[group]} on the command line replaces experiment "
+                             f"{name}'s {group}={option}")
+    return notes
+
+
 def interrupted_message(exc: KeyboardInterrupt) -> str:
     """The line an interrupted run ends with: where its checkpoint is, how to continue."""
     if isinstance(exc, RunInterrupted):
@@ -151,6 +171,8 @@ def main(cfg: DictConfig) -> float:
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     with console_log(log, interrupted_message) if rank0 else contextlib.nullcontext():
+        for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV) if rank0 else ():
+            print(note)
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
                 metrics = _sweep_job(config)

@@ -422,6 +422,26 @@ def test_the_continue_command_keeps_the_config_folder_flags() -> None:
     assert recipe.config_flags(argv) == ["--config-dir", "/my/conf", "-cn=train", "-cd=/other"]
 
 
+def test_a_group_the_command_line_takes_from_an_experiment_is_noted(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_recipe", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    choices = {"experiment": "dcnv2", "model": "dlrm", "kernel": "fused"}
+    assert recipe.experiment_replaced(choices, []) == [
+        "note: model=dlrm on the command line replaces experiment dcnv2's model=dcnv2"]
+    assert recipe.experiment_replaced({**choices, "model": "dcnv2"}, []) == []  # the experiment's own
+    assert recipe.experiment_replaced({**choices, "experiment": None}, []) == []
+    # an experiment of an added config folder, by the name it has there
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /kernel: dense\n  - override /model: dcnv2\n")
+    assert recipe.experiment_replaced({**choices, "experiment": "mine"}, ["-cd", str(tmp_path)]) == [
+        "note: kernel=fused on the command line replaces experiment mine's kernel=dense",
+        "note: model=dlrm on the command line replaces experiment mine's model=dcnv2"]
+
+
 def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path, monkeypatch) -> None:
     # a failure inside a library used to stop being handled here: Hydra went on with the
     # other jobs, then re-raised only the first traceback (later failures unreported, no
