@@ -140,6 +140,9 @@ def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int
         os.nice(-nice)  # PermissionError without root / CAP_SYS_NICE
     torch.set_num_threads(1)  # one core per rank, as neo_core/training/run.py sets on 2 cores
     torch.set_num_interop_threads(1)
+    from neo_core.training.run import quiet_libraries
+
+    quiet_libraries()  # TorchRec's per-table notes and deprecation warnings, as in training ranks
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv

@@ -575,7 +575,9 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
     os._exit(0)
 
 
-def _quiet() -> None:
+def quiet_libraries() -> None:
+    """In a rank: library log lines below errors and Python warnings are not shown (TorchRec notes
+    every table batch; deprecation warnings name its internals)."""
     for name in ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed"):
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.WARNING)  # FBGEMM logs every table batch at INFO on root
@@ -603,7 +605,7 @@ def rank_main(
     from neo_core.training.module import NeoModule
     from neo_core.training.strategy import NeoStrategy
 
-    _quiet()
+    quiet_libraries()
     if not launch.external:
         os.environ.update(
             MASTER_ADDR="127.0.0.1",
