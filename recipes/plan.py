@@ -82,6 +82,11 @@ def _options(argv: list[str], group: str) -> set[str]:
     return {p.stem for d in config_dirs(CONF, argv) for p in (d / group).glob("*.yaml")}
 
 
+# notes on the command line, printed when the run starts (so its plan.log has them)
+NOTES: list[str] = []
+INTERRUPTED = "interrupted: no plan was written"
+
+
 def _model_alias(argv: list[str]) -> list[str]:
     """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
     the plan_model/ folder of a ``--config-dir``; ``model=<a>,<b>`` (a sweep) too. Give
@@ -97,7 +102,7 @@ def _model_alias(argv: list[str]) -> list[str]:
     keys = [a.partition("=")[0].lstrip("+") for a in out]
     cache_keys = [k for k in keys if k.startswith("cache.") and k != "cache.name"]
     if cache_keys and "cache" not in keys and "cache.name" not in keys:
-        print(f"note: {cache_keys[0]} without a cache policy: planning with cache=lru", file=sys.stderr)
+        NOTES.append(f"note: {cache_keys[0]} without a cache policy: planning with cache=lru")
         out.append("cache=lru")  # after any Hydra flag; Hydra applies a group choice before values
     return out
 
@@ -153,7 +158,10 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
     ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
     """
+    from neo_core.training.run import check_output_dir
+
     out = Path(cfg.get("output_dir") or ".")
+    check_output_dir(out, files=("plan.json", "plan.txt", "plan.png"), folders=())
     for stale in ("plan.json", "plan.txt", "plan.png"):  # a failed plan, bad keys included, leaves none behind
         (out / stale).unlink(missing_ok=True)
     check_keys(cfg)
@@ -222,7 +230,9 @@ def main(cfg: DictConfig) -> None:
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
     no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
     config = OmegaConf.to_container(cfg, resolve=True)
-    with console_log(Path(config["output_dir"]) / "plan.log"):  # type: ignore[index]
+    with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]
+        for note in NOTES:
+            print(note, file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
             SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
@@ -240,5 +250,9 @@ if __name__ == "__main__":
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # planning holds nothing worth a traceback
+        print(INTERRUPTED, file=sys.stderr)
+        sys.exit(130)
     SWEEP.exit()

@@ -170,7 +170,8 @@ def main(cfg: DictConfig) -> float:
     CONTINUE[:] = [_continue_command(str(config["output_dir"]))]  # type: ignore[index]
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
-    with console_log(log, interrupted_message) if rank0 else contextlib.nullcontext():
+    resuming = bool(config["trainer"].get("resume"))  # type: ignore[index, union-attr]
+    with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
         for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV) if rank0 else ():
             print(note)
         try:

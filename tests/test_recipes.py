@@ -250,6 +250,15 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert (tmp_path / "plan.log").read_text() == proc.stdout  # the console's transcript
 
 
+def test_plan_recipe_names_an_output_folder_it_cannot_write(tmp_path: Path) -> None:
+    (tmp_path / "plan.json").mkdir()
+    proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, f"{tmp_path / 'plan.json'} is in the way of the run's output")
+    (tmp_path / "afile").write_text("")
+    proc = run_plan("+topology=zionex", f"output_dir={tmp_path / 'afile' / 'x'}", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, f"output_dir='{tmp_path / 'afile' / 'x'}' cannot be written (Not a directory)")
+
+
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
     # samples/s and the plan are for the batch that is planned, not the one asked for
     proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", "plan_model.global_batch=1000", f"hydra.run.dir={tmp_path}")

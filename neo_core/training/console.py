@@ -29,18 +29,22 @@ CONSOLE_LOG_ENV = "NEO_CONSOLE_LOG"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-# a tqdm bar's counter: "| 30/30 [", "| 0/? ["
-_BAR = re.compile(r"\|\s*[\d.?]+[kMG]?/[\d.?]+[kMG]?\s*\[")
+# a tqdm bar's counter and times: "| 30/30 [00:01<00:00, 30.0it/s, loss=0.5]", "| 0/? [00:00<?, ?it/s]"
+_BAR = re.compile(r"\|\s*[\d.?]+[kMG]?/[\d.?]+[kMG]?\s*\[[^\]]*\]?")
 
 
 def _shown(line: str) -> str | None:
     """What a console line leaves in the file: its last state (after a carriage return), no
-    colour codes; None for a progress bar's redraw (or a bar cleared with '\\r   \\r')."""
+    colour codes, no progress bar (a message printed right after a bar's last redraw, on its
+    line, is kept); None for a line that was only a bar (or a bar cleared with '\\r   \\r')."""
     redrawn = "\r" in line or "\x1b" in line
     shown = _ANSI.sub("", line).rsplit("\r", 1)[-1].rstrip()
-    if redrawn and (not shown or _BAR.search(shown)):
-        return None
-    return shown
+    if not redrawn:
+        return shown
+    bars = list(_BAR.finditer(shown))
+    if bars:
+        shown = shown[bars[-1].end():].strip()
+    return shown or None
 
 
 class _LineFile:
@@ -57,6 +61,8 @@ class _LineFile:
             for line in lines:
                 if (shown := _shown(line)) is not None:
                     self.fh.write(shown + "\n")
+            if "\r" in rest:  # a bar redrawn in place: only its last state can show
+                rest = "\r" + rest.rsplit("\r", 1)[-1]
             self.partial[stream] = rest
             if lines:
                 self.fh.flush()
@@ -89,9 +95,10 @@ class _Tee:
         return getattr(self._stream, name)
 
 
-def tee_streams(path: str | os.PathLike[str]) -> _LineFile:
-    """Copy this process's ``sys.stdout`` and ``sys.stderr`` into ``path`` (appended) from now on."""
-    lines = _LineFile(open(path, "a", encoding="utf-8", errors="replace"))  # noqa: SIM115 - closed by the caller
+def tee_streams(path: str | os.PathLike[str], mode: str = "a") -> _LineFile:
+    """Copy this process's ``sys.stdout`` and ``sys.stderr`` into ``path`` from now on
+    (``mode`` "a": appended, "w": a fresh file)."""
+    lines = _LineFile(open(path, mode, encoding="utf-8", errors="replace"))  # noqa: SIM115 - closed by the caller
     sys.stdout = _Tee(sys.stdout, lines, "out")  # type: ignore[assignment]
     sys.stderr = _Tee(sys.stderr, lines, "err")  # type: ignore[assignment]
     return lines
@@ -99,21 +106,29 @@ def tee_streams(path: str | os.PathLike[str]) -> _LineFile:
 
 @contextlib.contextmanager
 def console_log(
-    path: str | os.PathLike[str], interrupted: Callable[[KeyboardInterrupt], str] | None = None
+    path: str | os.PathLike[str],
+    interrupted: Callable[[KeyboardInterrupt], str] | None = None,
+    append: bool = False,
 ) -> Iterator[None]:
-    """Keep what the job prints in ``path`` (appended, so a resumed run's transcript follows the
-    first one's); the spawned rank 0 adds its own (:func:`tee_rank_output`). An interrupt
-    leaving the job is recorded as ``interrupted(exc)`` says (the line the recipe prints once
-    Hydra has let go of it)."""
+    """Keep what the job prints in ``path``: a fresh file, or appended to with ``append`` (a
+    resumed run's transcript follows the first one's); the spawned rank 0 adds its own
+    (:func:`tee_rank_output`). An interrupt leaving the job is recorded as ``interrupted(exc)``
+    says (the line the recipe prints once Hydra has let go of it). Where ``path`` cannot be
+    written, the job runs without a transcript: its own checks name the folder."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     out, err, before = sys.stdout, sys.stderr, os.environ.get(CONSOLE_LOG_ENV)
-    lines = tee_streams(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = tee_streams(path, "a" if append else "w")
+    except OSError:
+        yield
+        return
     os.environ[CONSOLE_LOG_ENV] = str(path)
     try:
         yield
     except KeyboardInterrupt as exc:
-        lines.write("err", (interrupted(exc) if interrupted else f"interrupted: {exc}") + "\n")
+        said = interrupted(exc) if interrupted else f"interrupted: {exc}" if str(exc) else "interrupted"
+        lines.write("err", said + "\n")
         raise
     except Exception as exc:  # the console shows it after the job; the file keeps it now
         lines.write("err", "".join(traceback.format_exception(exc)))
@@ -136,4 +151,4 @@ def tee_rank_output(local_rank: int) -> None:
     path = os.environ.get(CONSOLE_LOG_ENV)
     if local_rank == 0 and path:
         with contextlib.suppress(OSError):
-            tee_streams(path)
+            tee_streams(path, "a")

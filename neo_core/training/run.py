@@ -316,8 +316,14 @@ def _free_port() -> int:
 RESUME_KEYS = ("model", "data", "kernel")
 
 
-def check_output_dir(out: Path) -> None:
-    """Before training: the run's folder can be written, and nothing it writes is in the way."""
+TRAIN_FILES = ("plan.json", "config.json", "metrics.json", "training.png")
+
+
+def check_output_dir(
+    out: Path, files: tuple[str, ...] = TRAIN_FILES, folders: tuple[str, ...] = ("logs", "checkpoint")
+) -> None:
+    """Before a run: its folder can be written, and nothing it writes (``files``, ``folders``)
+    is in the way."""
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".neo-write-check-{os.getpid()}"  # each rank its own: torchrun starts them together
@@ -325,7 +331,6 @@ def check_output_dir(out: Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise ConfigError(f"output_dir={str(out)!r} cannot be written ({exc.strerror}); choose another output_dir.") from None
-    files, folders = ("plan.json", "config.json", "metrics.json", "training.png"), ("logs", "checkpoint")
     blocked = [out / n for n in files if (out / n).is_dir()] + [out / n for n in folders if (out / n).is_file()]
     if blocked:
         raise ConfigError(f"{blocked[0]} is in the way of the run's output; remove it or choose another output_dir.")

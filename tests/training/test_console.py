@@ -23,11 +23,15 @@ def test_the_transcript_keeps_messages_and_drops_progress_bars(tmp_path: Path, c
         sys.stderr.write("\x1b[A\rValidation: |          | 0/? [00:00<?, ?it/s]\x1b[A\n")
         sys.stderr.write("\r                    \r")  # a bar cleared
         sys.stderr.write("\rcounting 1\rcounting 2\n")  # a redrawn line that is not a bar: its last state
+        for n in range(3):  # a bar, then a note printed on its line before the bar ends it
+            sys.stdout.write(f"\rValidation DataLoader 0: {50 * n}%|█    | {n}/2 [00:00<00:00, 140.91it/s]")
+        sys.stdout.write("\x1b[Anote: every held-out label is 0\n")
         print("\x1b[1mwarning\x1b[0m: slow", file=sys.stderr)
         print()
         print("done: 30 steps", end="")  # no newline yet: written when the log closes
     assert CONSOLE_LOG_ENV not in os.environ and (sys.stdout, sys.stderr) == before
-    assert log.read_text() == "plan: 26 tables\ncounting 2\nwarning: slow\n\ndone: 30 steps\n"
+    assert log.read_text() == (
+        "plan: 26 tables\ncounting 2\nnote: every held-out label is 0\nwarning: slow\n\ndone: 30 steps\n")
     shown = capsys.readouterr()
     assert "plan: 26 tables" in shown.out and "Epoch 0: 100%" in shown.err  # the console is untouched
 
@@ -35,7 +39,7 @@ def test_the_transcript_keeps_messages_and_drops_progress_bars(tmp_path: Path, c
 def test_a_failure_leaving_the_job_is_kept_with_its_traceback(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text("first segment\n")  # a resumed run's transcript follows the first one's
-    with pytest.raises(ZeroDivisionError), console_log(log):
+    with pytest.raises(ZeroDivisionError), console_log(log, append=True):
         print("step 1")
         1 / 0  # noqa: B018
     text = log.read_text()
@@ -48,3 +52,28 @@ def test_an_interrupt_is_recorded_as_the_recipe_says(tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt), console_log(log, lambda exc: "interrupted: continue with X"):
         raise KeyboardInterrupt
     assert log.read_text() == "interrupted: continue with X\n"
+
+
+def test_a_long_bar_is_held_as_its_last_state_only(tmp_path: Path) -> None:
+    """A bar redrawn on one line for a whole run keeps one state in memory, not every redraw."""
+    from neo_core.training.console import _LineFile
+
+    with (tmp_path / "run.log").open("w") as fh:
+        lines = _LineFile(fh)
+        for n in range(20_000):
+            lines.write("out", f"\rEpoch 0:  10%|█         | {n}/20000 [00:01<00:00, 30.0it/s]")
+        assert len(lines.partial["out"]) < 100
+        lines.write("out", "\ndone\n")
+    assert (tmp_path / "run.log").read_text() == "done\n"
+
+
+def test_a_fresh_run_starts_its_transcript_anew_and_an_unwritable_folder_is_left_to_the_recipe(tmp_path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("an earlier run's\n")
+    with console_log(log):
+        print("this run's")
+    assert log.read_text() == "this run's\n"
+    (tmp_path / "afile").write_text("")
+    before = sys.stdout
+    with console_log(tmp_path / "afile" / "run.log"):  # not a folder: no transcript, no error here
+        assert sys.stdout is before
