@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,10 +63,11 @@ class Compressor:
             return None
         from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig
 
-        return QCommsConfig(
-            forward_precision=CommType(self.forward_precision),
-            backward_precision=CommType(self.backward_precision),
-        )
+        with _root_log_quiet():
+            return QCommsConfig(
+                forward_precision=CommType(self.forward_precision),
+                backward_precision=CommType(self.backward_precision),
+            )
 
     def qcomm_codecs_registry(self) -> dict[str, Any] | None:
         config = self.qcomms_config()
@@ -71,4 +75,18 @@ class Compressor:
             return None
         from torchrec.distributed.fbgemm_qcomm_codec import get_qcomm_codecs_registry
 
-        return get_qcomm_codecs_registry(qcomms_config=config)
+        with _root_log_quiet():
+            return get_qcomm_codecs_registry(qcomms_config=config)
+
+
+@contextlib.contextmanager
+def _root_log_quiet() -> Iterator[None]:
+    """TorchRec and FBGEMM log each codec they create on the root logger (INFO) and warn there
+    about fp8 row dims; the plan's notes and Neo's checks say what matters about precisions."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)

@@ -457,14 +457,22 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
 
 
 @pytest.mark.parametrize("precisions", [("fp16", "fp8"), ("bf16", "fp8"), ("fp8", "fp16"), ("fp16", "int8"), ("bf16", "fp32")])
-def test_the_reduce_scatter_precisions_are_those_torchrec_sends(precisions) -> None:
+def test_the_reduce_scatter_precisions_are_those_torchrec_sends(precisions, caplog) -> None:
     # the cost model charges row-split tables' reduce-scatters at these precisions: they must be
     # what TorchRec's codec registry builds for that collective (no fp8 there), and the
     # all-to-alls keep the asked ones
     from neo_core.compression import Compressor
 
     c = Compressor("x", *precisions)
-    registry = c.qcomm_codecs_registry()
+    import logging
+
+    import torchrec.distributed.fbgemm_qcomm_codec  # noqa: F401 - FBGEMM notes each library it loads
+
+    logging.getLogger().setLevel(logging.INFO)  # as Hydra's job logging sets it
+    with caplog.at_level(logging.INFO):
+        registry = c.qcomm_codecs_registry()
+    assert not caplog.records, [r.getMessage() for r in caplog.records]  # one codec line each, fp8 notes
+    assert logging.getLogger().level == logging.INFO
     scatter, a2a = registry["POOLED_EMBEDDINGS_REDUCE_SCATTER"], registry["POOLED_EMBEDDINGS_ALL_TO_ALL"]
     assert (str(scatter.forward._comm_precision), str(scatter.backward._comm_precision)) == (
         c.reduce_scatter_forward_precision, c.reduce_scatter_backward_precision)

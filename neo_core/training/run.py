@@ -497,9 +497,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     check_fits_this_machine(plan, launch, parts.topology)
     check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
     check_node_layout(plan, launch, parts.topology)
-    if rank0:
-        for note in parts.notes:
-            print(f"note: {note}")
+    if rank0:  # the run's notes (parts.notes) are the plan's first ones, printed with it
         cores = os.cpu_count() or 1
         if launch.device_type == "cpu" and not launch.external and launch.world_size > cores:
             print(f"note: {launch.world_size} ranks on {cores} core(s): ranks share cores, so steps are slower "
