@@ -466,3 +466,18 @@ def test_a_planner_plugin_that_takes_such_a_keyword_gets_it(register_plugin) -> 
     register_plugin(Wide())
     assert plan_tables([TableSpec("t0", 1000, 16, 1.0)], cluster(), 256, planner="wide", batch_size=7)
     assert seen == {"batch_size": 7}
+
+
+def test_replicated_tables_too_large_for_a_rank_say_ranks_do_not_help() -> None:
+    """On the dense kernel every rank holds every table: the shortage is per rank, and the fix
+    is a kernel that shards, not more ranks."""
+    gib = 2**30
+    tables = [TableSpec(f"t{i}", 2 * gib // (128 * 4), 128) for i in range(40)]  # 2 GiB each, 80 GiB in all
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, topology="zionex", batch_size_per_rank=512, kernel="dense")
+    message = str(err.value)
+    needed = re.match(r"Kernel dense replicates every table on every rank: each rank needs ([\d.]+) GiB", message)
+    assert needed and float(needed[1]) >= 80, message  # the weights alone are 80 GiB on each rank
+    assert "use kernel=fused, which can shard tables" in message and "more ranks do not help" in message
+    assert "add ranks" not in message
+    plan_tables(tables, topology="zionex", batch_size_per_rank=512)  # the fused kernel shards them

@@ -179,3 +179,19 @@ def test_fp8_gradients_of_row_split_tables_are_costed_and_noted_as_bf16() -> Non
     assert sent(twrw8, "inter_node") < sent(twrw16, "inter_node")
     assert twrw8.predicted_step_time < twrw16.predicted_step_time
     assert any("TorchRec has no fp8 reduce-scatter" in n for n in twrw8.notes)
+
+
+@pytest.mark.parametrize(
+    ("params", "why", "noted"),
+    [
+        ({}, "replicated: dim 10 is not a multiple of 4, which the fused kernel needs to shard it", True),
+        ({"sharding_types": ["DP"]}, "replicated: the only sharding type allowed", False),
+        ({"kernel": "dense"}, "replicated: the only sharding type allowed with this kernel", False),
+    ],
+    ids=["fused", "dp-only", "dense-kernel"],
+)
+def test_a_replicated_odd_dim_table_is_blamed_on_its_dim_only_where_that_is_why(params, why, noted) -> None:
+    tables = [TableSpec("odd", 1000, 10, pooling_factor=1.0), TableSpec("b", 100_000, 16, pooling_factor=2.0)]
+    result = plan_tables(tables, topology="zionex", batch_size_per_rank=512, **params)
+    assert why in result.tables[0].why
+    assert any("pad the dim to 12" in note for note in result.notes) == noted

@@ -218,7 +218,9 @@ class NeoPlanner(Planner):
         self.last_search = search
         result = build_result(self.name, search, tables, context)
         result.notes.extend(context_notes(result, context))
-        odd = [t for t in tables if t.embedding_dim % 4] if context.kernel.compute_kernel == "fused" else []
+        # on the fused kernel, where a type besides DP was allowed
+        shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
+        odd = [t for t in tables if t.embedding_dim % 4] if context.kernel.compute_kernel == "fused" and shardable else []
         if odd:
             names = ", ".join(f"{t.name} (dim {t.embedding_dim})" for t in odd[:5])
             result.notes.append(
@@ -426,6 +428,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         fix = f"add ranks or {' and '.join(fixes)}"
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
+        if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
+            fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
         raise PlanningError(
             f"{size} is larger than the whole cluster allows: its smallest shard needs {needs} per "
             f"rank, {' and '.join(shorts)} on each of {W} ranks{more}; {fix}, or shrink the table."
@@ -437,6 +441,16 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     # total within D (Lagrangian relaxation), so exceeding H proves no plan fits.
     D, H = cap_dev * W, cap_host * W
     total_dev = float(need_dev.sum())
+    if total_dev > D and kernel.data_parallel_only:  # each rank holds every table
+        per_rank = total_dev / W
+        biggest = np.argsort(-need_dev, kind="stable")[:5]
+        names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i] / W)})" for i in biggest)
+        raise PlanningError(
+            f"Kernel {kernel.name} replicates every table on every rank: each rank needs "
+            f"{human_bytes(per_rank)} of {mem} for them, but has {human_bytes(cap_dev)} usable: "
+            f"{per_rank - cap_dev:,.0f} bytes ({human_bytes(per_rank - cap_dev)}) short; largest: {names}; "
+            f"{cache_fix}, or shrink the tables (more ranks do not help)."
+        )
     if total_dev > D:
         short = total_dev - D
         biggest = np.argsort(-need_dev, kind="stable")[:5]
@@ -467,7 +481,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         )
 
 
-def _why(opt: Option, search: Search, i: int) -> str:
+def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
     """One line that says why this option won, from the figures the search used."""
     t, model = search.t, search.model
     rows, dim = int(t.rows[i]), int(t.dims[i])
@@ -508,9 +522,10 @@ def _why(opt: Option, search: Search, i: int) -> str:
     }[st]
     if opt.placement == CACHED:
         reason += ", host memory behind device cache"
-    if st is ShardingType.DATA_PARALLEL and dim % 4 and not any(
-        search.opts[o].valid[i] for o in range(len(search.opts)) if search.opts[o].sharding_type is not st
-    ):
+    others = [o for o in search.opts if o.sharding_type is not st]  # none: only DP was allowed
+    if st is ShardingType.DATA_PARALLEL and not others:  # no choice was made
+        reason = "replicated: the only sharding type allowed" + ("" if fused else " with this kernel")
+    elif st is ShardingType.DATA_PARALLEL and dim % 4 and fused and not any(o.valid[i] for o in others):
         reason = f"replicated: dim {dim} is not a multiple of 4, which the fused kernel needs to shard it"
     return f"{size}, {reason}; {cost(int(search.choice[i]))}{cmp}"
 
@@ -575,7 +590,7 @@ def build_result(
                 compute_kernel=kernel,
                 ranks=[int(r) for r in ranks],
                 shard_shapes=shapes,
-                why=_why(opt, search, i),
+                why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused"),
             )
         )
     latency = model.latency_time(types_used)
