@@ -132,16 +132,32 @@ def _continue_command(run_dir: str) -> str:
     return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
 
-def experiment_replaced(choices: dict[str, Any], argv: list[str]) -> list[str]:
-    """Notes for the groups the chosen experiment selects that the command line selected
-    otherwise (the command line wins, as in Hydra)."""
+def experiment_replaced(choices: dict[str, Any], argv: list[str], config: dict[str, Any] | None = None) -> list[str]:
+    """Notes for the groups the chosen experiment selects, and the keys it sets (compared with
+    the run's ``config``), that the command line set otherwise (the command line wins, as in
+    Hydra)."""
     name = choices.get("experiment")
     files = [d / "experiment" / f"{name}.yaml" for d in reversed(config_dirs(CONF, argv))] if name else []
     found = next((f for f in files if f.is_file()), None)
     if found is None:  # none chosen, or a plugin's
         return []
     notes = []
-    for entry in OmegaConf.to_container(OmegaConf.load(found)).get("defaults") or []:  # type: ignore[union-attr]
+    content: dict[str, Any] = OmegaConf.to_container(OmegaConf.load(found))  # type: ignore[assignment]
+
+    def leaves(node: Any, prefix: str) -> Any:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    for key, value in leaves({k: v for k, v in content.items() if k != "defaults"}, ""):
+        here: Any = config
+        for part in key.split("."):
+            here = here.get(part) if isinstance(here, dict) else None
+        if config is not None and here != value:
+            notes.append(f"note: {key}={here} on the command line replaces experiment {name}'s {key}={value}")
+    for entry in content.get("defaults") or []:
         for key, option in (entry.items() if isinstance(entry, dict) else ()):
             group = str(key).removeprefix("override").strip().lstrip("/")
             if group in choices and option is not None and choices[group] != option:
@@ -172,7 +188,7 @@ def main(cfg: DictConfig) -> float:
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     resuming = bool(config["trainer"].get("resume"))  # type: ignore[index, union-attr]
     with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
-        for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV) if rank0 else ():
+        for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV, config) if rank0 else ():  # type: ignore[arg-type]
             print(note)
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:

@@ -449,6 +449,12 @@ def test_a_group_the_command_line_takes_from_an_experiment_is_noted(tmp_path: Pa
     assert recipe.experiment_replaced({**choices, "experiment": "mine"}, ["-cd", str(tmp_path)]) == [
         "note: kernel=fused on the command line replaces experiment mine's kernel=dense",
         "note: model=dlrm on the command line replaces experiment mine's model=dcnv2"]
+    # a key the experiment sets itself (zionex_emulated: topology.name), compared with the run's
+    config = {"topology": {"name": "local"}, "trainer": {"max_steps": 5}}
+    assert recipe.experiment_replaced({**choices, "experiment": "zionex_emulated"}, [], config) == [
+        "note: topology.name=local on the command line replaces experiment zionex_emulated's topology.name=zionex"]
+    config["topology"]["name"] = "zionex"
+    assert recipe.experiment_replaced({**choices, "experiment": "zionex_emulated"}, [], config) == []
 
 
 def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path, monkeypatch) -> None:
