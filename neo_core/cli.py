@@ -256,15 +256,19 @@ def check_group_options(
 def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
     """Without ``-m``, an override that lists values (``trainer.max_steps=1,2``) is refused
     naming the flag; Hydra's own message ("Ambiguous value") shows it as rewritten (``++``)."""
-    if any(a in ("-m", "--multirun") for a in argv):
+    if any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv):
         return
     for arg in argv:
         key, eq, value = arg.partition("=")
         if not eq or key.startswith("-") or key.lstrip("+~").startswith("hydra"):
             continue
-        depth, quoted = 0, None
+        depth, quoted, escaped = 0, None, False
         for ch in value:
-            if quoted:
+            if escaped:  # a\,b: one value with a comma
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif quoted:
                 quoted = None if ch == quoted else quoted
             elif ch in "'\"":
                 quoted = ch

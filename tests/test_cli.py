@@ -203,5 +203,6 @@ def test_listed_values_without_multirun_name_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"^kernel=fused,dense lists several values: .* give one value\.$"):
         check_sweep_values(["kernel=fused,dense"], "recipes/train.py")
     for fine in (["-m", "kernel=fused,dense"], ["model.dense_arch=[64,16]"], ["data.name='a,b'"],
-                 ["hydra.sweeper.params={a: 1,2}"], ["--config-dir", "x,y"]):
+                 ["hydra.sweeper.params={a: 1,2}"], ["--config-dir", "x,y"],
+                 ["hydra.mode=MULTIRUN", "trainer.max_steps=1,2"], ["data.name=a\\,b"]):
         check_sweep_values(fine, "recipes/train.py")
