@@ -685,7 +685,8 @@ def test_a_diverging_run_stops_with_the_step_and_the_rates_to_lower(tmp_path: Pa
     message = str(err.value)
     assert message.startswith("The training loss is nan at step 2: training diverged."), message
     assert "no checkpoint was written for this step" in message
-    # Lightning runs the checkpoint callback's batch-end hook before the module's: the diverged step 2 was saved
+    # Lightning runs the checkpoint callback's batch-end hook before the module's: that hook checks
+    # the loss before saving, so the diverged step 2 was not saved and step 1's checkpoint stays
     assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 1
     # the failed run's folder does not offer the earlier run's results as its own
     assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "training.png").exists()
