@@ -471,10 +471,15 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
         saved = resumed_from[0] / "config.json"
         changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
-    if resumed_from is not None and resumed_from[1] >= run.trainer.max_steps:
-        metrics = _finished_metrics(out, resumed_from[1]) or {}
+    # finished: its last checkpoint is at max_steps, or earlier (checkpoint_every_n_steps without
+    # the end-of-training save) with this run's results written
+    finished = resumed_from is not None and (
+        resumed_from[1] >= run.trainer.max_steps or _finished_metrics(out, run.trainer.max_steps) is not None)
+    if resumed_from is not None and finished:
+        done = max(resumed_from[1], run.trainer.max_steps)
+        metrics = _finished_metrics(out, done) or {}
         if rank0:
-            print(f"note: {out} has finished its {resumed_from[1]} steps already (results in metrics.json); "
+            print(f"note: {out} has finished its {done} steps already (results in metrics.json); "
                   "nothing to train (raise trainer.max_steps to train further)")
         for key in ("val_auc", "val_loss"):  # null in the file: not measured
             if key in metrics and metrics[key] is None:
@@ -484,6 +489,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         more = f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
         print(f"note: resuming from step {resumed_from[1]} with settings that differ from the run that wrote "
               f"the checkpoint: {'; '.join(changes[:6])}{more}")
+    elif rank0 and resumed_from is not None:
+        print(f"note: resuming from step {resumed_from[1]} ({resumed_from[0]})")
     # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
     # sharding=torchrec); the plan text below says what matters
     torchrec_log = logging.getLogger("torchrec")

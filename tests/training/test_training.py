@@ -736,3 +736,24 @@ def test_a_short_runs_throughput_leaves_out_its_first_step() -> None:
     assert rate([1.0, 0.1, 0.1]) == pytest.approx(100.0)  # the first step left out
     assert rate([1.0] * 5 + [0.1] * 6) == pytest.approx(100.0)  # longer runs: the 5-step warm-up
     assert rate([0.5]) == pytest.approx(20.0) and rate([]) == 0.0
+
+
+def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_resumed(tmp_path: Path, capsys) -> None:
+    """Periodic checkpoints without the end-of-training save (trainer.checkpoint=false): the last
+    one is before max_steps, yet the run finished; restarting it reports its results."""
+    from neo_core.training.run import train
+
+    settings = ["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=3", "trainer.checkpoint=false",
+                "trainer.checkpoint_every_n_steps=2"]
+    first = train(composed(settings, tmp_path))
+    assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 2
+    written = (tmp_path / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    again = train(composed([*settings, "trainer.resume=true"], tmp_path))
+    assert f"{tmp_path} has finished its 3 steps already" in capsys.readouterr().out
+    assert again["steps"] == 3 and again["val_auc"] == first["val_auc"]
+    assert (tmp_path / "metrics.json").stat().st_mtime_ns == written  # nothing was trained again
+    # with steps left, the run resumes from that checkpoint and says so
+    more = train(composed([*settings[:2], "trainer.max_steps=4", *settings[3:], "trainer.resume=true"], tmp_path))
+    assert f"note: resuming from step 2 ({tmp_path / 'checkpoint'}" in capsys.readouterr().out
+    assert more["steps"] == 4
