@@ -6,9 +6,8 @@ empty. :func:`console_log` copies everything written to ``sys.stdout`` and ``sys
 into that file while the job runs, and rank 0 of the spawned ranks (``CONSOLE_LOG_ENV``)
 copies its own output (its warnings and notes) there too. Progress bars stay on the console
 (``logs/metrics.csv`` has the steps); a line redrawn with carriage returns keeps its last
-state, and terminal colour codes are dropped. A
-failure's traceback, which Hydra prints after the job has ended, is written to the file as
-the failure leaves the job.
+state, and terminal colour codes are dropped. A failure's traceback, which Hydra prints after
+the job has ended, is written to the file as the failure leaves the job.
 """
 
 from __future__ import annotations
