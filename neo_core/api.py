@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from neo_core.cache import CachePolicy
+from neo_core.checks import got
 from neo_core.compression import Compressor
 from neo_core.errors import ConfigError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
@@ -89,7 +90,7 @@ def make_context(
         or not isinstance(batch_size_per_rank, numbers.Integral)
         or batch_size_per_rank < 1
     ):
-        raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
+        raise ConfigError(f"batch_size_per_rank must be a positive integer, {got(batch_size_per_rank)}.")
     return PlanningContext(
         topology=resolve("topology", topology),
         batch_size_per_rank=int(batch_size_per_rank),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neo_core.checks import is_number, is_whole
+from neo_core.checks import got, is_number, is_whole
 from neo_core.errors import ConfigError, PluginError
 from neo_core.plugins import KINDS, Plugins, get_plugins
 
@@ -107,7 +107,7 @@ def _check_trainer(node: Any) -> TrainerConfig:
         least = 0 if key == "val_batches" else 1  # no validation: val_batches=0
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             what = "a whole number, 0 or more" if least == 0 else "a positive integer"
-            raise ConfigError(f"trainer.{key} must be {what}, got {value!r}.")
+            raise ConfigError(f"trainer.{key} must be {what}, {got(value)}.")
     if cfg.dense_optimizer not in ("adagrad", "adam", "sgd"):
         raise ConfigError(
             f"trainer.dense_optimizer={cfg.dense_optimizer!r} is unknown; choose adagrad, adam or sgd."
@@ -117,7 +117,7 @@ def _check_trainer(node: Any) -> TrainerConfig:
     for key in ("world_size", "val_every_n_steps", "checkpoint_every_n_steps", "threads_per_rank"):
         value = getattr(cfg, key)  # each may be null: its default
         if value is not None and (not is_whole(value) or value < 1):
-            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}.")
+            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), {got(value)}.")
     for key in ("checkpoint", "resume", "progress_bar"):
         if not isinstance(getattr(cfg, key), bool):
             raise ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}.")
@@ -129,7 +129,7 @@ def _check_trainer(node: Any) -> TrainerConfig:
 
 def _check_seed(seed: Any) -> int:
     if not is_whole(seed) or seed < 0:
-        raise ConfigError(f"seed must be a whole number, 0 or more, got {seed!r}.")
+        raise ConfigError(f"seed must be a whole number, 0 or more, {got(seed)}.")
     return seed
 
 

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from neo_core.checks import is_number, is_whole
+from neo_core.checks import got, is_number, is_whole
 from neo_core.errors import ConfigError
 
 GiB = 1024**3
@@ -51,7 +51,7 @@ class Topology:
         for key in ("num_nodes", "devices_per_node"):
             value = getattr(self, key)
             if not is_whole(value) or value < 1:
-                raise ConfigError(f"topology.{key} must be a whole number, at least 1; got {value!r}.")
+                raise ConfigError(f"topology.{key} must be a whole number, at least 1; {got(value)}.")
         for key in (
             "device_memory",
             "host_memory",

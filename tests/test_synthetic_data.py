@@ -62,6 +62,8 @@ def test_bad_schema_is_rejected_naming_the_key() -> None:
         ({"seed": 1.5}, "data.seed must be a whole number, 0 or more, got 1.5."),
         ({"num_dense": 2.5}, "data.num_dense must be a whole number >= 0, got 2.5."),
         ({"num_sparse": True}, "data.num_sparse must be a whole number, at least 1, got True."),
+        ({"num_sparse": 4.0},
+         "data.num_sparse must be a whole number, at least 1, got 4.0 (write it without a decimal point or exponent: 4)."),
         ({"zipf_alpha": float("inf")}, "data.zipf_alpha must be a positive finite number, got inf."),
         ({"zipf_alpha": float("nan")}, "data.zipf_alpha must be a positive finite number, got nan."),
         ({"dense_scale": float("nan")}, "data.dense_scale must be a finite number, got nan."),

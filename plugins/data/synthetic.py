@@ -20,7 +20,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from neo_core.checks import is_number, is_whole
+from neo_core.checks import got, is_number, is_whole
 from neo_core.data import DataSource
 from neo_core.errors import ConfigError
 from neo_core.sharding import TableSpec
@@ -183,11 +183,11 @@ def synthetic(
 ) -> SyntheticData:
     """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables."""
     if not is_whole(num_dense) or num_dense < 0:
-        raise ConfigError(f"data.num_dense must be a whole number >= 0, got {num_dense!r}.")
+        raise ConfigError(f"data.num_dense must be a whole number >= 0, {got(num_dense)}.")
     if not is_whole(num_sparse) or num_sparse < 1:
-        raise ConfigError(f"data.num_sparse must be a whole number, at least 1, got {num_sparse!r}.")
+        raise ConfigError(f"data.num_sparse must be a whole number, at least 1, {got(num_sparse)}.")
     if not is_whole(seed) or seed < 0:
-        raise ConfigError(f"data.seed must be a whole number, 0 or more, got {seed!r}.")
+        raise ConfigError(f"data.seed must be a whole number, 0 or more, {got(seed)}.")
     if not is_number(zipf_alpha) or not 0 < zipf_alpha < math.inf:
         raise ConfigError(f"data.zipf_alpha must be a positive finite number, got {zipf_alpha!r}.")
     for key, value in (("dense_scale", dense_scale), ("sparse_scale", sparse_scale), ("bias", bias)):
