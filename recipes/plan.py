@@ -85,6 +85,7 @@ def _options(argv: list[str], group: str) -> set[str]:
 # notes on the command line, printed when the run starts (so its plan.log has them)
 NOTES: list[str] = []
 INTERRUPTED = "interrupted: no plan was written"
+PLAN_FILES = ("plan.json", "plan.txt", "plan.png")  # what a run writes (save_all)
 
 
 def _model_alias(argv: list[str]) -> list[str]:
@@ -161,8 +162,8 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     from neo_core.training.run import check_output_dir
 
     out = Path(cfg.get("output_dir") or ".")
-    check_output_dir(out, files=("plan.json", "plan.txt", "plan.png"), folders=())
-    for stale in ("plan.json", "plan.txt", "plan.png"):  # a failed plan, bad keys included, leaves none behind
+    check_output_dir(out, files=PLAN_FILES, folders=())
+    for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
         (out / stale).unlink(missing_ok=True)
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO

@@ -473,11 +473,10 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
     # finished: its last checkpoint is at max_steps, or earlier (checkpoint_every_n_steps without
     # the end-of-training save) with this run's results written
-    finished = resumed_from is not None and (
-        resumed_from[1] >= run.trainer.max_steps or _finished_metrics(out, run.trainer.max_steps) is not None)
-    if resumed_from is not None and finished:
-        done = max(resumed_from[1], run.trainer.max_steps)
-        metrics = _finished_metrics(out, done) or {}
+    done = max(resumed_from[1], run.trainer.max_steps) if resumed_from is not None else 0
+    finished_metrics = _finished_metrics(out, done) if resumed_from is not None else None
+    if resumed_from is not None and (resumed_from[1] >= run.trainer.max_steps or finished_metrics is not None):
+        metrics = finished_metrics or {}
         if rank0:
             print(f"note: {out} has finished its {done} steps already (results in metrics.json); "
                   "nothing to train (raise trainer.max_steps to train further)")
