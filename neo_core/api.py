@@ -12,12 +12,11 @@ resolved through the plugin manager, so third-party plugins work the same way.
 from __future__ import annotations
 
 import difflib
-import numbers
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from neo_core.cache import CachePolicy
-from neo_core.checks import got
+from neo_core.checks import as_whole
 from neo_core.compression import Compressor
 from neo_core.errors import ConfigError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
@@ -85,15 +84,12 @@ def make_context(
     cache: CachePolicy | str | Mapping[str, Any] | None = None,
 ) -> PlanningContext:
     """The :class:`PlanningContext` for a topology, batch size and optional plugins."""
-    if (
-        isinstance(batch_size_per_rank, bool)
-        or not isinstance(batch_size_per_rank, numbers.Integral)
-        or batch_size_per_rank < 1
-    ):
-        raise ConfigError(f"batch_size_per_rank must be a positive integer, {got(batch_size_per_rank)}.")
+    whole = as_whole(batch_size_per_rank)
+    if whole is None or whole < 1:
+        raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
     return PlanningContext(
         topology=resolve("topology", topology),
-        batch_size_per_rank=int(batch_size_per_rank),
+        batch_size_per_rank=whole,
         kernel=resolve("kernel", kernel),
         compressor=resolve("compression", compressor),
         cache=resolve("cache", cache),

@@ -16,9 +16,15 @@ def is_whole(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def got(value: Any) -> str:
-    """``got <value>`` for a message about a value that must be whole: a whole number written
-    with a decimal point (2.0, 1e3, as YAML and Hydra read them) says how to write it."""
-    if isinstance(value, float) and value.is_integer():
-        return f"got {value!r} (write it without a decimal point or exponent: {int(value)})"
-    return f"got {value!r}"
+def as_whole(value: Any) -> int | None:
+    """``value`` as an int if it is a whole number, else None.
+
+    A whole number may be written 1000, 1e3 or 1000.0: YAML and Hydra's command line read the
+    last two as floats, and every whole-number setting takes them. Bools, 2.5, NaN, infinity
+    and strings are not whole.
+    """
+    if is_whole(value):
+        return int(value)
+    if is_number(value) and abs(value) != float("inf") and float(value).is_integer():
+        return int(value)
+    return None

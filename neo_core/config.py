@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neo_core.checks import got, is_number, is_whole
+from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError, PluginError
 from neo_core.plugins import KINDS, Plugins, get_plugins
 
@@ -102,12 +102,14 @@ def _check_trainer(node: Any) -> TrainerConfig:
                 f"Trainer keys: {', '.join(fields)}."
             )
     cfg = TrainerConfig(**node)
+    whole: dict[str, int | None] = {}
     for key in ("max_steps", "batch_size", "val_batches", "log_every_n_steps"):
         value = getattr(cfg, key)
         least = 0 if key == "val_batches" else 1  # no validation: val_batches=0
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        whole[key] = as_whole(value)
+        if whole[key] is None or whole[key] < least:  # type: ignore[operator]
             what = "a whole number, 0 or more" if least == 0 else "a positive integer"
-            raise ConfigError(f"trainer.{key} must be {what}, {got(value)}.")
+            raise ConfigError(f"trainer.{key} must be {what}, got {value!r}.")
     if cfg.dense_optimizer not in ("adagrad", "adam", "sgd"):
         raise ConfigError(
             f"trainer.dense_optimizer={cfg.dense_optimizer!r} is unknown; choose adagrad, adam or sgd."
@@ -116,8 +118,10 @@ def _check_trainer(node: Any) -> TrainerConfig:
         raise ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl.")
     for key in ("world_size", "val_every_n_steps", "checkpoint_every_n_steps", "threads_per_rank"):
         value = getattr(cfg, key)  # each may be null: its default
-        if value is not None and (not is_whole(value) or value < 1):
-            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), {got(value)}.")
+        whole[key] = None if value is None else as_whole(value)
+        if value is not None and (whole[key] is None or whole[key] < 1):  # type: ignore[operator]
+            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}.")
+    cfg = dataclasses.replace(cfg, **whole)  # 1e3 and 1000.0 are 1000
     for key in ("checkpoint", "resume", "progress_bar"):
         if not isinstance(getattr(cfg, key), bool):
             raise ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}.")
@@ -128,9 +132,10 @@ def _check_trainer(node: Any) -> TrainerConfig:
 
 
 def _check_seed(seed: Any) -> int:
-    if not is_whole(seed) or seed < 0:
-        raise ConfigError(f"seed must be a whole number, 0 or more, {got(seed)}.")
-    return seed
+    whole = as_whole(seed)
+    if whole is None or whole < 0:
+        raise ConfigError(f"seed must be a whole number, 0 or more, got {seed!r}.")
+    return whole
 
 
 def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfig:
@@ -207,21 +212,36 @@ def register_plugin_options(conf_dir: str | Path | None = None, plugins: Plugins
             return
         cs.store(group=group, name=name, node=node)
 
+    clashes = option_clashes(conf, plugins)
+    if clashes:
+        raise PluginError(clashes[0])
     for registry in plugins.registries.values():
-        taken = {e.name: f"the {registry.kind} plugin {e.name!r} ({e.provider})" for e in registry.entries()}
         for entry in registry.entries():
             store(registry.group, entry.name, plugin_default_node(entry))
             for option, params in entry.options.items():
-                # an option must not quietly stand in for another: a plugin's own, another
-                # plugin's option, or a YAML file (which would win, hiding the option)
+                store(registry.group, option, {"name": entry.name, **dict(params)})
+
+
+def option_clashes(conf_dir: str | Path | None = None, plugins: Plugins | None = None) -> list[str]:
+    """One sentence per plugin option that would quietly stand in for another: a plugin's own
+    name, another plugin's option, or a YAML file under ``conf_dir`` (which would win, hiding
+    the option). The recipes refuse to start on the first; ``neo plugins`` lists them all."""
+    plugins = plugins or get_plugins()
+    conf = Path(conf_dir) if conf_dir is not None else None
+    clashes = []
+    for registry in plugins.registries.values():
+        taken = {e.name: f"the {registry.kind} plugin {e.name!r} ({e.provider})" for e in registry.entries()}
+        for entry in registry.entries():
+            for option in entry.options:
                 other = taken.get(option)
                 if other is None and conf is not None and (conf / registry.group / f"{option}.yaml").exists():
                     other = f"the option file {conf / registry.group / option}.yaml"
                 if other is not None:
-                    raise PluginError(
+                    clashes.append(
                         f"{registry.group} option {option!r} of {registry.kind} plugin {entry.name!r} "
                         f"({entry.provider}) clashes with {other}; rename the option (meanwhile "
                         "NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
                     )
-                taken[option] = f"an option of the {registry.kind} plugin {entry.name!r} ({entry.provider})"
-                store(registry.group, option, {"name": entry.name, **dict(params)})
+                else:
+                    taken[option] = f"an option of the {registry.kind} plugin {entry.name!r} ({entry.provider})"
+    return clashes

@@ -56,7 +56,7 @@ class EmbeddingKernel:
 
     def __post_init__(self) -> None:
         """Kinds and ranges of the fields, each error naming its ``kernel.`` key."""
-        from neo_core.checks import is_number, is_whole
+        from neo_core.checks import as_whole, is_number
 
         if isinstance(self.optimizer, str) and not isinstance(self.optimizer, SparseOptimizer):
             object.__setattr__(self, "optimizer", SparseOptimizer.parse(self.optimizer))
@@ -71,10 +71,11 @@ class EmbeddingKernel:
             value = getattr(self, key)
             if not is_number(value) or not 0 < value < math.inf:
                 raise ConfigError(f"kernel.{key} must be a positive finite number, got {value!r}.")
-        if not is_whole(self.weight_bytes) or self.weight_bytes not in (1, 2, 4):
+        if as_whole(self.weight_bytes) not in (1, 2, 4):
             raise ConfigError(
                 f"kernel {self.name!r}: weight_bytes must be 4 (fp32), 2 (fp16) or 1 (int8), got {self.weight_bytes!r}."
             )
+        object.__setattr__(self, "weight_bytes", int(self.weight_bytes))
 
     def fused_params(self) -> dict[str, Any]:
         """Parameters for TorchRec sharders (FBGEMM's fused optimizer settings)."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from neo_core.checks import is_number, is_whole
+from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError, NeoError, PluginError
 
 T = TypeVar("T")
@@ -43,7 +43,7 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
     if text == "bool":
         ok, kind = isinstance(value, bool) or (is_number(value) and value in (0, 1)), "true or false"
     elif text == "int":
-        ok, kind = is_whole(value) or (is_number(value) and float(value).is_integer()), "a whole number"
+        ok, kind = as_whole(value) is not None, "a whole number"
     else:
         ok, kind = is_number(value), "a number"  # NaN is not
     if not ok:

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from neo_core.checks import got, is_number, is_whole
+from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError
 
 GiB = 1024**3
@@ -50,8 +50,10 @@ class Topology:
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):
             value = getattr(self, key)
-            if not is_whole(value) or value < 1:
-                raise ConfigError(f"topology.{key} must be a whole number, at least 1; {got(value)}.")
+            whole = as_whole(value)
+            if whole is None or whole < 1:
+                raise ConfigError(f"topology.{key} must be a whole number, at least 1; got {value!r}.")
+            object.__setattr__(self, key, whole)  # 2.0 is 2
         for key in (
             "device_memory",
             "host_memory",

@@ -279,6 +279,29 @@ def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) ->
     assert "\n" not in str(err.value)
 
 
+def test_whole_numbers_written_as_floats_are_taken_everywhere(hydra_conf) -> None:
+    # YAML and Hydra's command line read 1e3 and 2.0 as floats; every whole-number setting
+    # (trainer, seed, plugin parameters, topology, data) takes them as the whole number
+    run = validate(compose_run(
+        "trainer.max_steps=1e3", "trainer.world_size=2.0", "trainer.val_batches=0.0", "seed=7.0",
+        "+topology=zionex", "topology.num_nodes=2.0", "data.num_sparse=4.0", "data.seed=3e0",
+        "+sharding.min_col_width=32.0",
+    ))
+    assert (run.trainer.max_steps, run.trainer.world_size, run.trainer.val_batches, run.seed) == (1000, 2, 0, 7)
+    assert all(type(v) is int for v in (run.trainer.max_steps, run.trainer.world_size, run.seed))
+    topology = instantiate("topology", run.topology)
+    assert (topology.num_nodes, type(topology.num_nodes)) == (2, int)
+    data = instantiate("data", run.data)
+    assert len(data.tables(16)) == 4
+    assert instantiate("sharding", run.sharding).min_col_width == 32
+    # 2.5 is not whole anywhere
+    for overrides, key in ((("+topology=zionex", "topology.num_nodes=2.5"), "topology.num_nodes"),
+                           (("data.num_sparse=2.5",), "data.num_sparse"), (("trainer.max_steps=2.5",), "trainer.max_steps")):
+        with pytest.raises(ConfigError, match=re.escape(key)):
+            run = validate(compose_run(*overrides))
+            instantiate(key.split(".")[0], getattr(run, key.split(".")[0]))
+
+
 def test_trainer_defaults_match_schema() -> None:
     default = OmegaConf.to_container(OmegaConf.load(CONF / "trainer" / "default.yaml"))
     schema = TrainerConfig()

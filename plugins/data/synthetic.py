@@ -20,7 +20,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from neo_core.checks import got, is_number, is_whole
+from neo_core.checks import as_whole, is_number
 from neo_core.data import DataSource
 from neo_core.errors import ConfigError
 from neo_core.sharding import TableSpec
@@ -36,8 +36,8 @@ def _cycled(value: Any, n: int, key: str, cast: type) -> list[Any]:
     values = list(value) if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise ConfigError(f"data.{key} is empty; give a number or a list of numbers.")
-    kind_ok = is_whole if cast is int else is_number  # no silent truncation of 1.5 rows, no true
-    if not all(kind_ok(v) or (cast is int and is_number(v) and float(v).is_integer()) for v in values):
+    kind_ok = (lambda v: as_whole(v) is not None) if cast is int else is_number  # no 1.5 rows, no true
+    if not all(kind_ok(v) for v in values):
         what = "whole numbers" if cast is int else "numbers"
         raise ConfigError(f"data.{key} must hold {what}, got {value!r}.")
     return [cast(values[i % len(values)]) for i in range(n)]
@@ -182,12 +182,14 @@ def synthetic(
     seed: int = 0,
 ) -> SyntheticData:
     """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables."""
-    if not is_whole(num_dense) or num_dense < 0:
-        raise ConfigError(f"data.num_dense must be a whole number >= 0, {got(num_dense)}.")
-    if not is_whole(num_sparse) or num_sparse < 1:
-        raise ConfigError(f"data.num_sparse must be a whole number, at least 1, {got(num_sparse)}.")
-    if not is_whole(seed) or seed < 0:
-        raise ConfigError(f"data.seed must be a whole number, 0 or more, {got(seed)}.")
+    whole = {key: as_whole(value) for key, value in (("num_dense", num_dense), ("num_sparse", num_sparse), ("seed", seed))}
+    if whole["num_dense"] is None or whole["num_dense"] < 0:
+        raise ConfigError(f"data.num_dense must be a whole number >= 0, got {num_dense!r}.")
+    if whole["num_sparse"] is None or whole["num_sparse"] < 1:
+        raise ConfigError(f"data.num_sparse must be a whole number, at least 1, got {num_sparse!r}.")
+    if whole["seed"] is None or whole["seed"] < 0:
+        raise ConfigError(f"data.seed must be a whole number, 0 or more, got {seed!r}.")
+    num_dense, num_sparse, seed = whole["num_dense"], whole["num_sparse"], whole["seed"]
     if not is_number(zipf_alpha) or not 0 < zipf_alpha < math.inf:
         raise ConfigError(f"data.zipf_alpha must be a positive finite number, got {zipf_alpha!r}.")
     for key, value in (("dense_scale", dense_scale), ("sparse_scale", sparse_scale), ("bias", bias)):

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from neo_core.checks import is_number, is_whole
+from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import (
     Planner,
@@ -79,12 +79,12 @@ def _check_planner_args(
             raise ConfigError(f"sharding.{key} must be a number in [0, 1), got {value!r}.")
     if not is_number(time_budget_s) or time_budget_s == math.inf:
         raise ConfigError(f"sharding.time_budget_s must be a positive finite number of seconds, got {time_budget_s!r}.")
-    if not _listlike(col_shard_counts) or not all(is_whole(k) and k >= 2 for k in col_shard_counts):
+    if not _listlike(col_shard_counts) or not all((as_whole(k) or 0) >= 2 for k in col_shard_counts):
         raise ConfigError(
             f"sharding.col_shard_counts must be a list of column-shard counts of 2 or more, e.g. [2, 4, 8]; "
             f"got {col_shard_counts!r}."
         )
-    if not is_whole(min_col_width) or min_col_width < 4 or min_col_width % 4:
+    if (as_whole(min_col_width) or 0) < 4 or min_col_width % 4:
         raise ConfigError(
             f"sharding.min_col_width must be a whole multiple of 4 (the fused kernel's column unit), "
             f"got {min_col_width!r}."
@@ -94,12 +94,12 @@ def _check_planner_args(
             f"sharding.collective_latency_s must be a finite number of seconds, 0 or more (or null: the "
             f"topology's figure), got {collective_latency_s!r}."
         )
-    if packing_targets is not None and not (is_whole(packing_targets) and packing_targets >= 0):
+    if packing_targets is not None and not (as_whole(packing_targets) is not None and packing_targets >= 0):
         raise ConfigError(
             f"sharding.packing_targets must be a whole number, 0 or more (or null: {PACKING_TARGETS} with "
             f"estimator=torchrec, 0 with neo), got {packing_targets!r}."
         )
-    if not is_whole(index_bytes) or index_bytes not in (4, 8):
+    if as_whole(index_bytes) not in (4, 8):
         raise ConfigError(f"sharding.index_bytes must be 4 (int32 ids) or 8 (int64 ids), got {index_bytes!r}.")
     if table_sharding_types is not None:
         if not isinstance(table_sharding_types, Mapping):
@@ -162,7 +162,7 @@ class NeoPlanner(Planner):
         self.params = CostParams(
             reserve_fraction=reserve_fraction,
             host_reserve_fraction=host_reserve_fraction,
-            index_bytes=index_bytes,
+            index_bytes=int(index_bytes),
             collective_latency_s=collective_latency_s,
         )
         self.col_shard_counts = tuple(int(k) for k in col_shard_counts)
