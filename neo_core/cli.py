@@ -16,6 +16,9 @@ from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
 
+# the recipes' config folder in a checkout (an installed package has none)
+CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf"
+
 
 def user_error_message(exc: BaseException) -> str | None:
     """The one line to show for a :class:`NeoError`, also one raised inside a spawned rank
@@ -311,11 +314,19 @@ def _as_typed(value: Any) -> str:
         return repr(value)
 
 
-def list_plugins() -> str:
-    """Every registered plugin, grouped by kind, with the distribution that provided it."""
+def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
+    """Every registered plugin, grouped by kind, with the distribution that provided it, then
+    the plugins that failed to load and the options the recipes would refuse as clashes.
+
+    ``conf_dir``: the YAML options plugin options must not clash with (default: the checkout's
+    ``conf/``, when there is one).
+    """
+    from neo_core.config import option_clashes
     from neo_core.plugins import get_plugins
 
     plugins = get_plugins()
+    if conf_dir is None and (CHECKOUT_CONF / "train.yaml").exists():
+        conf_dir = CHECKOUT_CONF
     lines = []
     for registry in plugins.registries.values():
         lines.append(f"{registry.kind} (config group '{registry.group}'):")
@@ -333,6 +344,8 @@ def list_plugins() -> str:
             lines.append("  (none)")
     for name, error in plugins.failed.items():
         lines.append(f"failed to load: {name}: {error}")
+    for clash in option_clashes(conf_dir, plugins):
+        lines.append(f"clash (the recipes refuse to start): {clash}")
     return "\n".join(lines)
 
 

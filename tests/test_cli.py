@@ -53,6 +53,40 @@ def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> 
     assert "failed to load" not in out
 
 
+def test_neo_plugins_lists_the_option_clashes_the_recipes_refuse(register_plugin) -> None:
+    class Clashing:
+        __name__ = "clashing_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
+                              options={"lfu": {"load_factor": 0.3}, "mine_small": {"load_factor": 0.1}})
+
+    register_plugin(Clashing())
+    clashes = [line for line in list_plugins().splitlines() if line.startswith("clash")]
+    assert clashes == [
+        "clash (the recipes refuse to start): cache option 'lfu' of cache policy plugin 'mine' (clashing_plugin) "
+        "clashes with the cache policy plugin 'lfu' (neo-dlrm); rename the option (meanwhile "
+        "NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
+    ]
+    assert not [line for line in list_plugins().splitlines() if "mine_small" in line and "clash" in line]
+
+
+def test_neo_plugins_names_an_option_hidden_by_a_yaml_file(register_plugin) -> None:
+    class Hidden:
+        __name__ = "hidden_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
+                              options={"none": {"load_factor": 0.3}})
+
+    register_plugin(Hidden())
+    out = list_plugins(ROOT / "conf")
+    assert "clash (the recipes refuse to start): cache option 'none' of cache policy plugin 'mine' " in out
+    assert out == list_plugins()  # the checkout's conf/ by default
+
+
 def test_neo_plugins_reports_failed_plugins(register_plugin) -> None:
     class Failing:
         __name__ = "failing_listed"
