@@ -15,6 +15,7 @@ that says processes are created externally.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -518,7 +519,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     if launch.external:
         rank_main(int(os.environ["RANK"]), launch, payload)
     elif launch.world_size == 1:
-        rank_main(0, launch, payload, port=_free_port())
+        with rank_in_this_process():
+            rank_main(0, launch, payload, port=_free_port())
     else:
         from neo_core.training.interrupt import run_ranks
 
@@ -584,13 +586,39 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
     os._exit(0)
 
 
+QUIET_LOGGERS = ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed")
+
+
 def quiet_libraries() -> None:
     """In a rank: library log lines below errors and Python warnings are not shown (TorchRec notes
     every table batch; deprecation warnings name its internals)."""
-    for name in ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed"):
+    for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.WARNING)  # FBGEMM logs every table batch at INFO on root
     warnings.filterwarnings("ignore")
+
+
+@contextlib.contextmanager
+def rank_in_this_process() -> Iterator[None]:
+    """A rank run in the calling process (world size 1) leaves it as it found it: the environment
+    (rank variables, seed), library log levels, warning filters and torch's thread count. A
+    later run in the same process (a Hydra multirun, a notebook) starts from the same state."""
+    env = dict(os.environ)
+    loggers = [logging.getLogger(name) for name in QUIET_LOGGERS] + [logging.getLogger()]
+    levels = [logger.level for logger in loggers]
+    threads = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for key in set(os.environ) - set(env):
+            del os.environ[key]
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+        torch.set_num_threads(threads)
 
 
 def rank_main(

@@ -757,3 +757,25 @@ def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_res
     more = train(composed([*settings[:2], "trainer.max_steps=4", *settings[3:], "trainer.resume=true"], tmp_path))
     assert f"note: resuming from step 2 ({tmp_path / 'checkpoint'}" in capsys.readouterr().out
     assert more["steps"] == 4
+
+
+def test_an_in_process_run_leaves_the_process_as_it_found_it(tmp_path: Path) -> None:
+    # world size 1 runs the rank here: its rank variables, seed, silenced loggers and warning
+    # filters stayed for whatever ran next in the process (a multirun's next job, a notebook)
+    import logging
+    import warnings
+
+    import torch
+
+    from neo_core.training.run import QUIET_LOGGERS, train
+
+    def state() -> tuple:
+        levels = [logging.getLogger(name).level for name in (*QUIET_LOGGERS, "")]
+        return dict(os.environ), list(warnings.filters), levels, torch.get_num_threads()
+
+    before = state()
+    train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2"], tmp_path))
+    after = state()
+    assert {k: v for k, v in after[0].items() if before[0].get(k) != v} == {}
+    assert set(before[0]) == set(after[0])
+    assert after[1:] == before[1:]
