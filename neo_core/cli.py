@@ -139,8 +139,17 @@ class SweepFailures:
         if not self.jobs:
             raise SystemExit(0)
         print(f"{len(self.jobs)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
+        by_message: dict[str, list[tuple[int, str]]] = {}
         for num, overrides, message in self.jobs:
-            print(f"  #{num} {overrides}: {message[:200]}", file=sys.stderr)
+            by_message.setdefault(message, []).append((num, overrides))
+        for message, jobs in by_message.items():
+            if len(jobs) == 1:
+                print(f"  #{jobs[0][0]} {jobs[0][1]}: {message[:200]}", file=sys.stderr)
+                continue
+            # a bad key or value every job shares: its message once, after the jobs it ended
+            for num, overrides in jobs:
+                print(f"  #{num} {overrides}", file=sys.stderr)
+            print(f"    all {len(jobs)}: {message[:200]}", file=sys.stderr)
         raise SystemExit(1 if self.internal else 2)
 
 

@@ -12,6 +12,7 @@ import pytest
 from neo_core import hookimpl
 from neo_core.cache import CachePolicy
 from neo_core.cli import (
+    SweepFailures,
     check_group_options,
     config_groups,
     force_add_overrides,
@@ -240,3 +241,28 @@ def test_listed_values_without_multirun_name_the_flag() -> None:
                  ["hydra.sweeper.params={a: 1,2}"], ["--config-dir", "x,y"],
                  ["hydra.mode=MULTIRUN", "trainer.max_steps=1,2"], ["data.name=a\\,b"]):
         check_sweep_values(fine, "recipes/train.py")
+
+
+def test_a_sweeps_failures_that_share_a_message_are_listed_with_it_once(tmp_path: Path, capsys) -> None:
+    failures = SweepFailures()
+
+    def bad_key():
+        raise ConfigError("Unknown key trainer.max_step. Did you mean 'max_steps'?")
+
+    def bad_value():
+        raise ConfigError("trainer.max_steps must be a positive integer, got 0.")
+
+    for num, (fn, overrides) in enumerate([(bad_key, "+trainer.max_step=3"), (bad_key, "+trainer.max_step=4"),
+                                           (bad_value, "trainer.max_steps=0")]):
+        assert failures.job(fn, tmp_path / str(num), num, overrides) is None
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        failures.exit()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "3 job(s) of the sweep failed (each folder's error.txt says why):",
+        "  #0 +trainer.max_step=3",
+        "  #1 +trainer.max_step=4",
+        "    all 2: Unknown key trainer.max_step. Did you mean 'max_steps'?",
+        "  #2 trainer.max_steps=0: trainer.max_steps must be a positive integer, got 0.",
+    ]
