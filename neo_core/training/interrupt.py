@@ -17,12 +17,13 @@ there and then. A rank whose starting process is gone (killed outright) stops th
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import lightning.pytorch as pl
 
@@ -174,7 +175,9 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
         if main:
             for sig in SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)  # inherited by the ranks as they start
-        context = mp.start_processes(fn, args=(*args, stop), nprocs=nprocs, join=False, start_method="spawn")
+        context = mp.start_processes(
+            _rank_entry, args=(fn, *args, stop), nprocs=nprocs, join=False, start_method="spawn"
+        )
         if main:
             for sig in SIGNALS:
                 signal.signal(sig, handler)
@@ -197,6 +200,50 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
         if main:
             for sig, old in previous.items():
                 signal.signal(sig, old)
+
+
+def _rank_entry(local_rank: int, fn: Callable[..., None], *args: Any) -> None:
+    """A rank as :func:`run_ranks` starts it: ``fn``, then out of the process without the
+    interpreter's teardown, whether ``fn`` returned, exited or failed.
+
+    In that teardown a rank holding a process group was seen to abort ("terminate called
+    without an active exception": a communication thread still joinable as objects were
+    freed), after its results were written or its error reported. A failure is written where
+    torch's spawn wrapper (the caller) would write it, so the starting process reports it as
+    before; should that file not be found, the error is left to the wrapper.
+    """
+    try:
+        fn(local_rank, *args)
+    except SystemExit as exc:
+        leave_process(exc.code if isinstance(exc.code, int) else 1)
+    except KeyboardInterrupt:
+        raise  # the wrapper's way: a rank ended by the starting process
+    except Exception:
+        caller = sys._getframe(1)  # torch.multiprocessing.spawn._wrap(fn, i, args, error_file)
+        error_file = caller.f_locals.get("error_file") if caller.f_code.co_name == "_wrap" else None
+        if not isinstance(error_file, str):
+            raise
+        import pickle
+        import traceback
+
+        with open(error_file, "wb") as fh:
+            pickle.dump(traceback.format_exc(), fh)
+        leave_process(1)
+    leave_process(0)
+
+
+def leave_process(code: int) -> NoReturn:
+    """Flush what was printed and logged, then end the process with ``code`` at once."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    try:  # semaphores this process created unregister from the resource tracker (else it warns of a leak)
+        import multiprocessing.util
+
+        multiprocessing.util._run_finalizers(0)
+    except Exception:  # noqa: BLE001 - private API: at worst, the tracker's warning
+        pass
+    os._exit(code)
 
 
 def _wait_for_ranks(context: Any) -> None:

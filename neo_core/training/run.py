@@ -570,20 +570,6 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         raise SystemExit(130) from None
-    # Everything is written and the process group is gone. Leave without the interpreter's
-    # teardown: under load a rank was seen to abort there ("terminate called without an
-    # active exception", a communication thread still joinable as objects were freed),
-    # failing a run whose results were complete.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    try:  # semaphores this rank created unregister from the resource tracker (else it warns of a leak)
-        import multiprocessing.util
-
-        multiprocessing.util._run_finalizers(0)
-    except Exception:  # noqa: BLE001 - private API: at worst, the tracker's warning
-        pass
-    os._exit(0)
 
 
 QUIET_LOGGERS = ("torchrec", "lightning", "lightning.pytorch", "lightning.fabric", "torch.distributed")

@@ -507,6 +507,36 @@ def _rank_one_fails(local_rank: int, stop: Any) -> None:
     time.sleep(600)  # SIGTERM ignored, as ranks start
 
 
+def _rank_with_teardown_noise(local_rank: int, how: str, stop: Any) -> None:
+    import atexit
+    import sys
+
+    atexit.register(lambda: print("interpreter teardown ran", file=sys.stderr, flush=True))
+    if how == "fails":
+        raise ValueError(f"rank {local_rank} failed")
+    if how == "exits":
+        raise SystemExit(130)
+
+
+@pytest.mark.parametrize("how", ["returns", "fails", "exits"])
+def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> None:
+    # the teardown of a rank holding a process group could abort ("terminate called without an
+    # active exception") after the rank's results or error were in
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    from neo_core.training.interrupt import run_ranks
+
+    if how == "returns":
+        run_ranks(_rank_with_teardown_noise, (how,), 2)
+    elif how == "fails":
+        with pytest.raises(ProcessRaisedException, match=r"ValueError: rank [01] failed"):
+            run_ranks(_rank_with_teardown_noise, (how,), 2)
+    else:
+        with pytest.raises(ProcessExitedException, match="exit code 130"):
+            run_ranks(_rank_with_teardown_noise, (how,), 2)
+    assert "interpreter teardown ran" not in capfd.readouterr().err
+
+
 def test_a_failing_rank_ends_the_others_at_once() -> None:
     import time
 
