@@ -151,3 +151,16 @@ def tee_rank_output(local_rank: int) -> None:
     if local_rank == 0 and path:
         with contextlib.suppress(OSError):
             tee_streams(path, "a")
+
+
+def bars_without_semaphore() -> None:
+    """Progress bars in this process take a thread lock, not tqdm's default process lock.
+
+    That one holds a named semaphore: a rank ended at once (a second Ctrl-C) leaves it to the
+    resource tracker, which warns of a leak as the run exits. A rank draws its bars alone.
+    """
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())

@@ -560,9 +560,10 @@ def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port
     from neo_core.plugins import QUIET_ENV
 
     os.environ[QUIET_ENV] = "1"  # the parent said which plugins were skipped
-    from neo_core.training.console import tee_rank_output
+    from neo_core.training.console import bars_without_semaphore, tee_rank_output
 
     tee_rank_output(local_rank)  # its progress bar and warnings join the job's console log
+    bars_without_semaphore()
     try:
         rank_main(local_rank, launch, payload, port=port, stop_event=stop, parent=parent)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: the parent reports it once

@@ -537,6 +537,54 @@ def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> Non
     assert "interpreter teardown ran" not in capfd.readouterr().err
 
 
+def _rank_draws_a_bar(local_rank: int, alone: bool, ready: str, stop: Any) -> None:
+    import time
+
+    from tqdm import tqdm
+
+    from neo_core.training.console import bars_without_semaphore
+
+    if alone:
+        bars_without_semaphore()
+    with tqdm(total=10, disable=False) as bar:
+        bar.update(1)
+        Path(ready, str(local_rank)).touch()
+        time.sleep(120)  # SIGINT ignored: the second Ctrl-C ends it (SIGKILL)
+
+
+def test_ranks_ended_by_a_second_ctrl_c_leave_no_semaphore_behind(tmp_path: Path) -> None:
+    # the resource tracker warned "There appear to be 1 leaked semaphore objects" as the run
+    # exited: rank 0's progress bar lock
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    script = """if True:
+        import os, signal, sys, threading, time
+        from neo_core.training.interrupt import run_ranks
+        from tests.training.test_training import _rank_draws_a_bar
+        def ctrl_c_twice():  # once both ranks draw their bar: the first asks them to stop, the second ends them
+            while len(os.listdir(sys.argv[2])) < 2:
+                time.sleep(0.1)
+            for _ in range(2):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.5)
+        threading.Thread(target=ctrl_c_twice, daemon=True).start()
+        try:
+            run_ranks(_rank_draws_a_bar, (sys.argv[1] == "alone", sys.argv[2]), 2)
+        except KeyboardInterrupt:
+            print("ended at once", file=sys.stderr)
+    """
+    for alone in (True, False):
+        ready = tmp_path / str(alone)
+        ready.mkdir()
+        proc = subprocess.run([sys.executable, "-c", script, "alone" if alone else "default", str(ready)], cwd=ROOT,
+                              env=subprocess_env(), capture_output=True, text=True, timeout=120)
+        assert "ended at once" in proc.stderr, proc.stderr[-2000:]
+        assert ("leaked semaphore" in proc.stderr) is not alone, proc.stderr[-2000:]
+
+
 def test_a_failing_rank_ends_the_others_at_once() -> None:
     import time
 
