@@ -135,13 +135,13 @@ def check_keys(cfg: dict[str, Any]) -> None:
 
 def check_model_values(model: dict[str, Any]) -> None:
     """A plan model's own figures: stored bytes per weight, its cache share, its global batch."""
-    from neo_core.checks import is_number
+    from neo_core.checks import as_whole, is_number
     from neo_core.errors import ConfigError
 
     checks = {
         "weight_bytes": (lambda v: v in (1, 2, 4), "1 (int8), 2 (fp16/bf16) or 4 (fp32)"),
         "cache_load_factor": (lambda v: 0 < v <= 1, "a number in (0, 1]: the share of rows held in device memory"),
-        "global_batch": (lambda v: isinstance(v, int) and v >= 1, "a whole number, at least 1"),
+        "global_batch": (lambda v: (as_whole(v) or 0) >= 1, "a whole number, at least 1"),
     }
     for key, (ok, what) in checks.items():
         value = model.get(key)
@@ -205,7 +205,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
     planner = resolve("sharding", cfg["sharding"])
     print(topology.describe())
-    print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {batch}/rank")
+    print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {context.batch_size_per_rank}/rank")
     result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"], context)
     print(result.format_text())
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks

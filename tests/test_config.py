@@ -285,7 +285,7 @@ def test_whole_numbers_written_as_floats_are_taken_everywhere(hydra_conf) -> Non
     run = validate(compose_run(
         "trainer.max_steps=1e3", "trainer.world_size=2.0", "trainer.val_batches=0.0", "seed=7.0",
         "+topology=zionex", "topology.num_nodes=2.0", "data.num_sparse=4.0", "data.seed=3e0",
-        "+sharding.min_col_width=32.0",
+        "+sharding.min_col_width=32.0", "model.dense_arch=[64.0,16]", "model.over_arch=[32,1.0]",
     ))
     assert (run.trainer.max_steps, run.trainer.world_size, run.trainer.val_batches, run.seed) == (1000, 2, 0, 7)
     assert all(type(v) is int for v in (run.trainer.max_steps, run.trainer.world_size, run.seed))
@@ -294,6 +294,8 @@ def test_whole_numbers_written_as_floats_are_taken_everywhere(hydra_conf) -> Non
     data = instantiate("data", run.data)
     assert len(data.tables(16)) == 4
     assert instantiate("sharding", run.sharding).min_col_width == 32
+    model = instantiate("model", run.model)
+    assert (model.dense_arch, model.over_arch) == ([64, 16], [32, 1])
     # 2.5 is not whole anywhere
     for overrides, key in ((("+topology=zionex", "topology.num_nodes=2.5"), "topology.num_nodes"),
                            (("data.num_sparse=2.5",), "data.num_sparse"), (("trainer.max_steps=2.5",), "trainer.max_steps")):

@@ -262,7 +262,8 @@ def test_plan_recipe_names_an_output_folder_it_cannot_write(tmp_path: Path) -> N
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
     # samples/s and the plan are for the batch that is planned, not the one asked for
-    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", "plan_model.global_batch=1000", f"hydra.run.dir={tmp_path}")
+    # (1e3: a whole number written as a float is taken as one)
+    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", "plan_model.global_batch=1e3", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "plan_model.global_batch=1000 is not a whole number per rank on 128 ranks; planning for 7 per rank " \
         "(896 in all)" in proc.stderr

@@ -8,6 +8,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 
 from neo_core import hookimpl
+from neo_core.checks import as_whole
 from neo_core.errors import ConfigError
 from neo_core.models import ModelBuilder, embedding_bag_collection
 from neo_core.registry import Registry
@@ -24,7 +25,7 @@ class _DLRMBuilder(ModelBuilder):
         self.embedding_dim = int(embedding_dim)
         for key, sizes in (("dense_arch", dense_arch), ("over_arch", over_arch)):
             if isinstance(sizes, str) or not hasattr(sizes, "__iter__") or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in sizes
+                (as_whole(x) or 0) >= 1 for x in sizes
             ):
                 raise ConfigError(f"model.{key} must be a list of layer sizes of 1 or more, got {sizes!r}.")
         if len(over_arch) < 2:  # TorchRec's OverArch: hidden layers, then the logit
