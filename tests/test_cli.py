@@ -73,19 +73,28 @@ def test_neo_plugins_lists_the_option_clashes_the_recipes_refuse(register_plugin
     assert not [line for line in list_plugins().splitlines() if "mine_small" in line and "clash" in line]
 
 
-def test_neo_plugins_names_an_option_hidden_by_a_yaml_file(register_plugin) -> None:
+def test_neo_plugins_names_an_option_hidden_by_a_yaml_file(register_plugin, tmp_path, monkeypatch) -> None:
     class Hidden:
         __name__ = "hidden_plugin"
 
         @hookimpl
         def neo_register_cache_policies(self, registry):
             registry.register("mine", lambda load_factor=0.2: CachePolicy("mine", load_factor),
-                              options={"none": {"load_factor": 0.3}})
+                              options={"extra": {"load_factor": 0.3}})
 
     register_plugin(Hidden())
-    out = list_plugins(ROOT / "conf")
-    assert "clash (the recipes refuse to start): cache option 'none' of cache policy plugin 'mine' " in out
-    assert out == list_plugins()  # the checkout's conf/ by default
+    conf = tmp_path / "conf"
+    (conf / "cache").mkdir(parents=True)
+    (conf / "train.yaml").write_text("defaults: []\n")
+    (conf / "cache" / "extra.yaml").write_text("name: lru\n")
+    said = ("clash (the recipes refuse to start): cache option 'extra' of cache policy plugin 'mine' (hidden_plugin) "
+            f"clashes with the option file {conf / 'cache' / 'extra'}.yaml;")
+    assert said in list_plugins(conf)
+    assert "clash" not in list_plugins()  # the checkout's conf/ has no cache/extra.yaml
+    import neo_core.cli
+
+    monkeypatch.setattr(neo_core.cli, "CHECKOUT_CONF", conf)
+    assert said in list_plugins()  # the checkout's conf/ by default
 
 
 def test_neo_plugins_reports_failed_plugins(register_plugin) -> None:
