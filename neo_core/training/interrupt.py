@@ -214,8 +214,11 @@ def _rank_entry(local_rank: int, fn: Callable[..., None], *args: Any) -> None:
     """
     try:
         fn(local_rank, *args)
-    except SystemExit as exc:
-        leave_process(exc.code if isinstance(exc.code, int) else 1)
+    except SystemExit as exc:  # as the interpreter takes it: None is 0, other than an int is printed, 1
+        code = exc.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        leave_process(0 if code is None else code if isinstance(code, int) else 1)
     except KeyboardInterrupt:
         raise  # the wrapper's way: a rank ended by the starting process
     except Exception:

@@ -588,8 +588,10 @@ def quiet_libraries() -> None:
 @contextlib.contextmanager
 def rank_in_this_process() -> Iterator[None]:
     """A rank run in the calling process (world size 1) leaves it as it found it: the environment
-    (rank variables, seed), library log levels, warning filters and torch's thread count. A
-    later run in the same process (a Hydra multirun, a notebook) starts from the same state."""
+    (rank variables, seed), library log levels, warning filters, torch's thread count, and no
+    process group of its own, also when it failed. A later run in the same process (a Hydra
+    multirun, a notebook) starts from the same state."""
+    grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
     env = dict(os.environ)
     loggers = [logging.getLogger(name) for name in QUIET_LOGGERS] + [logging.getLogger()]
     levels = [logger.level for logger in loggers]
@@ -606,6 +608,8 @@ def rank_in_this_process() -> Iterator[None]:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
         torch.set_num_threads(threads)
+        if not grouped and torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()  # a failed run's: the next would reuse it
 
 
 def rank_main(

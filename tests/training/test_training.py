@@ -516,9 +516,13 @@ def _rank_with_teardown_noise(local_rank: int, how: str, stop: Any) -> None:
         raise ValueError(f"rank {local_rank} failed")
     if how == "exits":
         raise SystemExit(130)
+    if how == "exits-none":
+        raise SystemExit()  # success, as sys.exit() in the interpreter
+    if how == "exits-text":
+        raise SystemExit(f"rank {local_rank} gave up")
 
 
-@pytest.mark.parametrize("how", ["returns", "fails", "exits"])
+@pytest.mark.parametrize("how", ["returns", "fails", "exits", "exits-none", "exits-text"])
 def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> None:
     # the teardown of a rank holding a process group could abort ("terminate called without an
     # active exception") after the rank's results or error were in
@@ -526,15 +530,20 @@ def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> Non
 
     from neo_core.training.interrupt import run_ranks
 
-    if how == "returns":
+    if how in ("returns", "exits-none"):
         run_ranks(_rank_with_teardown_noise, (how,), 2)
+    elif how == "exits-text":
+        with pytest.raises(ProcessExitedException, match="exit code 1"):
+            run_ranks(_rank_with_teardown_noise, (how,), 2)
     elif how == "fails":
         with pytest.raises(ProcessRaisedException, match=r"ValueError: rank [01] failed"):
             run_ranks(_rank_with_teardown_noise, (how,), 2)
     else:
         with pytest.raises(ProcessExitedException, match="exit code 130"):
             run_ranks(_rank_with_teardown_noise, (how,), 2)
-    assert "interpreter teardown ran" not in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "interpreter teardown ran" not in err
+    assert ("gave up" in err) is (how == "exits-text")  # printed, as the interpreter prints it
 
 
 def _rank_draws_a_bar(local_rank: int, alone: bool, ready: str, stop: Any) -> None:
@@ -851,9 +860,19 @@ def test_an_in_process_run_leaves_the_process_as_it_found_it(tmp_path: Path) -> 
         levels = [logging.getLogger(name).level for name in (*QUIET_LOGGERS, "")]
         return dict(os.environ), list(warnings.filters), levels, torch.get_num_threads()
 
+    import lightning.pytorch  # noqa: F401 - sets PYTORCH_NVML_BASED_CUDA_CHECK as it is first imported
+
     before = state()
     train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2"], tmp_path))
     after = state()
     assert {k: v for k, v in after[0].items() if before[0].get(k) != v} == {}
     assert set(before[0]) == set(after[0])
     assert after[1:] == before[1:]
+    assert not torch.distributed.is_initialized()
+    # a failed run too, which also leaves no process group for the next run to reuse
+    from neo_core.errors import TrainingError
+
+    with pytest.raises(TrainingError, match="training diverged"):
+        train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30",
+                        "trainer.checkpoint_every_n_steps=1"], tmp_path / "diverged"))
+    assert state() == before and not torch.distributed.is_initialized()
