@@ -435,12 +435,13 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     if latest is None:
         return None
     folder, step = latest
-    if not run.trainer.resume and not writes:  # leaves the earlier checkpoint as it is
-        return None
     if not run.trainer.resume:
+        # a run that writes no checkpoint would still replace the earlier run's results, plan and
+        # logs, leaving a folder whose checkpoint and record no longer belong together
+        replaces = "" if writes else " (this run saves no checkpoint, yet would replace that run's results and logs)"
         raise ConfigError(
-            f"{out} holds the checkpoint of an earlier run (step {step}, {folder}); continue it with "
-            f"trainer.resume=true, or choose another output folder (hydra.run.dir=... or output_dir=...), "
+            f"{out} holds the checkpoint of an earlier run (step {step}, {folder}){replaces}; continue it "
+            f"with trainer.resume=true, or choose another output folder (hydra.run.dir=... or output_dir=...), "
             f"or remove {folder} to start over there."
         )
     if step == run.trainer.max_steps and _finished_metrics(out, step) is not None:

@@ -876,3 +876,20 @@ def test_an_in_process_run_leaves_the_process_as_it_found_it(tmp_path: Path) -> 
         train(composed(["trainer=smoke", "trainer.world_size=1", "kernel.optimizer=sgd", "kernel.learning_rate=1e30",
                         "trainer.checkpoint_every_n_steps=1"], tmp_path / "diverged"))
     assert state() == before and not torch.distributed.is_initialized()
+
+
+def test_a_run_that_saves_no_checkpoint_does_not_start_in_a_folder_that_holds_one(tmp_path: Path) -> None:
+    # it replaced the earlier run's metrics, plan and logs, leaving that run's checkpoint beside
+    # a record of another run (and its resume then failed, or mixed the two records)
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import train
+
+    first = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.checkpoint=true"], tmp_path))
+    kept = {name: (tmp_path / name).read_bytes() for name in ("metrics.json", "plan.json", "config.json")}
+    with pytest.raises(ConfigError) as err:
+        train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=3"], tmp_path))
+    assert str(err.value).startswith(
+        f"{tmp_path} holds the checkpoint of an earlier run (step {first['steps']}, {tmp_path / 'checkpoint'}) "
+        "(this run saves no checkpoint, yet would replace that run's results and logs); continue it with "
+        "trainer.resume=true"), str(err.value)
+    assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
