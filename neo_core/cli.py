@@ -296,6 +296,41 @@ def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
                 )
 
 
+def check_run_dirs(argv: Sequence[str]) -> None:
+    """``hydra.run.dir`` (or ``hydra.sweep.dir`` with ``-m``) must name a folder that is or can
+    be made: Hydra creates it before the recipe runs, and a file in the way, a parent that is a
+    file or a place that cannot be written ended in its traceback. The folder is made here, as
+    Hydra would make it. Values Hydra resolves (``${...}``) are left to it."""
+    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
+    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if not eq or name.lstrip("+") != key or not value or "${" in value:
+            continue
+        path = Path(value.strip("'\"")).expanduser().absolute()
+        problem = None
+        if path.exists():
+            if not path.is_dir():
+                problem = "a file of that name is in the way"
+            elif not os.access(path, os.W_OK | os.X_OK):
+                problem = "it cannot be written"
+        else:
+            parent = path.parent
+            while not parent.exists():
+                parent = parent.parent
+            if not parent.is_dir():
+                problem = f"{parent} is a file, not a folder"
+            elif not os.access(parent, os.W_OK | os.X_OK):
+                problem = f"{parent} cannot be written"
+        if problem is None:
+            try:  # as Hydra will; some places only refuse when asked (/proc, a full or read-only mount)
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                problem = exc.strerror or type(exc).__name__
+        if problem:
+            raise ConfigError(f"{key}={value} cannot hold the run's output ({problem}); choose another {key}.")
+
+
 def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:
     """``conf`` and the config directory ``argv`` adds with ``--config-dir``/``-cd`` (the last
     one given, as Hydra takes it)."""

@@ -27,6 +27,7 @@ from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
     check_group_options,
+    check_run_dirs,
     check_sweep_values,
     config_dirs,
     config_groups,
@@ -159,10 +160,17 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
     ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
     """
+    from neo_core.errors import ConfigError
     from neo_core.training.run import check_output_dir
 
     out = Path(cfg.get("output_dir") or ".")
     check_output_dir(out, files=PLAN_FILES, folders=())
+    trained = [n for n in ("checkpoint", "metrics.json") if (out / n).exists()]
+    if trained:  # its plan.json and plan.txt are that run's: a dry run must not replace them
+        raise ConfigError(
+            f"{out} holds a training run ({', '.join(trained)}), whose plan.json and plan.txt this dry run "
+            "would replace; choose another folder (hydra.run.dir=...)."
+        )
     for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
         (out / stale).unlink(missing_ok=True)
     check_keys(cfg)
@@ -248,6 +256,7 @@ if __name__ == "__main__":
         register_plugin_options(CONF)
         check_options(sys.argv[1:])
         check_sweep_values(sys.argv[1:], "recipes/plan.py")
+        check_run_dirs(sys.argv[1:])
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]

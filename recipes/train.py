@@ -24,6 +24,7 @@ from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
     check_group_options,
+    check_run_dirs,
     check_sweep_values,
     config_dirs,
     config_groups,
@@ -211,6 +212,7 @@ if __name__ == "__main__":
         check_plan_settings(sys.argv[1:])
         check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
         check_sweep_values(sys.argv[1:], "recipes/train.py")
+        check_run_dirs(sys.argv[1:])
         argv = select_by_name(sys.argv[1:], CONF, GROUPS)
     # experiment=null is its default already (Hydra refuses null as a group override)
     argv = [a for a in argv if a.lstrip("+") not in ("experiment=null", "experiment=")]

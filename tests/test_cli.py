@@ -14,6 +14,7 @@ from neo_core.cache import CachePolicy
 from neo_core.cli import (
     SweepFailures,
     check_group_options,
+    check_run_dirs,
     config_groups,
     force_add_overrides,
     list_plugins,
@@ -275,3 +276,24 @@ def test_a_sweeps_failures_that_share_a_message_are_listed_with_it_once(tmp_path
         "    all 2: Unknown key trainer.max_step. Did you mean 'max_steps'?",
         "  #2 trainer.max_steps=0: trainer.max_steps must be a positive integer, got 0.",
     ]
+
+
+def test_a_run_folder_hydra_cannot_make_is_one_sentence_before_it_starts(tmp_path: Path) -> None:
+    # Hydra made hydra.run.dir before the recipe ran: a file in the way was its traceback
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [
+        ([f"hydra.run.dir={afile}"], f"hydra.run.dir={afile} cannot hold the run's output (a file of that name is "
+                                     "in the way); choose another hydra.run.dir."),
+        ([f"hydra.run.dir={afile}/sub"], f"({afile} is a file, not a folder)"),
+        (["-m", f"hydra.sweep.dir={afile}"], f"hydra.sweep.dir={afile} cannot hold the run's output"),
+    ]
+    for argv, said in cases:
+        with pytest.raises(ConfigError) as err:
+            check_run_dirs(argv)
+        assert said in str(err.value), str(err.value)
+    check_run_dirs(["-m", f"hydra.run.dir={afile}"])  # a sweep does not use it
+    check_run_dirs([f"hydra.sweep.dir={afile}"])  # nor a single run this one
+    check_run_dirs(["hydra.run.dir=outputs/${now:%H}"])  # Hydra resolves it
+    check_run_dirs([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
+    assert (tmp_path / "new" / "run").is_dir()

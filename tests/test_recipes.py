@@ -258,6 +258,18 @@ def test_plan_recipe_names_an_output_folder_it_cannot_write(tmp_path: Path) -> N
     (tmp_path / "afile").write_text("")
     proc = run_plan("+topology=zionex", f"output_dir={tmp_path / 'afile' / 'x'}", f"hydra.run.dir={tmp_path}")
     assert_one_sentence(proc, f"output_dir='{tmp_path / 'afile' / 'x'}' cannot be written (Not a directory)")
+    proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path / 'afile'}")  # was Hydra's traceback
+    assert_one_sentence(proc, f"hydra.run.dir={tmp_path / 'afile'} cannot hold the run's output (a file of that "
+                              "name is in the way)")
+
+
+def test_plan_recipe_leaves_a_training_runs_plan_alone(tmp_path: Path) -> None:
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / "plan.json").write_text("the run's plan")
+    proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, f"{tmp_path} holds a training run (metrics.json), whose plan.json and plan.txt this "
+                              "dry run would replace; choose another folder (hydra.run.dir=...).")
+    assert (tmp_path / "plan.json").read_text() == "the run's plan"
 
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
