@@ -548,9 +548,15 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
             resume_dir=str(out) if latest else None,
         )
     if rank0 and metrics:
+        auc, loss = metrics["val_auc"], metrics["val_loss"]
+        if not run.trainer.val_batches:
+            validated = "no validation (trainer.val_batches=0)"
+        elif math.isnan(loss):
+            validated = "val AUC and loss not measured"
+        else:  # an AUC is undefined when every held-out label is the same (noted above)
+            validated = f"val AUC {'undefined' if math.isnan(auc) else f'{auc:.4f}'}, val loss {loss:.4f}"
         print(
-            f"done: {metrics['steps']} steps, val AUC {metrics['val_auc']:.4f}, val loss "
-            f"{metrics['val_loss']:.4f}, {metrics['samples_per_sec']:,.0f} samples/s "
+            f"done: {metrics['steps']} steps, {validated}, {metrics['samples_per_sec']:,.0f} samples/s "
             f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
         )
     return metrics

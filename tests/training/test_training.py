@@ -788,7 +788,17 @@ def test_an_undefined_auc_is_recorded_as_not_measured(tmp_path: Path, capsys) ->
     assert math.isnan(metrics["val_auc"])
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["val_auc"] is None and all(v["auc"] is None for v in saved["val_history"])
-    assert "every held-out label is 0, so the validation AUC is undefined" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "every held-out label is 0, so the validation AUC is undefined" in out
+    assert f"done: 5 steps, val AUC undefined, val loss {metrics['val_loss']:.4f}, " in out
+
+
+def test_a_run_without_validation_says_so_where_it_printed_nan(tmp_path: Path, capsys) -> None:
+    from neo_core.training.run import train
+
+    metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=0"], tmp_path))
+    assert math.isnan(metrics["val_auc"]) and math.isnan(metrics["val_loss"])
+    assert "done: 5 steps, no validation (trainer.val_batches=0), " in capsys.readouterr().out
 
 
 def test_running_out_of_memory_in_a_rank_names_the_batch_and_the_model(tmp_path: Path, monkeypatch) -> None:
