@@ -20,7 +20,7 @@ from neo_core.checks import as_whole
 from neo_core.compression import Compressor
 from neo_core.errors import ConfigError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
-from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec, check_plan
+from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec, check_plan, check_table_names
 from neo_core.topology import Topology
 
 __all__ = ["make_context", "plan_tables", "resolve"]
@@ -147,6 +147,7 @@ def plan_tables(
     bad = [t for t in tables if not isinstance(t, TableSpec)]
     if bad:
         raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    check_table_names(tables)
     _check_planner_params(params, planner)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)

@@ -11,7 +11,7 @@ import abc
 import enum
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,16 +79,18 @@ class TableSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"Every table needs a non-empty name (a string); got {self.name!r}.")
-        from numbers import Integral, Real
+        from numbers import Real
 
-        for key in ("num_embeddings", "embedding_dim"):  # numpy integers too, stored as int
+        from neo_core.checks import as_whole
+
+        for key in ("num_embeddings", "embedding_dim"):  # numpy integers and 1e7 too, stored as int
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, Integral):
+            if as_whole(value) is None:
                 raise ConfigError(
                     f"Table {self.name!r} has {key} {value!r} of type {type(value).__name__}; "
                     "it must be a whole number (an int)."
                 )
-            object.__setattr__(self, key, int(value))
+            object.__setattr__(self, key, as_whole(value))
         if self.num_embeddings < 1:
             raise ConfigError(
                 f"Table {self.name!r} has {self.num_embeddings!r} rows; a table needs at least 1 row."
@@ -118,14 +120,41 @@ class TableSpec:
             raise ConfigError(
                 f"Table {self.name!r} has hot_fraction {self.hot_fraction!r}; it must lie in (0, 1]."
             )
-        if isinstance(self.feature_names, str):  # one name, not its characters
-            object.__setattr__(self, "feature_names", (self.feature_names,))
-        if not self.feature_names:
-            object.__setattr__(self, "feature_names", (f"f_{self.name}",))
+        names = self.feature_names
+        if isinstance(names, str):  # one name, not its characters
+            names = (names,)
+        names = tuple(names) if isinstance(names, Iterable) and not isinstance(names, (bytes, Mapping)) else None
+        if names is None or not all(isinstance(n, str) and n.strip() for n in names):
+            raise ConfigError(
+                f"Table {self.name!r} has feature_names {self.feature_names!r}; give a feature name (a string) "
+                "or a list of them."
+            )
+        if len(set(names)) != len(names):
+            raise ConfigError(f"Table {self.name!r} lists a feature twice in feature_names {list(names)}.")
+        object.__setattr__(self, "feature_names", names or (f"f_{self.name}",))
 
     @property
     def num_parameters(self) -> int:
         return self.num_embeddings * self.embedding_dim
+
+
+
+def check_table_names(tables: Sequence[TableSpec]) -> None:
+    """Each table name once, and each feature read by one table (TorchRec's bag collections
+    key their input by feature)."""
+    names = [t.name for t in tables]
+    dupes = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+    if dupes:
+        raise ConfigError(f"Table names must be unique; repeated: {', '.join(dupes)}.")
+    readers: dict[str, str] = {}
+    for t in tables:
+        for feature in t.feature_names:
+            if feature in readers:
+                raise ConfigError(
+                    f"Feature {feature!r} is read by tables {readers[feature]!r} and {t.name!r}; each feature "
+                    "feeds one table (give them their own feature_names)."
+                )
+            readers[feature] = t.name
 
 
 @dataclass(frozen=True)

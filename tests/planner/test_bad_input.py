@@ -96,6 +96,9 @@ def test_numpy_integers_are_accepted_as_plain_ints():
     assert spec == TableSpec("t", 10, 16)
     assert type(spec.num_embeddings) is int and type(spec.embedding_dim) is int
     assert spec.num_parameters == 160
+    # whole numbers written as floats, as everywhere: 1e7 rows
+    spec = TableSpec("t", 1e7, np.float64(16))
+    assert (spec.num_embeddings, spec.embedding_dim) == (10_000_000, 16) and type(spec.num_embeddings) is int
 
 
 @pytest.mark.parametrize(
@@ -104,8 +107,9 @@ def test_numpy_integers_are_accepted_as_plain_ints():
         (10.5, 16, "num_embeddings", "float"),
         ("10", 16, "num_embeddings", "str"),
         (True, 16, "num_embeddings", "bool"),
-        (10, 16.0, "embedding_dim", "float"),
-        (10, np.float64(16), "embedding_dim", "float64"),
+        (10, 16.5, "embedding_dim", "float"),
+        (10, np.float64(16.5), "embedding_dim", "float64"),
+        (float("inf"), 16, "num_embeddings", "float"),
     ],
 )
 def test_non_integral_sizes_are_rejected_naming_table_and_field(rows, dim, field, kind):
@@ -277,6 +281,9 @@ def test_a_cache_policy_named_for_an_algorithm_uses_it() -> None:
         ({"hot_fraction": "0.5"}, "has hot_fraction '0.5'; it must be a number."),
         ({"num_embeddings": 2**63}, "ids are 64-bit"),
         ({"name": "  "}, "Every table needs a non-empty name"),
+        ({"feature_names": 5}, "Table 'a' has feature_names 5; give a feature name (a string) or a list of them."),
+        ({"feature_names": [1, 2]}, "has feature_names [1, 2]; give a feature name"),
+        ({"feature_names": ["x", "x"]}, "Table 'a' lists a feature twice in feature_names ['x', 'x']."),
     ],
 )
 def test_table_spec_fields_are_checked_by_kind(kwargs, fragment) -> None:
@@ -285,6 +292,13 @@ def test_table_spec_fields_are_checked_by_kind(kwargs, fragment) -> None:
         TableSpec(**fields)
     assert fragment in str(err.value), str(err.value)
     assert TableSpec("a", 10, 8, feature_names="clicks").feature_names == ("clicks",)  # one name, not 6
+    assert hash(TableSpec("a", 10, 8, feature_names=["x", "y"]))  # a list is kept as a tuple
+
+
+def test_a_feature_read_by_two_tables_is_rejected_naming_both() -> None:
+    tables = [TableSpec("a", 10, 8, feature_names="x"), TableSpec("b", 10, 8, feature_names=["y", "x"])]
+    with pytest.raises(ConfigError, match=r"^Feature 'x' is read by tables 'a' and 'b'; each feature feeds one table"):
+        plan_tables(tables, "zionex", 256)
 
 
 def test_a_dim_that_is_not_a_multiple_of_4_is_replicated_not_sharded() -> None:

@@ -19,6 +19,7 @@ from neo_core.sharding import (
     ShardingType,
     TableAssignment,
     TableSpec,
+    check_table_names,
     context_notes,
 )
 from neo_plugins.sharding.planner.cost import (
@@ -46,10 +47,7 @@ def validate_tables(tables: Sequence[TableSpec], context: PlanningContext) -> No
     """Reject input no plan can be made for, with one clear sentence."""
     if len(tables) == 0:
         raise ConfigError("The table list is empty; give at least one embedding table to plan.")
-    names = [t.name for t in tables]
-    dupes = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
-    if dupes:
-        raise ConfigError(f"Table names must be unique; repeated: {', '.join(dupes)}.")
+    check_table_names(tables)
     if context.batch_size_per_rank < 1:
         raise ConfigError(
             f"batch_size_per_rank is {context.batch_size_per_rank}; it must be a positive integer."
