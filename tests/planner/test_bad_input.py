@@ -43,7 +43,8 @@ def test_cached_huge_table_blames_host_memory_with_a_positive_shortfall():
 
 
 def test_uncached_huge_table_blames_device_memory_and_names_the_cache():
-    huge = TableSpec("huge", 2_000_000_000, 128, 1.0)
+    # 4e8 rows x 128 fp32: 25.6 GB a rank split 8 ways, over the device memory, within the host's
+    huge = TableSpec("huge", 400_000_000, 128, 1.0)
     with pytest.raises(PlanningError) as err:
         plan_tables([huge], cluster(), 256)
     msg = str(err.value)
@@ -51,6 +52,10 @@ def test_uncached_huge_table_blames_device_memory_and_names_the_cache():
     assert "GiB of host memory" not in msg  # nothing of it lives in host memory
     assert all(b > 0 for b in shortfalls(msg)) and shortfalls(msg)
     assert "cache=lru cache.load_factor=" in msg
+    # 2e9 rows: 128 GB a rank would not fit the 64 GiB of host memory either: no cache offered
+    with pytest.raises(PlanningError) as err:
+        plan_tables([replace(huge, num_embeddings=2_000_000_000)], cluster(), 256)
+    assert "over the 13.60 GiB of device memory" in str(err.value) and "cache=" not in str(err.value)
 
 
 def test_device_short_message_names_the_fix():
@@ -61,6 +66,10 @@ def test_device_short_message_names_the_fix():
     assert msg.startswith("Device memory is short") and "d0" in msg
     assert "add ranks or device memory" in msg and "shrink the tables." in msg
     assert "cache (cache=lru cache.load_factor=0.05)" in msg
+    # tables the host memory could not hold either: no cache offered
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec(f"d{i}", 100_000_000, 128, 1.0) for i in range(16)], cluster(), 256)
+    assert str(err.value).startswith("Device memory is short") and "cache=" not in str(err.value)
     # with a cache already on, the lever is its load factor
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(), 256, cache=CachePolicy("lru", load_factor=0.9))

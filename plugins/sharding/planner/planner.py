@@ -377,6 +377,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
     else:
         cache_fix = ""
+    # a cache moves tables to host memory: no help where host memory could not hold them either
+    to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only else None
     if never.any():
         i = int(np.flatnonzero(never)[0])
         others = int(never.sum()) - 1
@@ -424,6 +426,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             )
             fixes.append("host memory")
         fix = f"add ranks or {' and '.join(fixes)}"
+        if cache_fix == to_host and shard_dev > cap_host:  # the shard would not fit host memory either
+            cache_fix = ""
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
@@ -450,6 +454,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             f"{cache_fix}, or shrink the tables (more ranks do not help)."
         )
     if total_dev > D:
+        if cache_fix == to_host and total_dev > D + H:
+            cache_fix = ""
         short = total_dev - D
         biggest = np.argsort(-need_dev, kind="stable")[:5]
         names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i])})" for i in biggest)
