@@ -504,3 +504,17 @@ def test_replicated_tables_too_large_for_a_rank_say_ranks_do_not_help() -> None:
     assert "use kernel=fused, which can shard tables" in message and "more ranks do not help" in message
     assert "add ranks" not in message
     plan_tables(tables, topology="zionex", batch_size_per_rank=512)  # the fused kernel shards them
+
+
+def test_column_shard_counts_that_split_no_table_are_noted() -> None:
+    # col_shard_counts=[3] on dims of 128 left out CW, TWCW and GRID without a word
+    tables = [TableSpec(f"t{i}", 1_000_000 * (i + 1), 128) for i in range(8)]
+    notes = lambda **kw: [n for n in plan_tables(tables, "zionex", 256, **kw).notes if "col_shard" in n]  # noqa: E731
+    assert notes(col_shard_counts=[3]) == [
+        "sharding.col_shard_counts 3 splits no table: shards must be whole multiples of 4 columns, at least "
+        "sharding.min_col_width=16, so CW, GRID, TWCW were not considered"]
+    assert notes(col_shard_counts=[2, 3]) == [
+        "sharding.col_shard_counts 3 splits no table: shards must be whole multiples of 4 columns, at least "
+        "sharding.min_col_width=16"]
+    assert notes(min_col_width=1000)[0].startswith("sharding.col_shard_counts 2, 4, 8 split no table")
+    assert notes() == [] and notes(col_shard_counts=[3], sharding_types=["TW", "RW"]) == []

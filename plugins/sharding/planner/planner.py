@@ -29,7 +29,14 @@ from neo_plugins.sharding.planner.cost import (
     CostParams,
     TableArrays,
 )
-from neo_plugins.sharding.planner.search import Option, Search, build_options, human_bytes, why_no_option
+from neo_plugins.sharding.planner.search import (
+    Option,
+    Search,
+    build_options,
+    human_bytes,
+    splits_into,
+    why_no_option,
+)
 
 ESTIMATORS = ("neo", "torchrec")
 # targets of the packing restarts (Search.fit_restarts) with estimator=torchrec, two runs each
@@ -226,6 +233,15 @@ class NeoPlanner(Planner):
                 f"a multiple of 4, which FBGEMM's fused kernel needs: {names}"
                 + (f" and {len(odd) - 5} more" if len(odd) > 5 else "")
                 + f"; pad the dim to {-(-odd[0].embedding_dim // 4) * 4} to shard them"
+            )
+        column_types = allowed & set(MULTI_COL) if context.kernel.compute_kernel == "fused" else set()
+        idle = [k for k in self.col_shard_counts if not splits_into(arrays.dims, k, self.min_col_width).any()]
+        if column_types and idle:  # a count no table's dim divides into whole shards was silently unused
+            none = len(idle) == len(self.col_shard_counts)
+            result.notes.append(
+                f"sharding.col_shard_counts {', '.join(map(str, idle))} split{'s' if len(idle) == 1 else ''} no table: "
+                f"shards must be whole multiples of 4 columns, at least sharding.min_col_width={self.min_col_width}"
+                + (f", so {', '.join(sorted(t.short for t in column_types))} were not considered" if none else "")
             )
         elapsed = time.perf_counter() - start
         result.notes.append(
