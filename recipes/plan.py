@@ -252,12 +252,16 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    with user_errors():
-        register_plugin_options(CONF)
-        check_options(sys.argv[1:])
-        check_sweep_values(sys.argv[1:], "recipes/plan.py")
-        check_run_dirs(sys.argv[1:])
-        argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+    try:
+        with user_errors():
+            register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            check_options(sys.argv[1:])
+            check_sweep_values(sys.argv[1:], "recipes/plan.py")
+            check_run_dirs(sys.argv[1:])
+            argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+    except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more
+        print(INTERRUPTED, file=sys.stderr)
+        sys.exit(130)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
     try:

@@ -73,6 +73,8 @@ CONFIG_FLAGS: list[str] = []
 ARGV: list[str] = []
 # the command that continues the run under way, for a second Ctrl-C that stops at once
 CONTINUE: list[str] = []
+OUTPUT_DIR: list[str] = []  # the run's folder, once Hydra has made it
+SWEEPING: list[bool] = []  # [True] in a sweep (-m)
 
 
 def config_flags(argv: list[str]) -> list[str]:
@@ -171,7 +173,21 @@ def interrupted_message(exc: KeyboardInterrupt) -> str:
     """The line an interrupted run ends with: where its checkpoint is, how to continue."""
     if isinstance(exc, RunInterrupted):
         return f"interrupted: {exc}"
-    return "interrupted: the last finished checkpoint, if any, is in the run's checkpoint/ folder; " + (
+    if not OUTPUT_DIR:  # stopped before Hydra gave the run its folder
+        return "interrupted before the run started: nothing was written"
+    from neo_core.errors import CheckpointError
+    from neo_core.training.checkpoint import latest_checkpoint
+
+    try:
+        latest = latest_checkpoint(Path(OUTPUT_DIR[0]) / "checkpoint")
+    except CheckpointError:
+        latest = None
+    if latest is None and SWEEPING:  # the sweep's command: finished jobs report, this one starts afresh
+        return f"interrupted: no checkpoint of this job was saved in {OUTPUT_DIR[0]}; continue the sweep with: {CONTINUE[0]}"
+    if latest is None:
+        return (f"interrupted: no checkpoint was saved in {OUTPUT_DIR[0]}; run the command again to start "
+                "over (trainer.checkpoint_every_n_steps=<n> saves during training)")
+    return f"interrupted: the last finished checkpoint is at step {latest[1]} in {latest[0]}; " + (
         f"continue with: {CONTINUE[0]}" if CONTINUE else "continue with trainer.resume=true")
 
 
@@ -185,6 +201,8 @@ def main(cfg: DictConfig) -> float:
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
     CONTINUE[:] = [_continue_command(str(config["output_dir"]))]  # type: ignore[index]
+    OUTPUT_DIR[:] = [str(config["output_dir"])]  # type: ignore[index]
+    SWEEPING[:] = [True] if HydraConfig.get().mode == RunMode.MULTIRUN else []
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     resuming = bool(config["trainer"].get("resume"))  # type: ignore[index, union-attr]
@@ -207,13 +225,17 @@ def main(cfg: DictConfig) -> float:
 if __name__ == "__main__":
     CONFIG_FLAGS[:] = config_flags(sys.argv[1:])
     ARGV[:] = sys.argv[1:]
-    with user_errors():
-        register_plugin_options(CONF)
-        check_plan_settings(sys.argv[1:])
-        check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
-        check_sweep_values(sys.argv[1:], "recipes/train.py")
-        check_run_dirs(sys.argv[1:])
-        argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+    try:
+        with user_errors():
+            register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            check_plan_settings(sys.argv[1:])
+            check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
+            check_sweep_values(sys.argv[1:], "recipes/train.py")
+            check_run_dirs(sys.argv[1:])
+            argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+    except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more
+        print(interrupted_message(KeyboardInterrupt()), file=sys.stderr)
+        sys.exit(130)
     # experiment=null is its default already (Hydra refuses null as a group override)
     argv = [a for a in argv if a.lstrip("+") not in ("experiment=null", "experiment=")]
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]

@@ -537,3 +537,27 @@ def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None
     assert not (tmp_path / "0" / "plan.json").exists()
     assert json.loads((tmp_path / "1" / "plan.json").read_text())["tables"]  # the next job planned
     assert "1 job(s) of the sweep failed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_interrupted_line_says_what_there_is_to_continue(tmp_path: Path) -> None:
+    # it said "the last finished checkpoint, if any, is in the run's checkpoint/ folder; continue
+    # with ... trainer.resume=true" also when nothing had started, or no checkpoint was saved
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_recipe", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    assert recipe.interrupted_message(KeyboardInterrupt()) == "interrupted before the run started: nothing was written"
+    recipe.OUTPUT_DIR[:], recipe.CONTINUE[:] = [str(tmp_path)], ["python recipes/train.py trainer.resume=true"]
+    assert recipe.interrupted_message(KeyboardInterrupt()) == (
+        f"interrupted: no checkpoint was saved in {tmp_path}; run the command again to start over "
+        "(trainer.checkpoint_every_n_steps=<n> saves during training)")
+    recipe.SWEEPING[:] = [True]
+    assert recipe.interrupted_message(KeyboardInterrupt()) == (
+        f"interrupted: no checkpoint of this job was saved in {tmp_path}; continue the sweep with: "
+        "python recipes/train.py trainer.resume=true")
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "meta.json").write_text('{"step": 40}\n')
+    assert recipe.interrupted_message(KeyboardInterrupt()) == (
+        f"interrupted: the last finished checkpoint is at step 40 in {tmp_path / 'checkpoint'}; continue with: "
+        "python recipes/train.py trainer.resume=true")
