@@ -20,7 +20,7 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
     """``value`` for ``key`` if it is of the kind its parameter is annotated with, else an error.
 
     Only plain annotations are checked: ``int`` takes a whole number (``1e7`` too), ``float``
-    any real number but NaN, ``bool`` true/false (or 0/1); each may be ``| None`` (or
+    any real number but NaN, ``bool`` true/false (or 0/1), ``str`` text; each may be ``| None`` (or
     ``Optional[...]``), which also takes null. Anything else (lists, unions, none given) is
     left to the plugin. A whole float for an ``int`` comes back as an int.
     """
@@ -38,7 +38,12 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
     for none in ("|None", "None|"):
         if none in text:
             text, optional = text.replace(none, ""), True
-    if text not in ("int", "float", "bool") or (optional and value is None):
+    if text not in ("int", "float", "bool", "str") or (optional and value is None):
+        return value
+    if text == "str":
+        if not isinstance(value, str):
+            quoted = f" (quote it to give it as text: {key}='{value}')" if isinstance(value, (int, float)) else ""
+            raise ConfigError(f"{key} must be text{' (or null)' if optional else ''}, got {value!r}{quoted}.")
         return value
     if text == "bool":
         ok, kind = isinstance(value, bool) or (is_number(value) and value in (0, 1)), "true or false"

@@ -420,6 +420,18 @@ def test_evaluated_optional_annotations_are_checked_too() -> None:
     assert check_kind("cache.size", "any", int | str) == "any"  # a union of kinds: the plugin's to check
 
 
+def test_a_text_parameter_takes_text_only() -> None:
+    # cache.tag=5 reached a str parameter as the int 5
+    for annotation in ("str", str):
+        assert check_kind("cache.tag", "warm", annotation) == "warm"
+        with pytest.raises(ConfigError, match=re.escape("cache.tag must be text, got 5 (quote it to give it as text: "
+                                                        "cache.tag='5').")):
+            check_kind("cache.tag", 5, annotation)
+    assert check_kind("cache.tag", None, "str | None") is None
+    with pytest.raises(ConfigError, match=re.escape("cache.tag must be text (or null), got [1].")):
+        check_kind("cache.tag", [1], "str | None")
+
+
 def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
     class WrongType:
         __name__ = "wrong_type_plugin"

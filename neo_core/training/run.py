@@ -384,16 +384,19 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
     def name(node: Any) -> Any:
         return node.get("name") if isinstance(node, Mapping) else None
 
+    def shown(value: Any) -> str:  # as typed in an override: null, true
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else repr(value)
+
     def differences(keys: tuple[str, ...]) -> list[str]:
         found = []
         for key in keys:
             if name(before.get(key)) != name(config.get(key)):  # another plugin: its keys differ too
-                found.append(f"{key}: {name(before.get(key))!r} -> {name(config.get(key))!r}")
+                found.append(f"{key}: {shown(name(before.get(key)))} -> {shown(name(config.get(key)))}")
                 continue
             old = flat(effective(key, before.get(key)), key)
             new = flat(effective(key, config.get(key)), key)
             changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in QUIET_KEYS)
-            found += [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed]
+            found += [f"{k}: {shown(old.get(k))} -> {shown(new.get(k))}" for k in changed]
         return found
 
     changed = differences(RESUME_KEYS)

@@ -671,6 +671,10 @@ def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> No
     # settings a resumed run may change are returned, to be noted
     python_run["trainer"] = {**python_run["trainer"], "max_steps": 300, "resume": True, "batch_size": 128}
     assert check_resumable(saved, python_run) == ["trainer.batch_size: 64 -> 128"]  # not what resuming is for
+    # values as an override types them (it read "None -> 3")
+    python_run["trainer"] = {**python_run["trainer"], "val_every_n_steps": 3}
+    assert check_resumable(saved, python_run) == ["trainer.batch_size: 64 -> 128", "trainer.val_every_n_steps: null -> 3"]
+    python_run["trainer"] = {**python_run["trainer"], "val_every_n_steps": None}
     # a left-out key whose default differs from what was written is still a change
     python_run["kernel"] = {"name": "fused", "learning_rate": written["learning_rate"]}
     saved.write_text(json.dumps({**json.loads(saved.read_text()), "kernel": {**written, "optimizer": "adam"}}))
