@@ -265,10 +265,15 @@ def check_group_options(
                 )
 
 
+def is_sweep(argv: Sequence[str]) -> bool:
+    """Whether the command line asks Hydra for a sweep: ``-m``, ``--multirun`` or ``hydra.mode=MULTIRUN``."""
+    return any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
+
+
 def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
     """Without ``-m``, an override that lists values (``trainer.max_steps=1,2``) is refused
     naming the flag; Hydra's own message ("Ambiguous value") shows it as rewritten (``++``)."""
-    if any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv):
+    if is_sweep(argv):
         return
     for arg in argv:
         key, eq, value = arg.partition("=")
@@ -301,8 +306,7 @@ def check_run_dirs(argv: Sequence[str]) -> None:
     be made: Hydra creates it before the recipe runs, and a file in the way, a parent that is a
     file or a place that cannot be written ended in its traceback. The folder is made here, as
     Hydra would make it. Values Hydra resolves (``${...}``) are left to it."""
-    sweep = any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
-    key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+    key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
     for arg in argv:
         name, eq, value = arg.partition("=")
         if not eq or name.lstrip("+") != key or not value or "${" in value:
