@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,18 +139,86 @@ class SweepFailures:
         if not self.jobs:
             raise SystemExit(0)
         print(f"{len(self.jobs)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
-        by_message: dict[str, list[tuple[int, str]]] = {}
-        for num, overrides, message in self.jobs:
-            by_message.setdefault(message, []).append((num, overrides))
-        for message, jobs in by_message.items():
-            if len(jobs) == 1:
-                print(f"  #{jobs[0][0]} {jobs[0][1]}: {message[:200]}", file=sys.stderr)
-                continue
-            # a bad key or value every job shares: its message once, after the jobs it ended
-            for num, overrides in jobs:
-                print(f"  #{num} {overrides}", file=sys.stderr)
-            print(f"    all {len(jobs)}: {message[:200]}", file=sys.stderr)
+        print_failed_jobs(self.jobs)
         raise SystemExit(1 if self.internal else 2)
+
+
+def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) -> None:
+    """``(job number, overrides, message)`` one job a line; a message several jobs share is
+    given once, after them (a bad key or value every job has)."""
+    by_message: dict[str, list[tuple[int, str]]] = {}
+    for num, overrides, message in failed:
+        by_message.setdefault(message, []).append((num, overrides))
+    for message, jobs in by_message.items():
+        if len(jobs) == 1:
+            print(f"  #{jobs[0][0]} {jobs[0][1]}: {message[:width]}", file=sys.stderr)
+            continue
+        for num, overrides in jobs:
+            print(f"  #{num} {overrides}", file=sys.stderr)
+        print(f"    all {len(jobs)}: {message[:width]}", file=sys.stderr)
+
+
+def check_sweep_jobs(check: Callable[[dict[str, Any]], None]) -> None:
+    """Before a ``-m`` sweep launches a job, check every job: ``check(config)`` gets each one's
+    config as the job itself will (resolved, ``output_dir`` its folder). If any would fail with
+    a Neo error, none is started: the failing jobs are listed and the process exits 2. What a
+    check cannot know ahead (a plan that does not fit) still fails only its own job.
+
+    Hydra composes every job of a batch before launching it (``Sweeper.validate_batch_is_legal``);
+    the check runs there, so a sweep from the config (``hydra.sweeper.params``), an added config
+    folder and any sweeper that composes its jobs so are covered as Hydra sees them.
+    ``NEO_SKIP_SWEEP_CHECK=1`` launches without it.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import filter_overrides
+    from hydra.plugins.sweeper import Sweeper
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    composed = Sweeper.validate_batch_is_legal
+    launched = [0]  # jobs of earlier batches: Hydra numbers a sweep's jobs on from them
+
+    def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+        composed(self, batch)
+        first, launched[0] = launched[0], launched[0] + len(batch)
+        if os.environ.get("NEO_SKIP_SWEEP_CHECK"):
+            return
+        loader = self.hydra_context.config_loader
+        failed, before = [], HydraConfig.instance().cfg
+        try:
+            for num, overrides in enumerate(batch, start=first):
+                try:
+                    config = loader.load_sweep_config(self.config, list(overrides))
+                    with open_dict(config):  # as Hydra's launcher gives the job its number and folder
+                        config.hydra.job.id = config.hydra.job.num = num
+                    HydraConfig.instance().set_config(config)
+                    out = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
+                    with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+                        config.hydra.runtime.output_dir = str(out.absolute())
+                    HydraConfig.instance().set_config(config)
+                    job = OmegaConf.to_container(config, resolve=True)
+                    job.pop("hydra", None)  # type: ignore[union-attr]
+                    check(job)  # type: ignore[arg-type]
+                except NeoError as exc:
+                    shown = " ".join(o.removeprefix("++") for o in filter_overrides(list(overrides)))
+                    failed.append((num, shown, str(exc)))
+                except Exception:  # noqa: BLE001, S112 - not a setting's fault: the job reports it, traceback and all
+                    continue
+        finally:
+            HydraConfig.instance().cfg = before
+        if failed:
+            n, where = len(batch), "the sweep" if not first else f"this batch (jobs #{first}-#{launched[0] - 1})"
+            if n == 1:
+                head = f"the one job of {where} would fail, so it was not started:"
+            elif len(failed) == n:
+                head = f"all {n} jobs of {where} would fail, so none was started:"
+            else:
+                head = (f"{len(failed)} of the {n} jobs of {where} would fail, so none was started (fix them, or "
+                        "leave them out of the sweep):")
+            print(f"error: {head}", file=sys.stderr)
+            print_failed_jobs(failed, width=400)
+            raise SystemExit(2)
+
+    Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
 
 
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``

@@ -25,6 +25,7 @@ from neo_core.cli import (
     SweepFailures,
     check_group_options,
     check_run_dirs,
+    check_sweep_jobs,
     check_sweep_values,
     config_dirs,
     config_groups,
@@ -116,6 +117,17 @@ def _sweep_job(config: dict) -> dict:
         passthrough=(RunInterrupted,),
     )
     return {} if metrics is None else metrics
+
+
+def check_job(config: dict[str, Any]) -> None:
+    """What a job checks before it trains (its keys and values, the launch, its plugins, the
+    model's tables, a checkpoint in its folder), for every job of a sweep before the first starts."""
+    from neo_core.config import validate
+    from neo_core.training.run import build_parts, check_fresh_start, resolve_launch
+
+    run = validate(config)
+    build_parts(run, resolve_launch(run))
+    check_fresh_start(Path(run.output_dir), run)
 
 
 def _continue_command(run_dir: str) -> str:
@@ -240,6 +252,7 @@ if __name__ == "__main__":
     argv = [a for a in argv if a.lstrip("+") not in ("experiment=null", "experiment=")]
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv), selected)]
+    check_sweep_jobs(check_job)  # a -m sweep: every job before the first starts
     try:
         main()
         SWEEP.exit()

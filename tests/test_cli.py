@@ -297,3 +297,44 @@ def test_a_run_folder_hydra_cannot_make_is_one_sentence_before_it_starts(tmp_pat
     check_run_dirs(["hydra.run.dir=outputs/${now:%H}"])  # Hydra resolves it
     check_run_dirs([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
     assert (tmp_path / "new" / "run").is_dir()
+
+
+def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(tmp_path: Path) -> None:
+    app = tmp_path / "app.py"
+    app.write_text(
+        "import hydra\n"
+        "from neo_core.cli import check_sweep_jobs\n"
+        "from neo_core.errors import ConfigError\n"
+        "def check(cfg):\n"
+        "    if cfg['x'] == 1:\n"
+        "        raise ValueError('not a setting: the job reports it')\n"
+        "    if cfg['x'] >= 2:\n"
+        "        raise ConfigError(f\"x={cfg['x']} is bad (job {cfg['num']} in {cfg['out']})\")\n"
+        "@hydra.main(version_base='1.3', config_path=None, config_name=None)\n"
+        "def main(cfg):\n"
+        "    print('ran', cfg.x)\n"
+        "check_sweep_jobs(check)\n"
+        "main()\n"
+    )
+
+    def sweep(values: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(app), "-m", f"+x={values}", "+num=${hydra:job.num}",
+             "+out=${hydra:runtime.output_dir}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+            capture_output=True, text=True, env=subprocess_env(ROOT), timeout=120,
+        )
+
+    proc = sweep("0,1")  # no Neo error: every job runs (the one whose check broke too)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("ran")] == ["ran 0", "ran 1"]
+    proc = sweep("0,1,2,3")
+    assert proc.returncode == 2 and "ran" not in proc.stdout, proc.stderr
+    out = (tmp_path / "sweep").absolute()
+    lines = proc.stderr.splitlines()
+    assert lines[0] == (
+        "error: 2 of the 4 jobs of the sweep would fail, so none was started (fix them, or leave them out of the sweep):")
+    assert len(lines) == 3  # each job with its number, overrides and message, as the job itself would see it
+    for num, line in enumerate(lines[1:], start=2):
+        assert line.startswith(f"  #{num} +x={num} ") and line.endswith(f": x={num} is bad (job {num} in {out / str(num)})")
+    proc = sweep("3")
+    assert proc.stderr.splitlines()[0] == "error: the one job of the sweep would fail, so it was not started:"

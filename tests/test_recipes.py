@@ -421,18 +421,56 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
-    proc = run_recipe("-m", "model.embedding_dim=7,16", "trainer=smoke", "trainer.max_steps=2",
-                      f"hydra.sweep.dir={tmp_path}", timeout=600)
+    # a failure only the job's plan shows (fp8 over gloo for its table-wise tables): the
+    # check before the sweep cannot know it, so the job fails alone
+    proc = run_recipe("-m", "compression=fp16", "compression.backward=fp8,fp16", "trainer=smoke",
+                      "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}", timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    said = "model.dense_arch must end with the embedding dim (7), got [64, 16]."
-    assert f"error: job #0 (model.embedding_dim=7 trainer=smoke trainer.max_steps=2): {said}" in proc.stderr
-    assert (tmp_path / "0" / "error.txt").read_text() == said + "\n"
+    job = "compression=fp16 compression.backward=fp8 trainer=smoke trainer.max_steps=2"
+    said = "compression 'fp16' sends fp8 (forward fp16, backward fp8), which TorchRec cannot run over gloo for "
+    assert f"error: job #0 ({job}): {said}" in proc.stderr
+    assert (tmp_path / "0" / "error.txt").read_text().startswith(said)
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["steps"] == 2  # the next job ran
     # each job's transcript is its own: the error in the first, the plan and results in the second
-    assert (tmp_path / "0" / "train.log").read_text() == f"error: job #0 (model.embedding_dim=7 trainer=smoke trainer.max_steps=2): {said}\n"
+    first = (tmp_path / "0" / "train.log").read_text()
+    assert first.startswith(f"error: job #0 ({job}): {said}") and first.count("\n") == 1
     second = (tmp_path / "1" / "train.log").read_text()
     assert "Sharding plan (neo), 2 ranks" in second and "done: 2 steps, val AUC" in second and "error" not in second
-    assert "1 job(s) of the sweep failed" in proc.stderr and "  #0 model.embedding_dim=7" in proc.stderr
+    assert "1 job(s) of the sweep failed" in proc.stderr and f"  #0 {job}: {said}" in proc.stderr
+
+
+def test_a_sweep_with_a_job_that_would_fail_starts_none(tmp_path: Path) -> None:
+    # a bad combination, a misspelled key: each job failed in turn, hours into a sweep
+    proc = run_recipe("-m", "trainer=smoke", "trainer.max_steps=2", "kernel=fused,dense",
+                      "kernel.optimizer=adam,sgd", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-2:] == [
+        "error: 1 of the 4 jobs of the sweep would fail, so none was started (fix them, or leave them out of the "
+        "sweep):",
+        "  #0 trainer=smoke trainer.max_steps=2 kernel=fused kernel.optimizer=adam: kernel.optimizer=adam: FBGEMM's "
+        "fused kernel has no Adam on CPU; use rowwise_adagrad, adagrad or sgd, or kernel=dense.",
+    ]
+    assert "Launching" not in proc.stderr + proc.stdout and not [p for p in tmp_path.iterdir() if p.is_dir()]
+    # a sweep the config holds (hydra.sweeper.params), from an added config folder, is checked as Hydra runs it
+    conf = tmp_path / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "experiment" / "batches.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      trainer.batch_size: 0,8\n")
+    proc = run_recipe("-m", "--config-dir", str(conf), "experiment=batches", "trainer=smoke",
+                      "trainer.max_step=2", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[-4:-1] == [
+        "error: all 2 jobs of the sweep would fail, so none was started:",
+        "  #0 trainer.batch_size=0 experiment=batches trainer=smoke trainer.max_step=2",
+        "  #1 trainer.batch_size=8 experiment=batches trainer=smoke trainer.max_step=2",
+    ]
+    assert lines[-1].startswith("    all 2: Unknown key trainer.max_step. Did you mean 'max_steps'?")
+    # without the check, each job fails in turn, as before
+    proc = run_recipe("-m", "--config-dir", str(conf), "experiment=batches", "trainer=smoke", "trainer.max_step=2",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", env={**subprocess_env(), "NEO_SKIP_SWEEP_CHECK": "1"})
+    assert proc.returncode == 2 and "2 job(s) of the sweep failed" in proc.stderr, proc.stderr[-3000:]
+    assert (tmp_path / "sweep" / "1" / "error.txt").read_text().startswith("Unknown key trainer.max_step.")
 
 
 def test_the_continue_command_keeps_the_config_folder_flags() -> None:
