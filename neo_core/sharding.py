@@ -268,6 +268,9 @@ class PlanResult:
         first tables and the slowest ranks, and says how many it left out (all are in plan.json
         and plan.txt).
         """
+        for key, limit in (("max_tables", max_tables), ("max_ranks", max_ranks)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+                raise ConfigError(f"format_text({key}={limit!r}): give a whole number, 0 or more, or None for all.")
         lines = [f"Sharding plan ({self.planner}), {len(self.ranks)} ranks"]
         kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
         rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])

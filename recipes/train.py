@@ -109,12 +109,23 @@ def _sweep_job(config: dict) -> dict:
     """One job of a sweep (``SweepFailures.job``): a failure is reported and kept, the sweep goes on."""
     from hydra.core.hydra_config import HydraConfig
 
+    from neo_core.errors import CheckpointError
+    from neo_core.training.checkpoint import latest_checkpoint
     from neo_core.training.run import train
 
+    out, num = Path(config["output_dir"]), HydraConfig.get().job.num
+    trainer = config.get("trainer") or {}
+    if trainer.get("resume") is True:  # a continued sweep: a job stopped before its first save starts afresh
+        try:
+            latest = latest_checkpoint(out / "checkpoint")
+        except CheckpointError:
+            latest = ()  # damaged: the job says so
+        if latest is None:
+            print(f"note: job #{num} saved no checkpoint in {out}; it starts from step 0")
+            config = {**config, "trainer": {**trainer, "resume": False}}
     metrics = SWEEP.job(
         lambda: train(config),  # type: ignore[arg-type]
-        Path(config["output_dir"]), HydraConfig.get().job.num, " ".join(_typed_overrides()),
-        passthrough=(RunInterrupted,),
+        out, num, " ".join(_typed_overrides()), passthrough=(RunInterrupted,),
     )
     return {} if metrics is None else metrics
 

@@ -561,6 +561,35 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
     assert recipe.SWEEP.internal == [0, 3]  # the command then exits 1, not 2
 
 
+def test_a_continued_sweep_starts_the_jobs_that_saved_no_checkpoint_without_a_warning(
+        tmp_path, monkeypatch, capsys) -> None:
+    # continuing an interrupted sweep (trainer.resume=true) warned "holds no checkpoint" for
+    # every job that had not started: those start afresh, as the sweep's command says
+    import importlib.util
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    import neo_core.training.run as run_module
+
+    spec = importlib.util.spec_from_file_location("train_recipe_continue", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    seen = {}
+    state = {"num": 0}
+    monkeypatch.setattr(run_module, "train", lambda config: seen.setdefault(state["num"], config["trainer"]) and {})
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
+        job=SimpleNamespace(num=state["num"]), overrides=SimpleNamespace(task=["trainer.resume=true"]))))
+    for num, meta in ((0, '{"step": 4}'), (1, None), (2, "not json")):
+        if meta is not None:
+            (tmp_path / str(num) / "checkpoint").mkdir(parents=True)
+            (tmp_path / str(num) / "checkpoint" / "meta.json").write_text(meta)
+        state["num"] = num
+        recipe._sweep_job({"output_dir": str(tmp_path / str(num)), "trainer": {"resume": True, "max_steps": 8}})
+    assert [seen[n]["resume"] for n in range(3)] == [True, False, True]  # a damaged one is the job's to report
+    assert capsys.readouterr().out == f"note: job #1 saved no checkpoint in {tmp_path / '1'}; it starts from step 0\n"
+
+
 def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:
     # the sweep used to end at the first job that could not plan (exit 2 from inside Hydra's
     # multirun): later jobs never ran, and no error.txt or list of failed jobs was left

@@ -101,6 +101,10 @@ def test_plan_text_keeps_the_slowest_ranks_on_screen_and_every_rank_in_plan_txt(
     # the default on screen: at most 32 ranks and 40 tables
     default = result.format_text()
     assert len(rank_lines(default)) == 32 and "20 more tables in plan.json" in default
+    assert "60 more tables" in result.format_text(max_tables=0)
+    for bad in ({"max_tables": -1}, {"max_ranks": 2.5}, {"max_ranks": True}):
+        with pytest.raises(ConfigError, match=f"format_text\\({next(iter(bad))}="):
+            result.format_text(**bad)
 
 
 @pytest.mark.parametrize("stype", list(ShardingType))
