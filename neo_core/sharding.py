@@ -168,6 +168,20 @@ class PlanningContext:
     cache: CachePolicy
 
 
+def settings_note(context: PlanningContext) -> str:
+    """The plan note naming what the plan was made for: kernel, compression and cache."""
+    cache = context.cache
+    share = ""
+    if cache.load_factor:
+        share = f" (load factor {cache.load_factor})"
+    elif cache.name != "none" and context.topology.compute_device == "cuda" and not context.kernel.data_parallel_only:
+        share = " (no load_factor: nothing is cached; give one, e.g. 0.2)"
+    return (
+        f"kernel {context.kernel.name} ({context.kernel.optimizer.value}), compression {context.compressor.name} "
+        f"({context.compressor.forward_precision}/{context.compressor.backward_precision}), cache {cache.name}{share}"
+    )
+
+
 @dataclass
 class TableAssignment:
     """Where one table went and why."""
@@ -231,6 +245,14 @@ class PlanResult:
         step = self.predicted_step_time
         world = len(self.ranks)
         return self.batch_size_per_rank * world / step if step > 0 else math.inf
+
+    def types_note(self) -> str:
+        """The plan note counting its tables by sharding type: ``types: DP 3, TW 20``."""
+        counts: dict[str, int] = {}
+        for table in self.tables:
+            short = ShardingType(table.sharding_type).short
+            counts[short] = counts.get(short, 0) + 1
+        return "types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
     def to_dict(self) -> dict[str, Any]:
         return {

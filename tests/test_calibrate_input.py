@@ -33,7 +33,7 @@ def test_a_failing_rank_stops_the_step_and_is_named() -> None:
         (("--ranks", "1"), "--ranks 1: use a power of two, at least 2"),
         (("--nice", "-3"), "--nice -3: give how far above normal priority"),
         (("--out", "{file}/cal.json"), "cannot write the calibration to"),
-        (("--out", "/"), "cannot write the calibration to /;"),
+        (("--out", "/"), "cannot write the calibration to / (/ is a folder: give a file in it, e.g. /calibration.json)"),
         (("--out", ""), "--out is empty; give a file path"),  # not the default file every local plan reads
     ],
     ids=["ranks-3", "ranks-1", "negative-nice", "folder-is-a-file", "a-folder", "empty-out"],
@@ -74,3 +74,22 @@ def test_a_write_that_fails_after_measuring_keeps_the_figures(monkeypatch, capsy
     with pytest.raises(CalibrationError, match=r"cannot write the calibration to .*cal.json \(No space left on device\)"):
         calibrate.main(str(tmp_path / "cal.json"))
     assert '"device_memory_bw": 10000000000.0' in capsys.readouterr().out
+
+
+def test_neo_calibrate_takes_the_measurements_flags_and_says_how_to_use_its_file(monkeypatch, capsys, tmp_path) -> None:
+    # `neo calibrate --ranks 4` was refused as an unknown argument; the file it wrote was not
+    # said how to use, and its time was printed as 1.79646e+09
+    from neo_core.cli import main as neo_main
+
+    asked = []
+    monkeypatch.setattr(calibrate, "calibrate", lambda ranks: asked.append(ranks) or {
+        "device_memory_bw": 1e10, "measured_at": time.mktime((2026, 12, 5, 9, 30, 0, 0, 0, -1))})
+    out = tmp_path / "cal.json"
+    assert neo_main(["calibrate", "--output", str(out), "--ranks", "4"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert asked == [4] and out.is_file()
+    assert shown[-2:] == ["             measured_at: 2026-12-05 09:30:00",
+                          f"wrote {out}: plan with it by topology.calibration={out} (or NEO_CALIBRATION={out})"]
+    with pytest.raises(SystemExit):
+        neo_main(["calibrate", "--output", str(tmp_path)])
+    assert f"({tmp_path} is a folder: give a file in it, e.g. {tmp_path / 'calibration.json'})" in capsys.readouterr().err

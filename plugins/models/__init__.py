@@ -37,7 +37,7 @@ class _DLRMBuilder(ModelBuilder):
         if not self.dense_arch or self.dense_arch[-1] != self.embedding_dim:
             raise ConfigError(
                 f"model.dense_arch must end with the embedding dim ({self.embedding_dim}), "
-                f"got {self.dense_arch}."
+                f"got {self.dense_arch}; e.g. model.dense_arch=[{','.join(map(str, [*self.dense_arch[:-1], self.embedding_dim]))}]."
             )
         if not self.over_arch or self.over_arch[-1] != 1:
             raise ConfigError(f"model.over_arch must end with 1 (one logit), got {self.over_arch}.")

@@ -27,6 +27,7 @@ from neo_core.sharding import (
     ShardingType,
     TableAssignment,
     TableSpec,
+    settings_note,
 )
 
 _MS = 1e-3  # TorchRec's perf estimates are in milliseconds
@@ -179,6 +180,13 @@ class TorchRecPlanner(Planner):
             batch_size_per_rank=context.batch_size_per_rank,
             topology=topology.to_dict(),
         )
+        result.notes += [
+            settings_note(context) + "; device memory reserved as TorchRec's planner does by default",
+            result.types_note(),
+            "times and memory are TorchRec's own estimates (EmbeddingPerfEstimator, its storage estimator), not "
+            "Neo's cost model: its predicted step is not on the scale of sharding=neo's. To compare the two "
+            "planners under one model, plan with sharding=neo sharding.estimator=torchrec, or run bench/planner.py",
+        ]
         return result, torchrec_plan
 
 

@@ -67,11 +67,11 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run calibration.") from exc
+        raise ConfigError(f"Calibration file {path} is unreadable ({exc}); delete it or re-run `neo calibrate`.") from exc
     if not isinstance(data, dict):
         raise ConfigError(
             f"Calibration file {path} holds a JSON {type(data).__name__}, not the object `neo calibrate` "
-            "writes; delete it or re-run calibration."
+            "writes; delete it or re-run `neo calibrate`."
         )
     keep = CALIBRATED_KEYS + CALIBRATED_EXTRAS
     for key in (k for k in data if k not in keep and k not in CALIBRATION_RECORDS):
@@ -86,7 +86,7 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
     bad = [k for k, v in data.items() if k in keep and v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)))]
     if bad:
         raise ConfigError(
-            f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run calibration."
+            f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run `neo calibrate`."
         )
     # 0 or null: not measured (a fit clamped at zero), so the model's default stands
     return {k: float(v) for k, v in data.items() if k in keep and v}
@@ -156,7 +156,7 @@ def local_topology(
     if bad:
         raise ConfigError(
             f"Calibration file {calibration or calibration_path()} gives {bad[0]}={measured[bad[0]]}, "
-            "a negative bandwidth; delete it or re-run calibration."
+            "a negative bandwidth; delete it or re-run `neo calibrate`."
         )
     return Topology(
         name="local",

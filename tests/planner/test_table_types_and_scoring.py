@@ -23,8 +23,12 @@ def test_table_sharding_types_force_types_per_table() -> None:
 
 
 def test_table_sharding_types_reject_unknown_or_impossible() -> None:
-    with pytest.raises(ConfigError, match="unknown table"):
-        NeoPlanner(table_sharding_types={"nope": ["TW"]}).plan(TABLES, cpu_context(1, 2))
+    names = sorted(t.name for t in TABLES)
+    with pytest.raises(ConfigError) as err:
+        NeoPlanner(table_sharding_types={f"{names[0]}x": ["TW"]}).plan(TABLES, cpu_context(1, 2))
+    assert str(err.value).startswith(
+        f"sharding.table_sharding_types names unknown table(s): {names[0]}x (did you mean {names[0]!r}?); the tables "
+        f"are {', '.join(names[:5])}"), str(err.value)
     with pytest.raises(ConfigError, match="t0"):  # no TWRW on a single node
         NeoPlanner(table_sharding_types={"t0": ["TWRW"]}).plan(TABLES, cpu_context(1, 2))
     # dim 16 splits into columns narrower than min_col_width: the message names the lever

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -365,8 +366,9 @@ def calibrate(world: int = 2) -> dict[str, float]:
     }
 
 
-def main(out: str | None = None) -> None:
-    """Command line entry; ``neo calibrate --output PATH`` calls it with ``out``."""
+def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
+    """Command line entry; ``neo calibrate --output PATH`` calls it with ``out`` and its other
+    flags as ``argv``."""
     from neo_plugins.topology.local import calibration_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -376,7 +378,7 @@ def main(out: str | None = None) -> None:
         "--nice", type=int, default=0,
         help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
     )
-    args = parser.parse_args([] if out is not None else None)
+    args = parser.parse_args(list(argv or ()) if out is not None else argv)
     # the collectives split an 8 MiB buffer evenly over the ranks
     if args.ranks < 2 or args.ranks & (args.ranks - 1):
         parser.error(f"--ranks {args.ranks}: use a power of two, at least 2 (the collectives need 2 or more ranks)")
@@ -390,7 +392,8 @@ def main(out: str | None = None) -> None:
         if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
             raise PermissionError
     except OSError:
-        raise CalibrationError(f"cannot write the calibration to {path}; choose another path.") from None
+        folder = f" ({path} is a folder: give a file in it, e.g. {path / 'calibration.json'})" if path.is_dir() else ""
+        raise CalibrationError(f"cannot write the calibration to {path}{folder}; choose another path.") from None
     if args.nice:
         try:
             os.nice(-args.nice)  # inherited by the spawned ranks
@@ -406,8 +409,14 @@ def main(out: str | None = None) -> None:
             "to a file and point NEO_CALIBRATION (or topology.calibration) at it."
         ) from None
     for k, v in data.items():
-        print(f"{k:>24}: {v / 1e9:.3f} GB/s" if k.endswith("_bw") else f"{k:>24}: {v:.6g}")
-    print(f"wrote {path}")
+        if k == "measured_at":
+            print(f"{k:>24}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(v))}")
+        else:
+            print(f"{k:>24}: {v / 1e9:.3f} GB/s" if k.endswith("_bw") else f"{k:>24}: {v:.6g}")
+    if path.absolute() == calibration_path().absolute():
+        print(f"wrote {path}: the local topology plans with it from now on")
+    else:
+        print(f"wrote {path}: plan with it by topology.calibration={path} (or NEO_CALIBRATION={path})")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from neo_core.sharding import (
     TableSpec,
     check_table_names,
     context_notes,
+    settings_note,
 )
 from neo_plugins.sharding.planner.cost import (
     CACHED,
@@ -316,7 +318,12 @@ def restrict_per_table(
     names = {t.name for t in tables}
     unknown = sorted(set(table_types) - names)
     if unknown:
-        raise ConfigError(f"sharding.table_sharding_types names unknown table(s): {', '.join(unknown)}.")
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        some = ", ".join(sorted(names)[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise ConfigError(
+            f"sharding.table_sharding_types names unknown table(s): {', '.join(unknown)}{hint}; the tables are {some}."
+        )
     for o in options:
         keep = np.array([o.sharding_type in table_types.get(t.name, (o.sharding_type,)) for t in tables])
         o.valid = o.valid & keep
@@ -638,19 +645,7 @@ def build_result(
         topology=topo,
     )
     result.notes.append(
-        f"kernel {context.kernel.name} ({context.kernel.optimizer.value}), compression "
-        f"{context.compressor.name} ({context.compressor.forward_precision}/"
-        f"{context.compressor.backward_precision}), cache {context.cache.name}"
-        + (
-            f" (load factor {context.cache.load_factor})"
-            if context.cache.load_factor
-            else (
-                " (no load_factor: nothing is cached; give one, e.g. 0.2)"
-                if context.cache.name != "none" and context.topology.compute_device == "cuda"
-                and not context.kernel.data_parallel_only
-                else ""
-            )
-        )
+        settings_note(context)
         + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
         + (
             f", {model.params.host_reserve_fraction:.0%} of host memory"
@@ -658,9 +653,5 @@ def build_result(
             else ""
         )
     )
-    counts: dict[str, int] = {}
-    for a in assignments:
-        short = ShardingType(a.sharding_type).short
-        counts[short] = counts.get(short, 0) + 1
-    result.notes.append("types: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    result.notes.append(result.types_note())
     return result
