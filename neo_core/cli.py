@@ -158,6 +158,10 @@ def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) 
         print(f"    all {len(jobs)}: {message[:width]}", file=sys.stderr)
 
 
+# the check a sweep runs on its jobs before they start (check_sweep_jobs: the last one given)
+_SWEEP_CHECK: list[Callable[[dict[str, Any]], None]] = []
+
+
 def check_sweep_jobs(check: Callable[[dict[str, Any]], None]) -> None:
     """Before a ``-m`` sweep launches a job, check every job: ``check(config)`` gets each one's
     config as the job itself will (resolved, ``output_dir`` its folder). If any would fail with
@@ -165,60 +169,80 @@ def check_sweep_jobs(check: Callable[[dict[str, Any]], None]) -> None:
     check cannot know ahead (a plan that does not fit) still fails only its own job.
 
     Hydra composes every job of a batch before launching it (``Sweeper.validate_batch_is_legal``);
-    the check runs there, so a sweep from the config (``hydra.sweeper.params``), an added config
-    folder and any sweeper that composes its jobs so are covered as Hydra sees them.
-    ``NEO_SKIP_SWEEP_CHECK=1`` launches without it.
+    the check runs there, so a sweep from the config (``hydra.sweeper.params``) and an added
+    config folder are covered as Hydra sees them. Hydra's own sweeper knows every batch from
+    the start (``hydra.sweeper.max_batch_size``): all are checked before the first. A sweeper
+    that makes its batches as it goes has each checked before it starts. Jobs that another
+    launcher runs elsewhere are not checked here (their devices are not this machine's).
+    ``NEO_SKIP_SWEEP_CHECK=1`` launches without the check.
     """
+    from hydra.plugins.sweeper import Sweeper
+
+    _SWEEP_CHECK[:] = [check]
+    if not getattr(Sweeper.validate_batch_is_legal, "neo_checks_jobs", False):
+        composed = Sweeper.validate_batch_is_legal
+
+        def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+            composed(self, batch)
+            _check_batch(self, batch)
+
+        validate_batch_is_legal.neo_checks_jobs = True  # type: ignore[attr-defined]
+        Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
+
+
+def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
+    """:func:`check_sweep_jobs`' check of ``batch`` (with Hydra's sweeper, of all its batches at
+    the first), as ``sweeper`` is about to launch it."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.core.utils import filter_overrides
-    from hydra.plugins.sweeper import Sweeper
     from omegaconf import OmegaConf, open_dict, read_write
 
-    composed = Sweeper.validate_batch_is_legal
-    launched = [0]  # jobs of earlier batches: Hydra numbers a sweep's jobs on from them
-
-    def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
-        composed(self, batch)
-        first, launched[0] = launched[0], launched[0] + len(batch)
-        if os.environ.get("NEO_SKIP_SWEEP_CHECK"):
-            return
-        loader = self.hydra_context.config_loader
-        failed, before = [], HydraConfig.instance().cfg
-        try:
-            for num, overrides in enumerate(batch, start=first):
-                try:
-                    config = loader.load_sweep_config(self.config, list(overrides))
-                    with open_dict(config):  # as Hydra's launcher gives the job its number and folder
-                        config.hydra.job.id = config.hydra.job.num = num
-                    HydraConfig.instance().set_config(config)
-                    out = Path(str(config.hydra.sweep.dir)) / str(config.hydra.sweep.subdir)
-                    with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
-                        config.hydra.runtime.output_dir = str(out.absolute())
-                    HydraConfig.instance().set_config(config)
-                    job = OmegaConf.to_container(config, resolve=True)
-                    job.pop("hydra", None)  # type: ignore[union-attr]
-                    check(job)  # type: ignore[arg-type]
-                except NeoError as exc:
-                    shown = " ".join(o.removeprefix("++") for o in filter_overrides(list(overrides)))
-                    failed.append((num, shown, str(exc)))
-                except Exception:  # noqa: BLE001, S112 - not a setting's fault: the job reports it, traceback and all
-                    continue
-        finally:
-            HydraConfig.instance().cfg = before
-        if failed:
-            n, where = len(batch), "the sweep" if not first else f"this batch (jobs #{first}-#{launched[0] - 1})"
-            if n == 1:
-                head = f"the one job of {where} would fail, so it was not started:"
-            elif len(failed) == n:
-                head = f"all {n} jobs of {where} would fail, so none was started:"
-            else:
-                head = (f"{len(failed)} of the {n} jobs of {where} would fail, so none was started (fix them, or "
-                        "leave them out of the sweep):")
-            print(f"error: {head}", file=sys.stderr)
-            print_failed_jobs(failed, width=400)
-            raise SystemExit(2)
-
-    Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
+    first = sweeper.__dict__.get("neo_launched", 0)  # Hydra numbers the jobs on across batches
+    sweeper.neo_launched = first + len(batch)
+    batches = getattr(sweeper, "overrides", None)  # Hydra's sweeper: every batch, from the start
+    if first and sweeper.__dict__.get("neo_checked_all"):
+        return
+    if not first and isinstance(batches, list) and batches and batches[0] == batch:
+        batch = [job for jobs in batches for job in jobs]
+        sweeper.neo_checked_all = True
+    if (os.environ.get("NEO_SKIP_SWEEP_CHECK") or not _SWEEP_CHECK
+            or type(getattr(sweeper, "launcher", None)).__name__ != "BasicLauncher"):
+        return
+    loader = sweeper.hydra_context.config_loader
+    failed, before = [], HydraConfig.instance().cfg
+    try:
+        for num, overrides in enumerate(batch, start=first):
+            try:
+                config = loader.load_sweep_config(sweeper.config, list(overrides))
+                with open_dict(config):  # as Hydra's launcher gives the job its number and folder
+                    config.hydra.job.id = config.hydra.job.num = num
+                HydraConfig.instance().set_config(config)
+                out = os.path.abspath(os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
+                with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+                    config.hydra.runtime.output_dir = out
+                HydraConfig.instance().set_config(config)
+                job = OmegaConf.to_container(config, resolve=True)
+                job.pop("hydra", None)  # type: ignore[union-attr]
+                _SWEEP_CHECK[0](job)  # type: ignore[arg-type]
+            except NeoError as exc:
+                shown = " ".join(o.removeprefix("++") for o in filter_overrides(list(overrides)))
+                failed.append((num, shown, str(exc)))
+            except Exception:  # noqa: BLE001, S112 - not a setting's fault: the job reports it, traceback and all
+                continue
+    finally:
+        HydraConfig.instance().cfg = before
+    if failed:
+        n, where = len(batch), "the sweep" if not first else f"this batch (jobs #{first}-#{first + len(batch) - 1})"
+        if n == 1:
+            head = f"the one job of {where} would fail, so it was not started:"
+        elif len(failed) == n:
+            head = f"all {n} jobs of {where} would fail, so none was started:"
+        else:
+            head = (f"{len(failed)} of the {n} jobs of {where} would fail, so none was started (fix them, or "
+                    "leave them out of the sweep):")
+        print(f"error: {head}", file=sys.stderr)
+        print_failed_jobs(failed, width=400)
+        raise SystemExit(2)
 
 
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``
@@ -235,13 +259,17 @@ def force_add_overrides(argv: Sequence[str], groups: Collection[str] = (), selec
     ``key`` is one of ``groups`` (the config's group folders) selects an option and is left
     to Hydra, except an appended group (``topology=zionex`` becomes ``+topology=zionex``).
     ``+group=option`` for a group the recipe's defaults list already ``selected`` (Hydra:
-    "Multiple values for cache") is taken as ``group=option``, as ``+topology=`` is written.
+    "Multiple values for cache") is taken as ``group=option``, as ``+topology=`` is written;
+    ``+key=value`` for a key (Hydra: "Either remove + prefix") as ``++key=value``.
     """
     out = []
     for arg in argv:
         key, eq, _ = arg.partition("=")
         if eq and key.startswith("+") and not key.startswith("++") and key[1:] in selected:
             out.append(arg[1:])
+        elif eq and key.startswith("+") and not key.startswith("++") and key[1:] not in groups and not (
+                key[1:].startswith("hydra") or "/" in key):
+            out.append(f"+{arg}")  # +trainer.max_steps=3: Hydra refused a key that is there ("remove +")
         elif not eq or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
             out.append(arg)
         elif key in APPENDED_GROUPS:
@@ -314,10 +342,15 @@ def check_group_options(
     ``group=null`` it is a traceback. ``nullable`` groups (e.g. ``experiment``) take null.
     """
     aliases = aliases or {}
+    chosen: dict[str, str] = {}
     for arg in argv:
         key, eq, value = arg.partition("=")
         key = key.lstrip("+")
         group = aliases.get(key, key)
+        if eq and group in groups:
+            if group in chosen:  # Hydra: "Multiple values for ...", with defaults-list advice
+                raise ConfigError(f"{group} is chosen twice ({chosen[group]} and {arg}); give it once.")
+            chosen[group] = arg
         if not eq or group not in groups or any(c in value for c in "()[]{}$*?"):
             continue  # not a group selection, or a sweep expression Hydra expands itself
         choices = option_names(conf, group, argv)
@@ -331,6 +364,51 @@ def check_group_options(
                 raise ConfigError(
                     f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{_failed_note()}"
                 )
+
+
+# Hydra's flags that take a value (``--info`` may: one of INFO_VALUES)
+VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p",
+               "--package", "--experimental-rerun")
+INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def overrides_of(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """``(index, arg)`` of each override on the command line: not a flag nor a flag's value."""
+    take = False
+    for n, arg in enumerate(argv):
+        if take:
+            take = False
+            continue
+        if arg in VALUE_FLAGS:
+            take = True
+        elif arg in ("-i", "--info"):
+            take = n + 1 < len(argv) and argv[n + 1] in INFO_VALUES
+        elif not arg.startswith("-"):
+            yield n, arg
+
+
+def check_command_line(argv: Sequence[str], recipe: str) -> None:
+    """What Hydra refuses in its own words, or with a usage text: an override with no value, a
+    config folder that is not there. (``-m`` after the overrides is moved: :func:`multirun_first`.)"""
+    for n, arg in enumerate(argv):
+        if arg in ("-cd", "--config-dir") and n + 1 < len(argv) or arg.startswith(("-cd=", "--config-dir=")):
+            folder = argv[n + 1] if "=" not in arg else arg.partition("=")[2]
+            if not Path(folder).expanduser().is_dir():
+                raise ConfigError(f"{arg.partition('=')[0]} {folder}: no such folder; give the folder that holds your "
+                                  "config groups (e.g. a cache/ or experiment/ folder of YAML files).")
+    for _, arg in overrides_of(argv):
+        if "=" not in arg and not arg.startswith("~"):
+            raise ConfigError(
+                f"{arg} has no value: give a setting as {arg.lstrip('+')}=<value> (python {recipe} --help lists "
+                "the settings)."
+            )
+
+
+def multirun_first(argv: Sequence[str]) -> list[str]:
+    """``-m`` (``--multirun``) moved before the overrides: Hydra takes its flags only there, and
+    after ``a=1 -m`` it showed its usage and the overrides that follow as unrecognized."""
+    flags = [a for a in argv if a in ("-m", "--multirun")]
+    return [*flags, *(a for a in argv if a not in ("-m", "--multirun"))]
 
 
 def is_sweep(argv: Sequence[str]) -> bool:
@@ -473,6 +551,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument(
         "--output", default=None, help="where to write the calibration JSON (default: NEO_CALIBRATION or ~/.cache/neo/calibration.json)"
     )
+    calibrate.add_argument("--ranks", default=None, help="gloo ranks that measure the collectives: a power of two, "
+                           "2 or more (as many as will train; default 2)")
+    calibrate.add_argument("--nice", default=None, help="measure this much above normal priority (needs root)")
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
@@ -484,7 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.output is not None and not args.output.strip():
                 raise ConfigError("neo calibrate --output is empty; give a file path, or leave --output out to "
                                   f"write the machine's default ({calibration_path()}).")
-            calibrate_main(args.output or str(calibration_path()))
+            flags = [f for name in ("ranks", "nice") if getattr(args, name) is not None
+                     for f in (f"--{name}", getattr(args, name))]
+            calibrate_main(args.output or str(calibration_path()), flags)
     return 0
 
 

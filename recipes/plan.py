@@ -26,12 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
+    check_command_line,
     check_group_options,
     check_run_dirs,
     check_sweep_values,
     config_dirs,
     config_groups,
     force_add_overrides,
+    multirun_first,
     select_by_name,
     user_errors,
 )
@@ -184,7 +186,10 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
 
     model = cfg["plan_model"]
     check_model_values(model)
-    tables = make_tables(model["generator"], **(model.get("params") or {}))
+    try:
+        tables = make_tables(model["generator"], **(model.get("params") or {}))
+    except ConfigError as exc:  # the generator's own words: say where its parameters are set
+        raise ConfigError(f"plan_model.params (table set {model['generator']!r}): {exc}") from None
     topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
     if batch is None:
@@ -252,8 +257,10 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = multirun_first(sys.argv[1:])
     try:
         with user_errors():
+            check_command_line(sys.argv[1:], "recipes/plan.py")
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
             check_options(sys.argv[1:])
             check_sweep_values(sys.argv[1:], "recipes/plan.py")

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shlex
 import signal
@@ -23,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
+    check_command_line,
     check_group_options,
     check_run_dirs,
     check_sweep_jobs,
@@ -30,6 +32,7 @@ from neo_core.cli import (
     config_dirs,
     config_groups,
     force_add_overrides,
+    multirun_first,
     option_names,
     select_by_name,
     user_errors,
@@ -111,7 +114,7 @@ def _sweep_job(config: dict) -> dict:
 
     from neo_core.errors import CheckpointError
     from neo_core.training.checkpoint import latest_checkpoint
-    from neo_core.training.run import train
+    from neo_core.training.run import finished_metrics, train
 
     out, num = Path(config["output_dir"]), HydraConfig.get().job.num
     trainer = config.get("trainer") or {}
@@ -120,6 +123,11 @@ def _sweep_job(config: dict) -> dict:
             latest = latest_checkpoint(out / "checkpoint")
         except CheckpointError:
             latest = ()  # damaged: the job says so
+        done = finished_metrics(out, trainer.get("max_steps")) if latest is None else None
+        if done is not None:  # finished without saving a checkpoint (trainer.checkpoint=false)
+            print(f"note: job #{num} finished its {done['steps']} steps already (results in {out / 'metrics.json'}); "
+                  "nothing to train")
+            return {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
         if latest is None:
             print(f"note: job #{num} saved no checkpoint in {out}; it starts from step 0")
             config = {**config, "trainer": {**trainer, "resume": False}}
@@ -134,11 +142,12 @@ def check_job(config: dict[str, Any]) -> None:
     """What a job checks before it trains (its keys and values, the launch, its plugins, the
     model's tables, a checkpoint in its folder), for every job of a sweep before the first starts."""
     from neo_core.config import validate
-    from neo_core.training.run import build_parts, check_fresh_start, resolve_launch
+    from neo_core.training.run import build_parts, check_before_start, resolve_launch
 
     run = validate(config)
-    build_parts(run, resolve_launch(run))
-    check_fresh_start(Path(run.output_dir), run)
+    launch = resolve_launch(run)
+    check_before_start(run, write=False)
+    build_parts(run, launch)
 
 
 def _continue_command(run_dir: str) -> str:
@@ -246,10 +255,12 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = multirun_first(sys.argv[1:])
     CONFIG_FLAGS[:] = config_flags(sys.argv[1:])
     ARGV[:] = sys.argv[1:]
     try:
         with user_errors():
+            check_command_line(sys.argv[1:], "recipes/train.py")
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
             check_plan_settings(sys.argv[1:])
             check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))

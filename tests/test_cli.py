@@ -173,11 +173,35 @@ def test_plain_overrides_reach_neo_and_group_selections_stay_with_hydra() -> Non
         "seeed=1",  # a top-level key, misspelled: the same
         "topology=zionex",  # the group the recipes append: same as +topology=zionex
         "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
+        "+trainer.batch_size=8", "+seed=3", "+hydra.job.chdir=true",  # Hydra: "Either remove + prefix"
     ]
     assert force_add_overrides(argv, groups) == [
         "sharding=torchrec", "++trainer.max_step=3", "++seeed=1", "+topology=zionex",
         "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
+        "++trainer.batch_size=8", "++seed=3", "+hydra.job.chdir=true",
     ]
+
+
+def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path) -> None:
+    from neo_core.cli import check_command_line, multirun_first
+
+    for argv, message in (
+        (["trainer=smoke", "trainer.max_steps"], "trainer.max_steps has no value: give a setting as "
+         "trainer.max_steps=<value> (python recipes/train.py --help lists the settings)."),
+        (["--config-dir", str(tmp_path / "none")], f"--config-dir {tmp_path / 'none'}: no such folder"),
+        ([f"-cd={tmp_path / 'none'}"], f"-cd {tmp_path / 'none'}: no such folder"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            check_command_line(argv, "recipes/train.py")
+        assert str(err.value).startswith(message), str(err.value)
+    # flags and their values, deletions: no override is missing its value
+    check_command_line(["-m", "--config-dir", str(tmp_path), "-cn", "train", "--cfg", "job", "--info", "config",
+                        "-p", "trainer", "~cache", "a=1", "--help"], "recipes/train.py")
+    # -m after the overrides: Hydra showed its usage and called the overrides that follow unrecognized
+    assert multirun_first(["trainer=smoke", "-m", "kernel=fused,dense"]) == ["-m", "trainer=smoke", "kernel=fused,dense"]
+    # a group chosen twice: Hydra's message offered defaults-list syntax
+    with pytest.raises(ConfigError, match=r"^topology is chosen twice \(\+topology=zionex and \+topology=local\); give "):
+        check_group_options(["+topology=zionex", "+topology=local"], ROOT / "conf", ("topology",))
 
 
 @pytest.mark.parametrize(
@@ -313,14 +337,15 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
         "@hydra.main(version_base='1.3', config_path=None, config_name=None)\n"
         "def main(cfg):\n"
         "    print('ran', cfg.x)\n"
-        "check_sweep_jobs(check)\n"
+        "check_sweep_jobs(lambda cfg: None)\n"
+        "check_sweep_jobs(check)  # the last one given: Hydra's sweeper is wrapped once\n"
         "main()\n"
     )
 
-    def sweep(values: str) -> subprocess.CompletedProcess:
+    def sweep(values: str, *more: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, str(app), "-m", f"+x={values}", "+num=${hydra:job.num}",
-             "+out=${hydra:runtime.output_dir}", f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+             "+out=${hydra:runtime.output_dir}", f"hydra.sweep.dir={tmp_path / 'sweep'}", *more],
             capture_output=True, text=True, env=subprocess_env(ROOT), timeout=120,
         )
 
@@ -338,3 +363,8 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
         assert line.startswith(f"  #{num} +x={num} ") and line.endswith(f": x={num} is bad (job {num} in {out / str(num)})")
     proc = sweep("3")
     assert proc.stderr.splitlines()[0] == "error: the one job of the sweep would fail, so it was not started:"
+    # in batches (hydra.sweeper.max_batch_size): every batch is checked before the first starts
+    proc = sweep("0,1,2,3", "hydra.sweeper.max_batch_size=2")
+    assert proc.returncode == 2 and "ran" not in proc.stdout, proc.stderr
+    assert proc.stderr.splitlines()[0].startswith("error: 2 of the 4 jobs of the sweep would fail, so none was started")
+    assert proc.stderr.splitlines()[2].endswith(f"x=3 is bad (job 3 in {out / '3'})")

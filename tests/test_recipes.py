@@ -4,6 +4,7 @@ selectable, sweeps run."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -68,13 +69,15 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("kernel=dense", "+sharding.sharding_types=[TW,RW]"), NeoError,
          ("kernel dense replicates every table", "sharding.sharding_types=[RW,TW] leaves out DP")),
         (("model.dense_arch=5",), NeoError, ("model.dense_arch must be a list of layer sizes of 1 or more, got 5",)),
+        (("model.embedding_dim=8",), NeoError, ("model.dense_arch must end with the embedding dim (8), got [64, 16]; "
+                                               "e.g. model.dense_arch=[64,8].",)),
         (("model=dcnv2", "model.dcn_num_layers=-1"), NeoError,
          ("model.dcn_num_layers must be a positive whole number, got -1",)),
         (("data.num_dense=0",), NeoError, ("needs at least one dense feature, got 0 (data.num_dense",)),
         (("trainer.max_steps=2.5",), NeoError, ("trainer.max_steps must be a positive integer, got 2.5",)),
     ],
     ids=["unknown-plugin", "trainer-key", "kernel-key", "model-key", "huge-table-neo", "huge-table-torchrec",
-         "infinite-lr", "negative-eps", "prefetch-not-bool", "dense-kernel-without-dp", "dense-arch-int",
+         "infinite-lr", "negative-eps", "prefetch-not-bool", "dense-kernel-without-dp", "dense-arch-int", "dense-arch-dim",
          "dcn-layers", "no-dense-features", "steps-not-whole"],
 )
 def test_train_rejects_bad_input_before_ranks_start(tmp_path: Path, overrides, error, fragments) -> None:
@@ -152,8 +155,10 @@ def test_plan_recipe_unknown_option_is_one_sentence_with_choices(tmp_path: Path,
         (("model=production_like", "plan_model.params.num_tabels=10"),
          ("'num_tabels'", "'production_like'", "Did you mean 'num_tables'?")),
         (("batch_size_per_rank=0",), ("batch_size_per_rank must be a positive integer, got 0.",)),
+        (("model=production_like", "plan_model.params.num_tables=0"),
+         ("plan_model.params (table set 'production_like'): num_tables must be at least 1, got 0.",)),
     ],
-    ids=["plugin-key", "top-level-key", "model-alias-key", "generator-parameter", "zero-batch"],
+    ids=["plugin-key", "top-level-key", "model-alias-key", "generator-parameter", "zero-batch", "generator-value"],
 )
 def test_plan_recipe_bad_key_or_value_is_one_sentence_naming_it(tmp_path: Path, overrides, fragments) -> None:
     # plain dotted overrides, as a user types them: Neo names the key, not Hydra's struct error
@@ -189,7 +194,14 @@ def test_plan_recipe_takes_a_table_sets_setting_under_its_alias_as_plan_models(t
 def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
     proc = run_plan("--help")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trainer, data, experiment and model's own options (dcnv2, dlrm) belong to recipes/train.py" in proc.stdout
+    groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "(trainer, data, experiment and the training models dcnv2 and dlrm belong to recipes/train.py.)" in groups
+    listed = {line.split(":")[0].split(" (")[0].lstrip("+"): set(line.split(": ")[1].split(", "))
+              for line in groups.splitlines() if ": " in line and not line.startswith("(")}
+    listed["plan_model"] = listed.pop("model")
+    # each of plan.py's groups with every option its folder has, and no other group
+    assert listed == {g: {f.stem for f in (ROOT / "conf" / g).glob("*.yaml")} for g in (
+        "topology", "plan_model", "sharding", "kernel", "cache", "compression")}
 
 
 def test_plan_recipe_says_when_a_cpu_plan_cannot_train_in_its_precision(tmp_path: Path) -> None:
@@ -580,14 +592,22 @@ def test_a_continued_sweep_starts_the_jobs_that_saved_no_checkpoint_without_a_wa
     monkeypatch.setattr(run_module, "train", lambda config: seen.setdefault(state["num"], config["trainer"]) and {})
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
         job=SimpleNamespace(num=state["num"]), overrides=SimpleNamespace(task=["trainer.resume=true"]))))
-    for num, meta in ((0, '{"step": 4}'), (1, None), (2, "not json")):
+    # a job that finished without a checkpoint (trainer.checkpoint=false) reports its results
+    (tmp_path / "3").mkdir()
+    (tmp_path / "3" / "metrics.json").write_text('{"steps": 8, "val_auc": null, "val_loss": 0.5}')
+    results = []
+    for num, meta in ((0, '{"step": 4}'), (1, None), (2, "not json"), (3, None)):
         if meta is not None:
             (tmp_path / str(num) / "checkpoint").mkdir(parents=True)
             (tmp_path / str(num) / "checkpoint" / "meta.json").write_text(meta)
         state["num"] = num
-        recipe._sweep_job({"output_dir": str(tmp_path / str(num)), "trainer": {"resume": True, "max_steps": 8}})
-    assert [seen[n]["resume"] for n in range(3)] == [True, False, True]  # a damaged one is the job's to report
-    assert capsys.readouterr().out == f"note: job #1 saved no checkpoint in {tmp_path / '1'}; it starts from step 0\n"
+        results.append(recipe._sweep_job(
+            {"output_dir": str(tmp_path / str(num)), "trainer": {"resume": True, "max_steps": 8}}))
+    assert [seen[n]["resume"] for n in range(3)] == [True, False, True] and 3 not in seen  # a damaged one is the job's
+    assert results[3]["steps"] == 8 and math.isnan(results[3]["val_auc"]) and results[3]["val_loss"] == 0.5
+    assert capsys.readouterr().out == (
+        f"note: job #1 saved no checkpoint in {tmp_path / '1'}; it starts from step 0\n"
+        f"note: job #3 finished its 8 steps already (results in {tmp_path / '3' / 'metrics.json'}); nothing to train\n")
 
 
 def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:

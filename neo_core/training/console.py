@@ -17,6 +17,7 @@ import os
 import re
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,16 +110,23 @@ def console_log(
     interrupted: Callable[[KeyboardInterrupt], str] | None = None,
     append: bool = False,
 ) -> Iterator[None]:
-    """Keep what the job prints in ``path``: a fresh file, or appended to with ``append`` (a
-    resumed run's transcript follows the first one's); the spawned rank 0 adds its own
-    (:func:`tee_rank_output`). An interrupt leaving the job is recorded as ``interrupted(exc)``
-    says (the line the recipe prints once Hydra has let go of it). Where ``path`` cannot be
-    written, the job runs without a transcript: its own checks name the folder."""
+    """Keep what the job prints in ``path``; the spawned rank 0 adds its own
+    (:func:`tee_rank_output`). With ``append`` (a resumed run) the transcript follows the
+    earlier one's. Otherwise it replaces it once the run starts (:func:`replace_earlier_transcript`):
+    a run refused before then (a checkpoint it may not write over, a bad key) leaves the
+    earlier transcript, its own lines after it. An interrupt leaving the job is recorded as
+    ``interrupted(exc)`` says (the line the recipe prints once Hydra has let go of it). Where
+    ``path`` cannot be written, the job runs without a transcript: its own checks name the folder."""
     path = Path(path)
     out, err, before = sys.stdout, sys.stderr, os.environ.get(CONSOLE_LOG_ENV)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lines = tee_streams(path, "a" if append else "w")
+        earlier = path.stat().st_size if path.is_file() else 0
+        lines = tee_streams(path, "a")
+        if earlier and not append:  # kept until the run starts
+            lines.fh.write(f"--- a new run in this folder, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
+            lines.fh.flush()
+            _EARLIER[:] = [(lines, path, lines.fh.tell())]
     except OSError:
         yield
         return
@@ -141,8 +149,29 @@ def console_log(
             os.environ.pop(CONSOLE_LOG_ENV, None)
         else:
             os.environ[CONSOLE_LOG_ENV] = before
+        _EARLIER.clear()
         lines.close()
         lines.fh.close()
+
+
+# the transcript under way whose file still holds an earlier run's: (its lines, file, where this run's begin)
+_EARLIER: list[tuple[_LineFile, Path, int]] = []
+
+
+def replace_earlier_transcript() -> None:
+    """The run has started: its transcript (:func:`console_log`) drops the earlier run's that
+    it followed. Nothing to do outside a transcript, or with none before it."""
+    if not _EARLIER:
+        return
+    lines, path, start = _EARLIER.pop()
+    with contextlib.suppress(OSError, ValueError), lines.lock:
+        lines.fh.flush()
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            own = fh.read()
+        lines.fh.truncate(0)  # opened to append: what follows goes after this run's own lines
+        lines.fh.buffer.write(own)
+        lines.fh.flush()
 
 
 def tee_rank_output(local_rank: int) -> None:

@@ -48,6 +48,7 @@ from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
 from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec, check_plan
 from neo_core.topology import Topology
+from neo_core.training.console import replace_earlier_transcript
 
 log = logging.getLogger("neo")
 
@@ -135,7 +136,8 @@ def build_parts(run: RunConfig, launch: Launch) -> RunParts:
             topo_node["compute_device"] = launch.device_type
     topology: Topology = instantiate("topology", topo_node, plugins)
     if topology.world_size != launch.world_size or topology.compute_device != launch.device_type:
-        described = f"{topology.name} ({topology.num_nodes} nodes x {topology.devices_per_node} {topology.compute_device})"
+        nodes = f"{topology.num_nodes} node{'s' if topology.num_nodes != 1 else ''}"
+        described = f"{topology.name} ({nodes} x {topology.devices_per_node} {topology.compute_device})"
         topology = topology.emulated_on(launch.world_size, launch.device_type)
         notes.append(
             f"Emulating {described} on {launch.world_size} local {launch.device_type} rank(s): planning "
@@ -321,15 +323,17 @@ TRAIN_FILES = ("plan.json", "config.json", "metrics.json", "training.png")
 
 
 def check_output_dir(
-    out: Path, files: tuple[str, ...] = TRAIN_FILES, folders: tuple[str, ...] = ("logs", "checkpoint")
+    out: Path, files: tuple[str, ...] = TRAIN_FILES, folders: tuple[str, ...] = ("logs", "checkpoint"),
+    write: bool = True,
 ) -> None:
-    """Before a run: its folder can be written, and nothing it writes (``files``, ``folders``)
-    is in the way."""
+    """Before a run: its folder can be written (made and tried, unless not ``write``: a check
+    ahead of the run), and nothing it writes (``files``, ``folders``) is in the way."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".neo-write-check-{os.getpid()}"  # each rank its own: torchrun starts them together
-        probe.write_text("")
-        probe.unlink()
+        if write:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / f".neo-write-check-{os.getpid()}"  # each rank its own: torchrun starts them together
+            probe.write_text("")
+            probe.unlink()
     except OSError as exc:
         raise ConfigError(f"output_dir={str(out)!r} cannot be written ({exc.strerror}); choose another output_dir.") from None
     blocked = [out / n for n in files if (out / n).is_dir()] + [out / n for n in folders if (out / n).is_file()]
@@ -410,7 +414,7 @@ def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
     return differences(NOTED_KEYS)
 
 
-def _finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
+def finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
     """The results in ``out/metrics.json`` of a run that finished ``steps`` steps, else None."""
     try:
         metrics = json.loads((out / "metrics.json").read_text())
@@ -444,10 +448,10 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
         replaces = "" if writes else " (this run saves no checkpoint, yet would replace that run's results and logs)"
         raise ConfigError(
             f"{out} holds the checkpoint of an earlier run (step {step}, {folder}){replaces}; continue it "
-            f"with trainer.resume=true, or choose another output folder (hydra.run.dir=... or output_dir=...), "
+            f"with trainer.resume=true, or choose another output folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...), "
             f"or remove {folder} to start over there."
         )
-    if step == run.trainer.max_steps and _finished_metrics(out, step) is not None:
+    if step == run.trainer.max_steps and finished_metrics(out, step) is not None:
         return latest  # finished already (a restarted job script, a sweep run again): train() says so
     if step == run.trainer.max_steps:
         raise ConfigError(
@@ -464,24 +468,45 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     return latest
 
 
+# what a dry run (recipes/plan.py) leaves that a training run does not write
+DRY_RUN_FILES = ("plan.png", "plan.log")
+
+
+def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, int] | None, list[str]]:
+    """What :func:`train` checks of the run's folder before it plans: it can be written (not
+    tried unless ``write``), nothing is in the way, a dry run's plan is not there to be mixed
+    with this run's, a checkpoint is not written over, and a resumed run has steps left.
+    Returns the checkpoint a resumed run starts from (folder, step) and the settings that
+    differ from the run that wrote it; also what a sweep checks of each job before the first."""
+    out = Path(run.output_dir)
+    check_output_dir(out, write=write)
+    resumed_from = check_fresh_start(out, run)
+    dry = [n for n in DRY_RUN_FILES if (out / n).exists()]
+    if dry and resumed_from is None:
+        raise ConfigError(
+            f"{out} holds a dry run of recipes/plan.py ({', '.join(dry)}), whose plan this run's plan.json and "
+            "plan.txt would replace, leaving its chart beside them; choose another folder (hydra.run.dir=...)."
+        )
+    changes = []
+    if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
+        saved = resumed_from[0] / "config.json"
+        changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
+    return resumed_from, changes
+
+
 def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     """Train as configured; returns the metrics also written to ``metrics.json``."""
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg)
     launch = resolve_launch(run)
     out = Path(run.output_dir)
-    check_output_dir(out)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
-    resumed_from = check_fresh_start(out, run)
-    changes = []
-    if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
-        saved = resumed_from[0] / "config.json"
-        changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
+    resumed_from, changes = check_before_start(run)
     # finished: its last checkpoint is at max_steps, or earlier (checkpoint_every_n_steps without
     # the end-of-training save) with this run's results written
     done = max(resumed_from[1], run.trainer.max_steps) if resumed_from is not None else 0
-    finished_metrics = _finished_metrics(out, done) if resumed_from is not None else None
-    if resumed_from is not None and (resumed_from[1] >= run.trainer.max_steps or finished_metrics is not None):
-        metrics = finished_metrics or {}
+    results = finished_metrics(out, done) if resumed_from is not None else None
+    if resumed_from is not None and (resumed_from[1] >= run.trainer.max_steps or results is not None):
+        metrics = results or {}
         if rank0:
             print(f"note: {out} has finished its {done} steps already (results in metrics.json); "
                   "nothing to train (raise trainer.max_steps to train further)")
@@ -509,6 +534,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
     check_node_layout(plan, launch, parts.topology)
     if rank0:  # the run's notes (parts.notes) are the plan's first ones, printed with it
+        replace_earlier_transcript()  # the run starts: its files replace an earlier run's from here
         cores = os.cpu_count() or 1
         if launch.device_type == "cpu" and not launch.external and launch.world_size > cores:
             print(f"note: {launch.world_size} ranks on {cores} core(s): ranks share cores, so steps are slower "

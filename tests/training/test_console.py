@@ -68,12 +68,43 @@ def test_a_long_bar_is_held_as_its_last_state_only(tmp_path: Path) -> None:
 
 
 def test_a_fresh_run_starts_its_transcript_anew_and_an_unwritable_folder_is_left_to_the_recipe(tmp_path) -> None:
+    from neo_core.training.console import replace_earlier_transcript
+
     log = tmp_path / "run.log"
     log.write_text("an earlier run's\n")
     with console_log(log):
         print("this run's")
+        replace_earlier_transcript()  # what train() calls as the run starts
     assert log.read_text() == "this run's\n"
     (tmp_path / "afile").write_text("")
     before = sys.stdout
     with console_log(tmp_path / "afile" / "run.log"):  # not a folder: no transcript, no error here
         assert sys.stdout is before
+
+
+def test_an_earlier_runs_transcript_is_replaced_only_once_the_new_run_starts(tmp_path: Path) -> None:
+    # a run refused in a folder it may not take over (an earlier run's checkpoint) used to
+    # empty that run's transcript before saying so
+    from neo_core.training.console import replace_earlier_transcript
+
+    log = tmp_path / "train.log"
+    log.write_text("the earlier run's plan\ninterrupted: continue with X\n")
+    with console_log(log):
+        print("error: the folder holds a checkpoint")  # refused: replace_earlier_transcript not reached
+    kept = log.read_text().splitlines()
+    assert kept[:2] == ["the earlier run's plan", "interrupted: continue with X"]
+    assert kept[2].startswith("--- a new run in this folder, ") and kept[3:] == ["error: the folder holds a checkpoint"]
+    with console_log(log):
+        print("notes before the start")
+        replace_earlier_transcript()
+        replace_earlier_transcript()  # once only
+        print("plan")
+        with open(log, "a") as rank:  # a spawned rank appends its own lines
+            rank.write("rank 0: step 1\n")
+        print("done")
+    assert log.read_text() == "notes before the start\nplan\nrank 0: step 1\ndone\n"
+    with console_log(log, append=True):  # a resumed run follows the first one's, as before
+        replace_earlier_transcript()
+        print("resumed")
+    assert log.read_text().endswith("done\nresumed\n") and "---" not in log.read_text()
+    replace_earlier_transcript()  # outside a transcript: nothing to do

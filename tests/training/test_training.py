@@ -907,3 +907,20 @@ def test_a_run_that_saves_no_checkpoint_does_not_start_in_a_folder_that_holds_on
         "(this run saves no checkpoint, yet would replace that run's results and logs); continue it with "
         "trainer.resume=true"), str(err.value)
     assert {name: (tmp_path / name).read_bytes() for name in kept} == kept
+
+
+def test_a_run_does_not_start_in_a_dry_runs_folder(tmp_path: Path) -> None:
+    # it replaced plan.json and plan.txt with its own, leaving the dry run's plan.png beside them
+    from neo_core.config import validate
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import check_before_start
+
+    (tmp_path / "plan.png").write_bytes(b"")
+    run = validate(composed(["trainer=smoke"], tmp_path))
+    with pytest.raises(ConfigError) as err:
+        check_before_start(run, write=False)
+    assert str(err.value) == (
+        f"{tmp_path} holds a dry run of recipes/plan.py (plan.png), whose plan this run's plan.json and plan.txt "
+        "would replace, leaving its chart beside them; choose another folder (hydra.run.dir=...).")
+    (tmp_path / "plan.png").unlink()
+    assert check_before_start(run, write=False) == (None, [])
