@@ -89,20 +89,37 @@ class SweepFailures:
     type, with the traceback in ``error.txt``. :meth:`exit` then lists the failed jobs and
     exits 2, or 1 when any failure was not a Neo error. ``NEO_TRACEBACK=1`` stops the sweep at
     the first failure with its traceback.
+
+    With ``row`` (a finished job's result -> ``{column: (value, format spec[, unit])}``), :meth:`exit`
+    first lists every job's results side by side, by the overrides that differ between jobs,
+    and writes them to ``summary.csv`` in the sweep's folder.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, row: Callable[[Any], dict[str, tuple[Any, ...]]] | None = None) -> None:
         self.jobs: list[tuple[int, str, str]] = []  # (job number, overrides, message)
         self.internal: list[int] = []  # jobs among them that did not fail with a Neo error
+        self.row = row
+        self.done: dict[int, tuple[str, dict[str, tuple[Any, ...]]]] = {}  # finished: overrides, row
+        self.folders: dict[int, Path] = {}  # every job's folder
+
+    def finished(self, num: int, overrides: str, out: Path, result: Any) -> None:
+        """Keep a finished job's results for the summary (``job`` does; a recipe too for a job
+        it reports without running it)."""
+        self.folders[num] = out
+        if self.row is not None and result is not None:
+            self.done[num] = (overrides, self.row(result))
 
     def job(self, fn: Any, out: Path, num: int, overrides: str, passthrough: tuple[type, ...] = ()) -> Any:
         """``fn()``, or None when it failed (reported and kept); ``passthrough`` errors propagate."""
         import traceback
 
         (out / "error.txt").unlink(missing_ok=True)
+        self.folders[num] = out
         started = time.time()
         try:
-            return fn()
+            result = fn()
+            self.finished(num, overrides, out, result)
+            return result
         except passthrough:
             raise
         except Exception as exc:
@@ -134,8 +151,47 @@ class SweepFailures:
             self.jobs.append((num, overrides, message))
             return None
 
+    def summary(self) -> None:
+        """Every job's results (a failed job: that it failed), printed and in ``summary.csv``."""
+        import csv
+
+        if self.row is None or not self.done or len(self.folders) < 2:
+            return
+        failed = {num: (overrides, message) for num, overrides, message in self.jobs}
+        nums = sorted(set(self.done) | set(failed))
+        words = {num: (self.done.get(num) or failed[num])[0].split() for num in nums}
+        common = set.intersection(*(set(w) for w in words.values()))
+        folders = [str(f) for f in self.folders.values()]
+        where = Path(os.path.commonpath(folders))
+        where = where.parent if str(where) in folders else where
+        columns = list(dict.fromkeys(c for overrides, row in self.done.values() for c in row))
+        units = {c: v[2] for _, row in self.done.values() for c, v in row.items() if len(v) > 2}
+        print(f"sweep results ({where / 'summary.csv'}):")
+        for num in nums:
+            label = " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)"
+            if num in self.done:
+                row = self.done[num][1]
+                said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" for c, v in row.items())
+            else:
+                said = "failed (error.txt)"
+            print(f"  #{num} {label}: {said}")
+        try:
+            with open(where / "summary.csv", "w", newline="") as fh:
+                table = csv.writer(fh)
+                table.writerow(["job", "overrides", "folder", "status",
+                                *(f"{c} ({units[c]})" if c in units else c for c in columns)])
+                for num in nums:
+                    row = self.done.get(num, ("", {}))[1]
+                    table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
+                                    "done" if num in self.done else "failed",
+                                    *(row[c][0] if c in row else "" for c in columns)])
+        except OSError as exc:
+            print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
+
     def exit(self) -> None:
-        """Exit 0 when no job failed; else list them and exit 2 (1 if any was not a Neo error)."""
+        """List the jobs' results (``row``); exit 0 when no job failed, else list the failed ones
+        and exit 2 (1 if any was not a Neo error)."""
+        self.summary()
         if not self.jobs:
             raise SystemExit(0)
         print(f"{len(self.jobs)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)

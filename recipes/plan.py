@@ -41,7 +41,11 @@ from neo_core.config import register_plugin_options
 from neo_core.training.console import console_log
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-SWEEP = SweepFailures()  # failed jobs of a -m sweep
+# the jobs of a -m sweep: their plans' figures side by side, the failed ones' messages
+SWEEP = SweepFailures(lambda plan: {
+    "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
+    "imbalance": (plan.imbalance, ".2f"),
+})
 # Config groups plan.yaml selects from; ``model=`` is the documented alias of ``plan_model=``.
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model")
 ALIASES = {"model": "plan_model"}

@@ -97,8 +97,11 @@ def config_flags(argv: list[str]) -> list[str]:
     return out
 
 
-# the failed jobs of a -m sweep (SweepFailures: their numbers, overrides and messages)
-SWEEP = SweepFailures()
+# the jobs of a -m sweep (SweepFailures): their results side by side, the failed ones' messages
+SWEEP = SweepFailures(lambda metrics: {
+    "val AUC": (metrics.get("val_auc", math.nan), ".4f"), "val loss": (metrics.get("val_loss", math.nan), ".4f"),
+    "samples/s": (metrics.get("samples_per_sec", math.nan), ",.0f"), "steps": (metrics.get("steps"), ""),
+} if metrics else {})
 
 
 def _typed_overrides() -> list[str]:
@@ -127,7 +130,9 @@ def _sweep_job(config: dict) -> dict:
         if done is not None:  # finished without saving a checkpoint (trainer.checkpoint=false)
             print(f"note: job #{num} finished its {done['steps']} steps already (results in {out / 'metrics.json'}); "
                   "nothing to train")
-            return {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
+            done = {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
+            SWEEP.finished(num, " ".join(_typed_overrides()), out, done)
+            return done
         if latest is None:
             print(f"note: job #{num} saved no checkpoint in {out}; it starts from step 0")
             config = {**config, "trainer": {**trainer, "resume": False}}

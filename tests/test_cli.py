@@ -368,3 +368,45 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
     assert proc.returncode == 2 and "ran" not in proc.stdout, proc.stderr
     assert proc.stderr.splitlines()[0].startswith("error: 2 of the 4 jobs of the sweep would fail, so none was started")
     assert proc.stderr.splitlines()[2].endswith(f"x=3 is bad (job 3 in {out / '3'})")
+
+
+def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys) -> None:
+    # comparing a sweep's jobs meant opening each folder's metrics.json
+    import csv
+
+    from neo_core.errors import PlanningError
+
+    sweep = SweepFailures(lambda m: {"val AUC": (m["auc"], ".4f"), "step": (m["ms"], ".1f", "ms")})
+    common = "trainer=smoke trainer.max_steps=3"
+    results = {0: {"auc": 0.81234, "ms": 2.0}, 1: PlanningError("does not fit"), 2: {"auc": 0.7, "ms": 10.25}}
+    for num, kernel in enumerate(("fused", "dense", "dense cache=lru")):
+        outcome = results[num]
+
+        def job(outcome=outcome):
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        (tmp_path / str(num)).mkdir()
+        sweep.job(job, tmp_path / str(num), num, f"kernel={kernel} {common}")
+    sweep.finished(3, f"kernel=fused {common} seed=1", tmp_path / "3", {"auc": 0.5, "ms": 1.0})  # reported, not run
+    with pytest.raises(SystemExit) as exit_:
+        sweep.exit()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep results ({tmp_path / 'summary.csv'}):",
+        "  #0 kernel=fused: val AUC 0.8123, step 2.0 ms",  # what differs between the jobs
+        "  #1 kernel=dense: failed (error.txt)",
+        "  #2 kernel=dense cache=lru: val AUC 0.7000, step 10.2 ms",
+        "  #3 kernel=fused seed=1: val AUC 0.5000, step 1.0 ms",
+    ]
+    rows = list(csv.reader((tmp_path / "summary.csv").open()))
+    assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)"]
+    assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", ""]
+    assert rows[3][3:] == ["done", "0.7", "10.25"]
+    # one job, or none finished: nothing to set side by side
+    alone = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    alone.job(lambda: 0.5, tmp_path / "0", 0, common)
+    with pytest.raises(SystemExit):
+        alone.exit()
+    assert capsys.readouterr().out == ""
