@@ -740,7 +740,7 @@ def rank_main(
         max_steps=remaining,
         max_epochs=1,
         logger=RunLog(out),
-        callbacks=[stop, checkpoint],
+        callbacks=[stop, checkpoint, *([steps_bar()] if cfg.progress_bar and rank == 0 else [])],
         enable_checkpointing=False,
         enable_progress_bar=cfg.progress_bar and rank == 0,
         enable_model_summary=False,
@@ -789,6 +789,22 @@ def rank_main(
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def steps_bar() -> Any:
+    """Lightning's progress bar with the steps left as its total: over data of no set length
+    (the synthetic stream) it showed ``3/?``."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    class StepsBar(TQDMProgressBar):
+        @property
+        def total_train_batches(self) -> int | float:
+            trainer = self.trainer
+            if trainer.max_steps is None or trainer.max_steps < 0:
+                return trainer.num_training_batches
+            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
+
+    return StepsBar()
 
 
 def _validate_at_run_steps(trainer: Any, start_step: int, max_steps: int, every: int | None) -> None:

@@ -108,3 +108,18 @@ def test_an_earlier_runs_transcript_is_replaced_only_once_the_new_run_starts(tmp
         print("resumed")
     assert log.read_text().endswith("done\nresumed\n") and "---" not in log.read_text()
     replace_earlier_transcript()  # outside a transcript: nothing to do
+
+
+def test_the_training_bar_counts_to_the_steps_left() -> None:
+    # over the synthetic stream (no set length) Lightning's bar read "3/?"
+    from types import SimpleNamespace
+
+    from neo_core.training.run import steps_bar
+
+    bar = steps_bar()
+    bar._trainer = SimpleNamespace(max_steps=40, global_step=15, num_training_batches=float("inf"))
+    assert bar.total_train_batches == 25
+    bar._trainer = SimpleNamespace(max_steps=40, global_step=0, num_training_batches=12)  # data that ends first
+    assert bar.total_train_batches == 12
+    bar._trainer = SimpleNamespace(max_steps=-1, global_step=0, num_training_batches=float("inf"))
+    assert bar.total_train_batches == float("inf")
