@@ -610,10 +610,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument("--ranks", default=None, help="gloo ranks that measure the collectives: a power of two, "
                            "2 or more (as many as will train; default 2)")
     calibrate.add_argument("--nice", default=None, help="measure this much above normal priority (needs root)")
+    chart = sub.add_parser("chart", help="print a plan.json's plan and draw its chart (plan.png beside it)")
+    chart.add_argument("plan", help="the plan.json of a training run or of recipes/plan.py")
+    chart.add_argument("--out", default=None, help="where to draw the chart (default: plan.png beside the plan)")
+    chart.add_argument("--all", action="store_true", help="print every table and rank, not the first and slowest")
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
             print(list_plugins())
+        elif args.command == "chart":
+            from neo_core.sharding import PlanResult
+            from neo_plugins.sharding.planner.report import save_chart
+
+            plan = PlanResult.load_json(args.plan)
+            print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text())
+            out = Path(args.out) if args.out else Path(args.plan).with_name("plan.png")
+            try:
+                print(f"wrote {save_chart(plan, out)}")
+            except OSError as exc:
+                raise ConfigError(f"cannot draw the chart to {out} ({exc.strerror}); choose another --out.") from None
         elif args.command == "calibrate":
             from neo_plugins.sharding.planner.calibrate import main as calibrate_main
             from neo_plugins.topology.local import calibration_path

@@ -283,6 +283,37 @@ class PlanResult:
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
+    @classmethod
+    def load_json(cls, path: str | Path) -> PlanResult:
+        """The plan :meth:`save_json` wrote (a training run's ``plan.json``, a dry run's), for
+        its text and chart; without TorchRec's ShardingPlan."""
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(
+                planner=data["planner"],
+                tables=[TableAssignment(**{**t, "shard_shapes": [tuple(s) for s in t["shard_shapes"]]})
+                        for t in data["tables"]],
+                ranks=[
+                    RankReport(
+                        rank=r["rank"], memory=r["memory_bytes"], memory_capacity=r["memory_capacity_bytes"],
+                        time=r["time_s"], host_memory=r.get("host_memory_bytes", {}),
+                        host_memory_capacity=r.get("host_memory_capacity_bytes", 0.0),
+                        comm_bytes=r.get("comm_bytes", {}),
+                    )
+                    for r in data["ranks"]
+                ],
+                batch_size_per_rank=data["batch_size_per_rank"],
+                topology=data["topology"],
+                notes=list(data.get("notes", [])),
+            )
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"{path} is not a plan.json that Neo wrote ({type(exc).__name__}: {exc}); give the plan.json of a "
+                "training run or of recipes/plan.py."
+            ) from None
+
     def format_text(self, max_tables: int | None = 40, max_ranks: int | None = 32) -> str:
         """The plan as a readable table: per table, then per rank.
 

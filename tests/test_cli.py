@@ -410,3 +410,28 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys)
     with pytest.raises(SystemExit):
         alone.exit()
     assert capsys.readouterr().out == ""
+
+
+def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None:
+    # a training run writes plan.json and plan.txt but no chart; a kept plan could not be drawn again
+    import json
+
+    from neo_core.api import plan_tables
+    from neo_core.cli import main as neo_main
+    from neo_core.sharding import PlanResult, TableSpec
+
+    plan = plan_tables([TableSpec(f"t{i}", 1000 * (i + 1), 16, 2.0) for i in range(6)], "zionex", 64)
+    plan.save_json(tmp_path / "plan.json")
+    again = PlanResult.load_json(tmp_path / "plan.json")
+    assert json.dumps(again.to_dict()) == json.dumps(plan.to_dict())  # every figure and note as saved
+    assert again.format_text() == plan.format_text()
+    assert neo_main(["chart", str(tmp_path / "plan.json")]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("Sharding plan (neo), 128 ranks") and shown.endswith(f"wrote {tmp_path / 'plan.png'}\n")
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    (tmp_path / "config.json").write_text('{"trainer": {}}')
+    for path, said in ((tmp_path / "config.json", "is not a plan.json that Neo wrote (KeyError: 'planner')"),
+                       (tmp_path / "none.json", "cannot read")):
+        with pytest.raises(SystemExit):
+            neo_main(["chart", str(path)])
+        assert said in capsys.readouterr().err

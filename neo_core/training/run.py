@@ -468,8 +468,9 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     return latest
 
 
-# what a dry run (recipes/plan.py) leaves that a training run does not write
-DRY_RUN_FILES = ("plan.png", "plan.log")
+# what a dry run (recipes/plan.py) leaves that a training run does not write (its transcript;
+# its plan.png a training folder may have too: `neo chart`)
+DRY_RUN_FILES = ("plan.log",)
 
 
 def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, int] | None, list[str]]:
@@ -481,11 +482,11 @@ def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, 
     out = Path(run.output_dir)
     check_output_dir(out, write=write)
     resumed_from = check_fresh_start(out, run)
-    dry = [n for n in DRY_RUN_FILES if (out / n).exists()]
-    if dry and resumed_from is None:
+    if any((out / n).exists() for n in DRY_RUN_FILES) and resumed_from is None:
+        dry = [n for n in ("plan.json", "plan.png", *DRY_RUN_FILES) if (out / n).exists()]
         raise ConfigError(
             f"{out} holds a dry run of recipes/plan.py ({', '.join(dry)}), whose plan this run's plan.json and "
-            "plan.txt would replace, leaving its chart beside them; choose another folder (hydra.run.dir=...)."
+            "plan.txt would replace; choose another folder (hydra.run.dir=...)."
         )
     changes = []
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
@@ -542,6 +543,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         print(parts.topology.describe())
         print(plan.format_text())
         plan.save_json(out / "plan.json")
+        (out / "plan.png").unlink(missing_ok=True)  # an earlier plan's chart (`neo chart` draws this one's)
         (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
     payload = run.to_dict()

@@ -915,12 +915,13 @@ def test_a_run_does_not_start_in_a_dry_runs_folder(tmp_path: Path) -> None:
     from neo_core.errors import ConfigError
     from neo_core.training.run import check_before_start
 
-    (tmp_path / "plan.png").write_bytes(b"")
+    for name in ("plan.json", "plan.png", "plan.log"):
+        (tmp_path / name).write_bytes(b"")
     run = validate(composed(["trainer=smoke"], tmp_path))
     with pytest.raises(ConfigError) as err:
         check_before_start(run, write=False)
     assert str(err.value) == (
-        f"{tmp_path} holds a dry run of recipes/plan.py (plan.png), whose plan this run's plan.json and plan.txt "
-        "would replace, leaving its chart beside them; choose another folder (hydra.run.dir=...).")
-    (tmp_path / "plan.png").unlink()
+        f"{tmp_path} holds a dry run of recipes/plan.py (plan.json, plan.png, plan.log), whose plan this run's "
+        "plan.json and plan.txt would replace; choose another folder (hydra.run.dir=...).")
+    (tmp_path / "plan.log").unlink()  # a training run's folder with a chart `neo chart` drew
     assert check_before_start(run, write=False) == (None, [])
