@@ -38,7 +38,7 @@ from neo_core.cli import (
     user_errors,
 )
 from neo_core.config import register_plugin_options
-from neo_core.training.console import console_log
+from neo_core.training.console import console_log, discard_transcript, replace_earlier_transcript
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # the jobs of a -m sweep: their plans' figures side by side, the failed ones' messages
@@ -173,12 +173,14 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     check_output_dir(out, files=PLAN_FILES, folders=())
     trained = [n for n in ("checkpoint", "metrics.json") if (out / n).exists()]
     if trained:  # its plan.json and plan.txt are that run's: a dry run must not replace them
+        discard_transcript()  # nor leave a plan.log there (a training run would take it for a dry run's)
         raise ConfigError(
             f"{out} holds a training run ({', '.join(trained)}), whose plan.json and plan.txt this dry run "
             "would replace; choose another folder (hydra.run.dir=...)."
         )
     for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
         (out / stale).unlink(missing_ok=True)
+    replace_earlier_transcript()  # the earlier plan is gone: so is its transcript
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve

@@ -261,6 +261,9 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
     assert "is not a whole number per rank" not in proc.stderr  # 65536 over 128 ranks
     assert (tmp_path / "plan.log").read_text() == proc.stdout  # the console's transcript
+    again = run_plan("+topology=zionex", "model=mlperf_dcnv2", "topology.num_nodes=1", f"hydra.run.dir={tmp_path}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (tmp_path / "plan.log").read_text() == again.stdout  # the earlier plan's transcript went with it
 
 
 def test_plan_recipe_names_an_output_folder_it_cannot_write(tmp_path: Path) -> None:
@@ -282,6 +285,7 @@ def test_plan_recipe_leaves_a_training_runs_plan_alone(tmp_path: Path) -> None:
     assert_one_sentence(proc, f"{tmp_path} holds a training run (metrics.json), whose plan.json and plan.txt this "
                               "dry run would replace; choose another folder (hydra.run.dir=...).")
     assert (tmp_path / "plan.json").read_text() == "the run's plan"
+    assert not (tmp_path / "plan.log").exists()  # a training run would take the folder for a dry run's
 
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:

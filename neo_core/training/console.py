@@ -54,9 +54,12 @@ class _LineFile:
         self.fh = fh
         self.lock = threading.Lock()
         self.partial = {"out": "", "err": ""}
+        self.dropped = False  # :func:`discard_transcript`: nothing more is kept
 
     def write(self, stream: str, text: str) -> None:
         with self.lock:
+            if self.dropped:
+                return
             *lines, rest = (self.partial[stream] + text).split("\n")
             for line in lines:
                 if (shown := _shown(line)) is not None:
@@ -69,6 +72,8 @@ class _LineFile:
 
     def close(self) -> None:
         with self.lock:
+            if self.dropped:
+                return
             for stream, rest in self.partial.items():
                 shown = _shown(rest)
                 if shown:
@@ -127,6 +132,7 @@ def console_log(
             lines.fh.write(f"--- a new run in this folder, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n")
             lines.fh.flush()
             _EARLIER[:] = [(lines, path, lines.fh.tell())]
+        _CURRENT[:] = [(lines, path, earlier)]
     except OSError:
         yield
         return
@@ -150,6 +156,7 @@ def console_log(
         else:
             os.environ[CONSOLE_LOG_ENV] = before
         _EARLIER.clear()
+        _CURRENT.clear()
         lines.close()
         lines.fh.close()
 
@@ -172,6 +179,27 @@ def replace_earlier_transcript() -> None:
         lines.fh.truncate(0)  # opened to append: what follows goes after this run's own lines
         lines.fh.buffer.write(own)
         lines.fh.flush()
+
+
+# the transcript under way: (its lines, file, the size the file had before it)
+_CURRENT: list[tuple[_LineFile, Path, int]] = []
+
+
+def discard_transcript() -> None:
+    """The run is refused before it starts, in a folder that is another run's: its transcript
+    is not kept there (the file is removed, or an earlier one is left as it was); the console
+    still shows what follows. Nothing to do outside a transcript."""
+    if not _CURRENT:
+        return
+    lines, path, earlier = _CURRENT.pop()
+    _EARLIER.clear()
+    with contextlib.suppress(OSError, ValueError), lines.lock:
+        lines.dropped = True
+        lines.fh.flush()
+        if earlier:
+            lines.fh.truncate(earlier)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def tee_rank_output(local_rank: int) -> None:

@@ -48,7 +48,7 @@ from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
 from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec, check_plan
 from neo_core.topology import Topology
-from neo_core.training.console import replace_earlier_transcript
+from neo_core.training.console import discard_transcript, replace_earlier_transcript
 
 log = logging.getLogger("neo")
 
@@ -468,9 +468,18 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     return latest
 
 
-# what a dry run (recipes/plan.py) leaves that a training run does not write (its transcript;
-# its plan.png a training folder may have too: `neo chart`)
-DRY_RUN_FILES = ("plan.log",)
+# what a dry run (recipes/plan.py) leaves: its transcript beside its plan (plan.json, plan.txt,
+# plan.png), and no training record (config.json). A training folder may hold a plan.png
+# (`neo chart`) or a plan.log (a dry run refused there, or one that failed: no plan)
+DRY_RUN_LOG, DRY_RUN_PLAN = "plan.log", ("plan.json", "plan.txt", "plan.png")
+
+
+def dry_run_files(out: Path) -> list[str]:
+    """The files of a dry run of recipes/plan.py in ``out``; empty when it holds none."""
+    plan = [n for n in DRY_RUN_PLAN if (out / n).is_file()]
+    if not plan or not (out / DRY_RUN_LOG).is_file() or (out / "config.json").exists():
+        return []
+    return [*plan, DRY_RUN_LOG]
 
 
 def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, int] | None, list[str]]:
@@ -482,11 +491,12 @@ def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, 
     out = Path(run.output_dir)
     check_output_dir(out, write=write)
     resumed_from = check_fresh_start(out, run)
-    if any((out / n).exists() for n in DRY_RUN_FILES) and resumed_from is None:
-        dry = [n for n in ("plan.json", "plan.png", *DRY_RUN_FILES) if (out / n).exists()]
+    dry = dry_run_files(out) if resumed_from is None else []
+    if dry:
+        discard_transcript()  # the dry run's folder gets no train.log
         raise ConfigError(
             f"{out} holds a dry run of recipes/plan.py ({', '.join(dry)}), whose plan this run's plan.json and "
-            "plan.txt would replace; choose another folder (hydra.run.dir=...)."
+            "plan.txt would replace; choose another folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...)."
         )
     changes = []
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)

@@ -123,3 +123,24 @@ def test_the_training_bar_counts_to_the_steps_left() -> None:
     assert bar.total_train_batches == 12
     bar._trainer = SimpleNamespace(max_steps=-1, global_step=0, num_training_batches=float("inf"))
     assert bar.total_train_batches == float("inf")
+
+
+def test_a_run_refused_in_another_runs_folder_leaves_no_transcript_there(tmp_path: Path, capsys) -> None:
+    # a dry run refused in a training folder left its plan.log, and a training run then took
+    # the folder for a dry run's
+    from neo_core.training.console import discard_transcript
+
+    log = tmp_path / "plan.log"
+    with console_log(log):
+        print("note: before the check")
+        discard_transcript()
+        print("error: the folder holds a training run")
+    assert not log.exists()
+    assert capsys.readouterr().out == "note: before the check\nerror: the folder holds a training run\n"
+    log.write_text("an earlier transcript\n")
+    with console_log(log):
+        print("refused")
+        discard_transcript()
+        print("after")
+    assert log.read_text() == "an earlier transcript\n"
+    discard_transcript()  # outside a transcript: nothing to do

@@ -913,15 +913,25 @@ def test_a_run_does_not_start_in_a_dry_runs_folder(tmp_path: Path) -> None:
     # it replaced plan.json and plan.txt with its own, leaving the dry run's plan.png beside them
     from neo_core.config import validate
     from neo_core.errors import ConfigError
+    from neo_core.training.console import console_log
     from neo_core.training.run import check_before_start
 
     for name in ("plan.json", "plan.png", "plan.log"):
         (tmp_path / name).write_bytes(b"")
     run = validate(composed(["trainer=smoke"], tmp_path))
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError) as err, console_log(tmp_path / "train.log"):
         check_before_start(run, write=False)
+    assert not (tmp_path / "train.log").exists()  # the refused run's transcript is not left there
     assert str(err.value) == (
         f"{tmp_path} holds a dry run of recipes/plan.py (plan.json, plan.png, plan.log), whose plan this run's "
-        "plan.json and plan.txt would replace; choose another folder (hydra.run.dir=...).")
+        "plan.json and plan.txt would replace; choose another folder (hydra.run.dir=...; a sweep's: "
+        "hydra.sweep.dir=...).")
+    (tmp_path / "config.json").write_text("{}")  # a training run's (a dry run refused there left plan.log)
+    assert check_before_start(run, write=False) == (None, [])
+    (tmp_path / "config.json").unlink()
     (tmp_path / "plan.log").unlink()  # a training run's folder with a chart `neo chart` drew
+    assert check_before_start(run, write=False) == (None, [])
+    (tmp_path / "plan.log").write_text("error: ...")  # a dry run that failed: it left no plan
+    (tmp_path / "plan.json").unlink()
+    (tmp_path / "plan.png").unlink()
     assert check_before_start(run, write=False) == (None, [])
