@@ -117,7 +117,7 @@ def _sweep_job(config: dict) -> dict:
 
     from neo_core.errors import CheckpointError
     from neo_core.training.checkpoint import latest_checkpoint
-    from neo_core.training.run import finished_metrics, train
+    from neo_core.training.run import finished_metrics, finished_note, train
 
     out, num = Path(config["output_dir"]), HydraConfig.get().job.num
     trainer = config.get("trainer") or {}
@@ -128,8 +128,7 @@ def _sweep_job(config: dict) -> dict:
             latest = ()  # damaged: the job says so
         done = finished_metrics(out, trainer.get("max_steps")) if latest is None else None
         if done is not None:  # finished without saving a checkpoint (trainer.checkpoint=false)
-            print(f"note: job #{num} finished its {done['steps']} steps already (results in {out / 'metrics.json'}); "
-                  "nothing to train")
+            print(finished_note(out, done["steps"]))
             done = {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
             SWEEP.finished(num, " ".join(_typed_overrides()), out, done)
             return done
@@ -232,7 +231,7 @@ def interrupted_message(exc: KeyboardInterrupt) -> str:
 def main(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
-    from neo_core.training.run import train
+    from neo_core.training.run import continues_earlier_run, train
 
     config = OmegaConf.to_container(cfg, resolve=True)
     # an experiment file sets keys across groups; the run's record names which one it was
@@ -242,7 +241,8 @@ def main(cfg: DictConfig) -> float:
     SWEEPING[:] = [True] if HydraConfig.get().mode == RunMode.MULTIRUN else []
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
-    resuming = bool(config["trainer"].get("resume"))  # type: ignore[index, union-attr]
+    # the transcript of a run going on from a checkpoint follows the earlier one's
+    resuming = continues_earlier_run(log.parent, bool(config["trainer"].get("resume")))  # type: ignore[index, union-attr]
     with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
         for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV, config) if rank0 else ():  # type: ignore[arg-type]
             print(note)

@@ -90,6 +90,19 @@ def test_train_rejects_bad_input_before_ranks_start(tmp_path: Path, overrides, e
     assert not (tmp_path / "plan.json").exists()  # nothing was planned or started
 
 
+def test_resume_without_a_checkpoint_starts_a_fresh_transcript(tmp_path: Path) -> None:
+    # trainer.resume=true with nothing to resume from starts afresh: its transcript followed the
+    # folder's earlier one as if it went on from it
+    (tmp_path / "train.log").write_text("an earlier run's plan\nerror: it failed\n")
+    proc = run_recipe("trainer=smoke", "trainer.max_steps=2", "trainer.world_size=1", "trainer.resume=true",
+                      f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    transcript = (tmp_path / "train.log").read_text()
+    assert "an earlier run's" not in transcript and "---" not in transcript, transcript[:500]
+    assert f"warning: trainer.resume=true but {tmp_path / 'checkpoint'} holds no checkpoint; starting from step 0." \
+        in transcript and "done: 2 steps" in transcript
+
+
 def test_recipe_error_is_one_line_without_traceback(tmp_path: Path) -> None:
     proc = run_recipe(*HUGE_TABLE, "trainer=smoke", f"hydra.run.dir={tmp_path}")
     assert proc.returncode == 2
@@ -611,7 +624,8 @@ def test_a_continued_sweep_starts_the_jobs_that_saved_no_checkpoint_without_a_wa
     assert results[3]["steps"] == 8 and math.isnan(results[3]["val_auc"]) and results[3]["val_loss"] == 0.5
     assert capsys.readouterr().out == (
         f"note: job #1 saved no checkpoint in {tmp_path / '1'}; it starts from step 0\n"
-        f"note: job #3 finished its 8 steps already (results in {tmp_path / '3' / 'metrics.json'}); nothing to train\n")
+        f"note: the run in {tmp_path / '3'} has finished its 8 steps already (results in its metrics.json); "
+        "nothing to train (raise trainer.max_steps to train further)\n")
 
 
 def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:

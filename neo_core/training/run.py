@@ -425,6 +425,12 @@ def finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
     return metrics
 
 
+def finished_note(out: Path, steps: int) -> str:
+    """What a run (a sweep's job too) says when it has nothing left to train."""
+    return (f"note: the run in {out} has finished its {steps} steps already (results in its metrics.json); "
+            "nothing to train (raise trainer.max_steps to train further)")
+
+
 def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     """Before any rank starts: the checkpoint a resumed run starts from (folder, step), None if
     there is none; a run that does not resume must not write over an earlier run's
@@ -466,6 +472,21 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
             f"{run.trainer.max_steps}; raise trainer.max_steps to train further."
         )
     return latest
+
+
+def continues_earlier_run(out: Path, resume: bool) -> bool:
+    """Whether a run with ``trainer.resume=resume`` in ``out`` goes on from an earlier run's
+    checkpoint, so that its transcript follows that run's: with none, ``resume=true`` starts
+    afresh and its transcript replaces the folder's earlier one. A damaged checkpoint counts
+    (the run refuses it, after the earlier transcript)."""
+    from neo_core.training.checkpoint import latest_checkpoint
+
+    if not resume:
+        return False
+    try:
+        return latest_checkpoint(out / "checkpoint") is not None
+    except CheckpointError:
+        return True
 
 
 # what a dry run (recipes/plan.py) leaves: its transcript beside its plan (plan.json, plan.txt,
@@ -519,8 +540,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     if resumed_from is not None and (resumed_from[1] >= run.trainer.max_steps or results is not None):
         metrics = results or {}
         if rank0:
-            print(f"note: {out} has finished its {done} steps already (results in metrics.json); "
-                  "nothing to train (raise trainer.max_steps to train further)")
+            print(finished_note(out, done))
         for key in ("val_auc", "val_loss"):  # null in the file: not measured
             if key in metrics and metrics[key] is None:
                 metrics[key] = math.nan

@@ -851,7 +851,7 @@ def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_res
     written = (tmp_path / "metrics.json").stat().st_mtime_ns
     capsys.readouterr()
     again = train(composed([*settings, "trainer.resume=true"], tmp_path))
-    assert f"{tmp_path} has finished its 3 steps already" in capsys.readouterr().out
+    assert f"note: the run in {tmp_path} has finished its 3 steps already" in capsys.readouterr().out
     assert again["steps"] == 3 and again["val_auc"] == first["val_auc"]
     assert (tmp_path / "metrics.json").stat().st_mtime_ns == written  # nothing was trained again
     # with steps left, the run resumes from that checkpoint and says so
