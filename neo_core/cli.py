@@ -316,21 +316,23 @@ def force_add_overrides(argv: Sequence[str], groups: Collection[str] = (), selec
     to Hydra, except an appended group (``topology=zionex`` becomes ``+topology=zionex``).
     ``+group=option`` for a group the recipe's defaults list already ``selected`` (Hydra:
     "Multiple values for cache") is taken as ``group=option``, as ``+topology=`` is written;
-    ``+key=value`` for a key (Hydra: "Either remove + prefix") as ``++key=value``.
+    ``+key=value`` for a key (Hydra: "Either remove + prefix"; Hydra's own keys too) as
+    ``++key=value``; ``+group@package=option`` is left to Hydra.
     """
     out = []
     for arg in argv:
         key, eq, _ = arg.partition("=")
+        group = key.lstrip("+").split("@")[0]  # cache@foo: the cache group at another package
         if eq and key.startswith("+") and not key.startswith("++") and key[1:] in selected:
             out.append(arg[1:])
-        elif eq and key.startswith("+") and not key.startswith("++") and key[1:] not in groups and not (
-                key[1:].startswith("hydra") or "/" in key):
-            out.append(f"+{arg}")  # +trainer.max_steps=3: Hydra refused a key that is there ("remove +")
+        elif eq and key.startswith("+") and not key.startswith("++") and group not in groups and "/" not in key:
+            # +trainer.max_steps=3, +hydra.run.dir=x: Hydra refused a key that is there ("remove +")
+            out.append(f"+{arg}")
         elif not eq or key.startswith(("-", "+", "~", "hydra")) or "/" in key:
             out.append(arg)
         elif key in APPENDED_GROUPS:
             out.append(f"+{arg}")
-        elif "." in key or key not in groups:
+        elif "." in key or group not in groups:
             out.append(f"++{arg}")
         else:
             out.append(arg)
@@ -428,6 +430,12 @@ VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-
 INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 
 
+# Hydra's flags that each choose what it does (only one may be given), by their long names
+MODE_FLAGS = {"-r": "--run", "--run": "--run", "-m": "--multirun", "--multirun": "--multirun", "-c": "--cfg",
+              "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+              "--shell-completion": "--shell-completion"}
+
+
 def overrides_of(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
     """``(index, arg)`` of each override on the command line: not a flag nor a flag's value."""
     take = False
@@ -445,13 +453,25 @@ def overrides_of(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
 
 def check_command_line(argv: Sequence[str], recipe: str) -> None:
     """What Hydra refuses in its own words, or with a usage text: an override with no value, a
-    config folder that is not there. (``-m`` after the overrides is moved: :func:`multirun_first`.)"""
+    config folder that is not there. (A flag among the overrides is moved: :func:`flags_first`.)"""
     for n, arg in enumerate(argv):
         if arg in ("-cd", "--config-dir") and n + 1 < len(argv) or arg.startswith(("-cd=", "--config-dir=")):
             folder = argv[n + 1] if "=" not in arg else arg.partition("=")[2]
-            if not Path(folder).expanduser().is_dir():
+            flag = arg.partition("=")[0]
+            if folder.startswith("~") and not Path(folder).is_dir():  # Hydra reads it as written
+                raise ConfigError(f"{flag} {folder}: '~' is not expanded here (the shell leaves it quoted, or after "
+                                  f"'='); write the folder out: {flag} {Path(folder).expanduser()}")
+            if not Path(folder).is_dir():
                 raise ConfigError(f"{arg.partition('=')[0]} {folder}: no such folder; give the folder that holds your "
                                   "config groups (e.g. a cache/ or experiment/ folder of YAML files).")
+    modes = {MODE_FLAGS[a.partition("=")[0]]: a for n, a in enumerate(argv)
+             if a.partition("=")[0] in MODE_FLAGS and n not in dict(overrides_of(argv))}
+    if len(modes) > 1:  # Hydra: "Only one of --run, --multirun, --cfg..." in a ValueError's traceback
+        given = " and ".join(modes.values())
+        hint = (" (--cfg shows one job's config: leave out -m and give each key one value)"
+                if {"--multirun", "--cfg"} <= set(modes) else "")
+        raise ConfigError(f"{given} cannot be given together: Hydra does one of a run, a sweep (-m), --cfg, --info "
+                          f"or --shell-completion{hint}.")
     for _, arg in overrides_of(argv):
         if "=" not in arg and not arg.startswith("~"):
             raise ConfigError(
@@ -460,11 +480,12 @@ def check_command_line(argv: Sequence[str], recipe: str) -> None:
             )
 
 
-def multirun_first(argv: Sequence[str]) -> list[str]:
-    """``-m`` (``--multirun``) moved before the overrides: Hydra takes its flags only there, and
-    after ``a=1 -m`` it showed its usage and the overrides that follow as unrecognized."""
-    flags = [a for a in argv if a in ("-m", "--multirun")]
-    return [*flags, *(a for a in argv if a not in ("-m", "--multirun"))]
+def flags_first(argv: Sequence[str]) -> list[str]:
+    """Hydra's flags (``-m``, ``--cfg job``, ``-cd <dir>``...) moved before the overrides, in
+    the order given: Hydra takes them before or after all the overrides, and one between
+    overrides (``a=1 -m b=2``) showed its usage and the overrides after it as unrecognized."""
+    overrides = dict(overrides_of(argv))
+    return [*(a for n, a in enumerate(argv) if n not in overrides), *overrides.values()]
 
 
 def is_sweep(argv: Sequence[str]) -> bool:

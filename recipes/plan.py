@@ -32,8 +32,8 @@ from neo_core.cli import (
     check_sweep_values,
     config_dirs,
     config_groups,
+    flags_first,
     force_add_overrides,
-    multirun_first,
     select_by_name,
     user_errors,
 )
@@ -263,7 +263,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = multirun_first(sys.argv[1:])
+    sys.argv[1:] = flags_first(sys.argv[1:])
     try:
         with user_errors():
             check_command_line(sys.argv[1:], "recipes/plan.py")

@@ -31,8 +31,8 @@ from neo_core.cli import (
     check_sweep_values,
     config_dirs,
     config_groups,
+    flags_first,
     force_add_overrides,
-    multirun_first,
     option_names,
     select_by_name,
     user_errors,
@@ -260,7 +260,7 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = multirun_first(sys.argv[1:])
+    sys.argv[1:] = flags_first(sys.argv[1:])
     CONFIG_FLAGS[:] = config_flags(sys.argv[1:])
     ARGV[:] = sys.argv[1:]
     try:

@@ -173,32 +173,43 @@ def test_plain_overrides_reach_neo_and_group_selections_stay_with_hydra() -> Non
         "seeed=1",  # a top-level key, misspelled: the same
         "topology=zionex",  # the group the recipes append: same as +topology=zionex
         "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
-        "+trainer.batch_size=8", "+seed=3", "+hydra.job.chdir=true",  # Hydra: "Either remove + prefix"
+        "+trainer.batch_size=8", "+seed=3", "+hydra.run.dir=/tmp/y",  # Hydra: "Either remove + prefix"
+        "+sharding@foo=neo", "sharding@foo=neo",  # a group at another package: Hydra's (Neo names foo)
     ]
     assert force_add_overrides(argv, groups) == [
         "sharding=torchrec", "++trainer.max_step=3", "++seeed=1", "+topology=zionex",
         "+topology=zionex", "++seed=2", "~cache", "-m", "hydra.run.dir=/tmp/x", "hydra/launcher=basic",
-        "++trainer.batch_size=8", "++seed=3", "+hydra.job.chdir=true",
+        "++trainer.batch_size=8", "++seed=3", "++hydra.run.dir=/tmp/y",
+        "+sharding@foo=neo", "sharding@foo=neo",
     ]
 
 
 def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path) -> None:
-    from neo_core.cli import check_command_line, multirun_first
+    from neo_core.cli import check_command_line, flags_first
 
     for argv, message in (
         (["trainer=smoke", "trainer.max_steps"], "trainer.max_steps has no value: give a setting as "
          "trainer.max_steps=<value> (python recipes/train.py --help lists the settings)."),
         (["--config-dir", str(tmp_path / "none")], f"--config-dir {tmp_path / 'none'}: no such folder"),
         ([f"-cd={tmp_path / 'none'}"], f"-cd {tmp_path / 'none'}: no such folder"),
+        (["--config-dir=~/conf"], "--config-dir ~/conf: '~' is not expanded here (the shell leaves it quoted, or "
+         f"after '='); write the folder out: --config-dir {Path('~/conf').expanduser()}"),
+        (["-m", "a=1,2", "--cfg", "job"], "-m and --cfg cannot be given together: Hydra does one of a run, a sweep "
+         "(-m), --cfg, --info or --shell-completion (--cfg shows one job's config: leave out -m and give each key "
+         "one value)."),
     ):
         with pytest.raises(ConfigError) as err:
             check_command_line(argv, "recipes/train.py")
         assert str(err.value).startswith(message), str(err.value)
     # flags and their values, deletions: no override is missing its value
-    check_command_line(["-m", "--config-dir", str(tmp_path), "-cn", "train", "--cfg", "job", "--info", "config",
-                        "-p", "trainer", "~cache", "a=1", "--help"], "recipes/train.py")
-    # -m after the overrides: Hydra showed its usage and called the overrides that follow unrecognized
-    assert multirun_first(["trainer=smoke", "-m", "kernel=fused,dense"]) == ["-m", "trainer=smoke", "kernel=fused,dense"]
+    check_command_line(["-m", "--config-dir", str(tmp_path), "-cn", "train", "-p", "trainer", "~cache", "a=1",
+                        "--help"], "recipes/train.py")
+    check_command_line(["--cfg", "job", "a=1"], "recipes/train.py")
+    check_command_line(["--info", "config", "a=1", "--resolve"], "recipes/train.py")
+    # a flag among the overrides: Hydra showed its usage and called the overrides that follow unrecognized
+    assert flags_first(["trainer=smoke", "-m", "kernel=fused,dense"]) == ["-m", "trainer=smoke", "kernel=fused,dense"]
+    assert flags_first(["a=1", "--cfg", "job", "b=2", "-cd=x", "--info", "c=3", "-i", "config"]) == [
+        "--cfg", "job", "-cd=x", "--info", "-i", "config", "a=1", "b=2", "c=3"]
     # a group chosen twice: Hydra's message offered defaults-list syntax
     with pytest.raises(ConfigError, match=r"^topology is chosen twice \(\+topology=zionex and \+topology=local\); give "):
         check_group_options(["+topology=zionex", "+topology=local"], ROOT / "conf", ("topology",))
