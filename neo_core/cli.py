@@ -8,6 +8,7 @@ import difflib
 import inspect
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -80,6 +81,11 @@ def user_errors() -> Iterator[None]:
 RESULT_FILES = ("metrics.json", "training.png", "config.json", "plan.json", "plan.txt", "plan.png")
 
 
+def _measured(value: Any) -> bool:
+    """A result a job has: not None nor NaN (a run without validation has no AUC)."""
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
 class SweepFailures:
     """The failed jobs of a Hydra multirun sweep; each job runs through :meth:`job`.
 
@@ -101,11 +107,19 @@ class SweepFailures:
         self.row = row
         self.done: dict[int, tuple[str, dict[str, tuple[Any, ...]]]] = {}  # finished: overrides, row
         self.folders: dict[int, Path] = {}  # every job's folder
+        self.sweep_dir: Path | None = None  # hydra.sweep.dir, as the jobs ran
+
+    def _seen(self, num: int, out: Path) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        self.folders[num] = out
+        with contextlib.suppress(Exception):  # outside a Hydra job: the jobs' common folder
+            self.sweep_dir = Path(os.path.abspath(str(HydraConfig.get().sweep.dir)))
 
     def finished(self, num: int, overrides: str, out: Path, result: Any) -> None:
         """Keep a finished job's results for the summary (``job`` does; a recipe too for a job
         it reports without running it)."""
-        self.folders[num] = out
+        self._seen(num, out)
         if self.row is not None and result is not None:
             self.done[num] = (overrides, self.row(result))
 
@@ -114,7 +128,7 @@ class SweepFailures:
         import traceback
 
         (out / "error.txt").unlink(missing_ok=True)
-        self.folders[num] = out
+        self._seen(num, out)
         started = time.time()
         try:
             result = fn()
@@ -163,7 +177,7 @@ class SweepFailures:
         common = set.intersection(*(set(w) for w in words.values()))
         folders = [str(f) for f in self.folders.values()]
         where = Path(os.path.commonpath(folders))
-        where = where.parent if str(where) in folders else where
+        where = self.sweep_dir or (where.parent if str(where) in folders else where)
         columns = list(dict.fromkeys(c for overrides, row in self.done.values() for c in row))
         units = {c: v[2] for _, row in self.done.values() for c, v in row.items() if len(v) > 2}
         print(f"sweep results ({where / 'summary.csv'}):")
@@ -171,7 +185,8 @@ class SweepFailures:
             label = " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)"
             if num in self.done:
                 row = self.done[num][1]
-                said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" for c, v in row.items())
+                said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
+                                 else f"{c} n/a" for c, v in row.items())
             else:
                 said = "failed (error.txt)"
             print(f"  #{num} {label}: {said}")
@@ -184,7 +199,7 @@ class SweepFailures:
                     row = self.done.get(num, ("", {}))[1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
                                     "done" if num in self.done else "failed",
-                                    *(row[c][0] if c in row else "" for c in columns)])
+                                    *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
 
@@ -261,8 +276,7 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
     if not first and isinstance(batches, list) and batches and batches[0] == batch:
         batch = [job for jobs in batches for job in jobs]
         sweeper.neo_checked_all = True
-    if (os.environ.get("NEO_SKIP_SWEEP_CHECK") or not _SWEEP_CHECK
-            or type(getattr(sweeper, "launcher", None)).__name__ != "BasicLauncher"):
+    if os.environ.get("NEO_SKIP_SWEEP_CHECK") or type(getattr(sweeper, "launcher", None)).__name__ != "BasicLauncher":
         return
     loader = sweeper.hydra_context.config_loader
     failed, before = [], HydraConfig.instance().cfg
@@ -407,7 +421,7 @@ def check_group_options(
         group = aliases.get(key, key)
         if eq and group in groups:
             if group in chosen:  # Hydra: "Multiple values for ...", with defaults-list advice
-                raise ConfigError(f"{group} is chosen twice ({chosen[group]} and {arg}); give it once.")
+                raise ConfigError(f"{key} is chosen twice ({chosen[group]} and {arg}); give it once.")
             chosen[group] = arg
         if not eq or group not in groups or any(c in value for c in "()[]{}$*?"):
             continue  # not a group selection, or a sweep expression Hydra expands itself
@@ -473,6 +487,10 @@ def check_command_line(argv: Sequence[str], recipe: str) -> None:
         raise ConfigError(f"{given} cannot be given together: Hydra does one of a run, a sweep (-m), --cfg, --info "
                           f"or --shell-completion{hint}.")
     for _, arg in overrides_of(argv):
+        if "=" not in arg and not re.fullmatch(r"[+~]*[A-Za-z_][\w.@/-]*", arg):  # a stray word, a sentence
+            raise ConfigError(
+                f"{arg!r} is not a setting: give settings as key=value (python {recipe} --help lists them)."
+            )
         if "=" not in arg and not arg.startswith("~"):
             raise ConfigError(
                 f"{arg} has no value: give a setting as {arg.lstrip('+')}=<value> (python {recipe} --help lists "

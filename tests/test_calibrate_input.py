@@ -93,3 +93,15 @@ def test_neo_calibrate_takes_the_measurements_flags_and_says_how_to_use_its_file
     with pytest.raises(SystemExit):
         neo_main(["calibrate", "--output", str(tmp_path)])
     assert f"({tmp_path} is a folder: give a file in it, e.g. {tmp_path / 'calibration.json'})" in capsys.readouterr().err
+
+
+def test_neo_calibrate_names_itself_and_its_flags(capsys) -> None:
+    # a bad flag to `neo calibrate` showed the module's usage: "neo [--out OUT] ..."
+    from neo_core.cli import main as neo_main
+
+    with pytest.raises(SystemExit) as exit_:
+        neo_main(["calibrate", "--ranks", "3", "--output", "/tmp/unused.json"])
+    assert exit_.value.code == 2
+    usage, error = capsys.readouterr().err.splitlines()[-2:]
+    assert usage.startswith("usage: neo calibrate [-h] [--output OUT] [--ranks RANKS]"), usage
+    assert error.startswith("neo calibrate: error: --ranks 3: use a power of two"), error

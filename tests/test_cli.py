@@ -192,6 +192,8 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
          "trainer.max_steps=<value> (python recipes/train.py --help lists the settings)."),
         (["--config-dir", str(tmp_path / "none")], f"--config-dir {tmp_path / 'none'}: no such folder"),
         ([f"-cd={tmp_path / 'none'}"], f"-cd {tmp_path / 'none'}: no such folder"),
+        (["hello world"], "'hello world' is not a setting: give settings as key=value (python recipes/train.py "
+         "--help lists them)."),
         (["--config-dir=~/conf"], "--config-dir ~/conf: '~' is not expanded here (the shell leaves it quoted, or "
          f"after '='); write the folder out: --config-dir {Path('~/conf').expanduser()}"),
         (["-m", "a=1,2", "--cfg", "job"], "-m and --cfg cannot be given together: Hydra does one of a run, a sweep "
@@ -213,6 +215,8 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
     # a group chosen twice: Hydra's message offered defaults-list syntax
     with pytest.raises(ConfigError, match=r"^topology is chosen twice \(\+topology=zionex and \+topology=local\); give "):
         check_group_options(["+topology=zionex", "+topology=local"], ROOT / "conf", ("topology",))
+    with pytest.raises(ConfigError, match=r"^model is chosen twice \(model=zionex_12t and model=mlperf_dcnv2\); give"):
+        check_group_options(["model=zionex_12t", "model=mlperf_dcnv2"], ROOT / "conf", ("plan_model",), {"model": "plan_model"})
 
 
 @pytest.mark.parametrize(
@@ -381,9 +385,10 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
     assert proc.stderr.splitlines()[2].endswith(f"x=3 is bad (job 3 in {out / '3'})")
 
 
-def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys) -> None:
+def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys, monkeypatch) -> None:
     # comparing a sweep's jobs meant opening each folder's metrics.json
     import csv
+    import math
 
     from neo_core.errors import PlanningError
 
@@ -415,6 +420,23 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys)
     assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)"]
     assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", ""]
     assert rows[3][3:] == ["done", "0.7", "10.25"]
+    # the summary goes to hydra.sweep.dir, wherever the jobs' folders are under it; a result a
+    # job has not (no validation) is n/a, not nan
+    from types import SimpleNamespace
+
+    from hydra.core.hydra_config import HydraConfig
+
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
+        sweep=SimpleNamespace(dir=str(tmp_path / "sweep")))))
+    nested = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    for num, auc in enumerate((0.5, math.nan)):
+        (tmp_path / "sweep" / "by-kernel" / str(num)).mkdir(parents=True)  # as Hydra makes them
+        nested.job(lambda auc=auc: auc, tmp_path / "sweep" / "by-kernel" / str(num), num, f"seed={num}")
+    with pytest.raises(SystemExit):
+        nested.exit()
+    assert capsys.readouterr().out.splitlines()[-1] == "  #1 seed=1: val AUC n/a"
+    assert list(csv.reader((tmp_path / "sweep" / "summary.csv").open()))[2][-1] == ""
+    monkeypatch.undo()
     # one job, or none finished: nothing to set side by side
     alone = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
     alone.job(lambda: 0.5, tmp_path / "0", 0, common)

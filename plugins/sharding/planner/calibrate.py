@@ -371,8 +371,11 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     flags as ``argv``."""
     from neo_plugins.topology.local import calibration_path
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="calibration JSON path")
+    # run as `neo calibrate`: its usage and errors name that command and its --output flag
+    flag = "--output" if out is not None else "--out"
+    parser = argparse.ArgumentParser(prog="neo calibrate" if out is not None else None,
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument(flag, dest="out", default=None, help="calibration JSON path")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that measure the collectives: a power of two, 2 or more (as many as will train)")
     parser.add_argument(
         "--nice", type=int, default=0,
@@ -385,7 +388,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     if args.nice < 0:
         parser.error(f"--nice {args.nice}: give how far above normal priority, 0 or more")
     if args.out is not None and not args.out.strip():  # not the default file, which every local plan reads
-        parser.error(f"--out is empty; give a file path, or leave --out out to write {calibration_path()}")
+        parser.error(f"{flag} is empty; give a file path, or leave {flag} out to write {calibration_path()}")
     path = Path(out or args.out) if (out or args.out) else calibration_path()
     try:  # before measuring, so the measurements are not lost to a bad path
         path.parent.mkdir(parents=True, exist_ok=True)
