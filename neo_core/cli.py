@@ -7,6 +7,7 @@ import contextlib
 import difflib
 import inspect
 import json
+import logging
 import os
 import re
 import sys
@@ -295,7 +296,7 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
                 job.pop("hydra", None)  # type: ignore[union-attr]
                 _SWEEP_CHECK[0](job)  # type: ignore[arg-type]
             except NeoError as exc:
-                shown = " ".join(o.removeprefix("++") for o in filter_overrides(list(overrides)))
+                shown = " ".join(as_typed(o) for o in filter_overrides(list(overrides)))
                 failed.append((num, shown, str(exc)))
             except Exception:  # noqa: BLE001, S112 - not a setting's fault: the job reports it, traceback and all
                 continue
@@ -313,6 +314,31 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
         print(f"error: {head}", file=sys.stderr)
         print_failed_jobs(failed, width=400)
         raise SystemExit(2)
+
+
+def as_typed(override: str) -> str:
+    """An override as it is typed: without the ``++`` the recipes add (:func:`force_add_overrides`),
+    a boolean as YAML writes it (Hydra's sweeper gives ``True``)."""
+    key, eq, value = override.removeprefix("++").partition("=")
+    return f"{key}={value.lower()}" if eq and value in ("True", "False") else f"{key}{eq}{value}"
+
+
+class _LaunchLinesAsTyped(logging.Filter):
+    """Hydra's line for each job it launches (``#0 : ++trainer.max_steps=3 ...``) with the
+    overrides as typed (:func:`as_typed`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        head, sep, overrides = record.getMessage().partition(" : ")
+        if sep and head.strip().startswith("#"):
+            record.msg, record.args = head + sep + " ".join(as_typed(o) for o in overrides.split(" ")), ()
+        return True
+
+
+def launch_lines_as_typed() -> None:
+    """Hydra's launch lines name each job's overrides as typed (``-m`` sweeps)."""
+    launcher = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
+    if not any(isinstance(f, _LaunchLinesAsTyped) for f in launcher.filters):
+        launcher.addFilter(_LaunchLinesAsTyped())
 
 
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
+    as_typed,
     check_command_line,
     check_group_options,
     check_run_dirs,
@@ -34,6 +35,7 @@ from neo_core.cli import (
     config_groups,
     flags_first,
     force_add_overrides,
+    launch_lines_as_typed,
     select_by_name,
     user_errors,
 )
@@ -256,7 +258,7 @@ def main(cfg: DictConfig) -> None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
             SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
-                      " ".join(o.removeprefix("++") for o in overrides))
+                      " ".join(as_typed(o) for o in overrides))
             return
         with user_errors():
             run(config, cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
@@ -277,6 +279,7 @@ if __name__ == "__main__":
         sys.exit(130)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
+    launch_lines_as_typed()
     try:
         main()
     except KeyboardInterrupt:  # planning holds nothing worth a traceback

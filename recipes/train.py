@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
+    as_typed,
     check_command_line,
     check_group_options,
     check_run_dirs,
@@ -33,6 +34,7 @@ from neo_core.cli import (
     config_groups,
     flags_first,
     force_add_overrides,
+    launch_lines_as_typed,
     option_names,
     select_by_name,
     user_errors,
@@ -108,7 +110,7 @@ def _typed_overrides() -> list[str]:
     """This run's overrides as typed: this recipe adds the ``++`` itself."""
     from hydra.core.hydra_config import HydraConfig
 
-    return [o.removeprefix("++") for o in HydraConfig.get().overrides.task]
+    return [as_typed(o) for o in HydraConfig.get().overrides.task]
 
 
 def _sweep_job(config: dict) -> dict:
@@ -280,6 +282,7 @@ if __name__ == "__main__":
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv), selected)]
     check_sweep_jobs(check_job)  # a -m sweep: every job before the first starts
+    launch_lines_as_typed()
     try:
         main()
         SWEEP.exit()

@@ -468,3 +468,20 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
         with pytest.raises(SystemExit):
             neo_main(["chart", str(path)])
         assert said in capsys.readouterr().err
+
+
+def test_hydras_launch_lines_show_the_overrides_as_typed() -> None:
+    # they showed the ++ the recipes add and a swept boolean as Python writes it (True)
+    import logging
+
+    from neo_core.cli import as_typed, launch_lines_as_typed
+
+    assert [as_typed(o) for o in ("++trainer.checkpoint=True", "+topology=zionex", "seed=False1", "~cache")] == [
+        "trainer.checkpoint=true", "+topology=zionex", "seed=False1", "~cache"]
+    launch_lines_as_typed()
+    launch_lines_as_typed()  # once only
+    launcher = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
+    assert len(launcher.filters) == 1
+    record = logging.LogRecord(launcher.name, logging.INFO, __file__, 1, "\t#%d : %s", (3, "++seed=1 a=False"), None)
+    launcher.filters[0].filter(record)
+    assert record.getMessage() == "\t#3 : seed=1 a=false"

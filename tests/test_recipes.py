@@ -446,6 +446,9 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert (tmp_path / "0" / "plan.json").is_file() and (tmp_path / "1" / "plan.json").is_file()
     assert "26 tables" in proc.stdout and "500 tables" in proc.stdout, proc.stdout[-2000:]
     assert proc.stdout.count("cache lru (load factor 0.3)") == 2, proc.stdout[-2000:]
+    launched = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA] \t#" in line]
+    assert len(launched) == 2 and launched[0].endswith(  # the overrides as typed, not as the recipe passes them
+        "#0 : +topology=zionex topology.num_nodes=1 plan_model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
 
 
 @pytest.mark.slow
