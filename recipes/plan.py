@@ -160,8 +160,9 @@ def check_model_values(model: dict[str, Any]) -> None:
             raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
 
 
-def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False) -> Any:
-    """Plan the configured table set; returns the PlanResult.
+def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
+    """Plan the configured table set (``table_set``: its option in conf/plan_model/, named in the
+    plan's first note); returns the PlanResult.
 
     A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
     the selected cache policy (its eviction kept; the default ``cache=none`` becomes LRU)
@@ -228,6 +229,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     print(topology.describe())
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {context.batch_size_per_rank}/rank")
     result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"], context)
+    if table_set:  # plan.json and plan.txt say which model they are the plan of
+        result.notes.insert(0, f"table set: model={table_set} ({len(tables)} tables, "
+                               f"{sum(t.num_parameters for t in tables):,} parameters)")
     print(result.format_text())
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
         from neo_core.training.run import cpu_kernel_problem, gloo_compression_problem
@@ -251,17 +255,18 @@ def main(cfg: DictConfig) -> None:
     # an explicit share (cache.load_factor=...) wins over the model's; deleting the key does not
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
     no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
+    table_set = HydraConfig.get().runtime.choices.get("plan_model")
     config = OmegaConf.to_container(cfg, resolve=True)
     with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]
         for note in NOTES:
             print(note, file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
-            SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache),  # type: ignore[arg-type]
+            SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
                       " ".join(as_typed(o) for o in overrides))
             return
         with user_errors():
-            run(config, cache_share_set=share_set, no_cache=no_cache)  # type: ignore[arg-type]
+            run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -272,6 +272,8 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "26 tables" in proc.stdout and "predicted step" in proc.stdout
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
+    assert json.loads((tmp_path / "plan.json").read_text())["notes"][0].startswith(  # which model it plans
+        "table set: model=mlperf_dcnv2 (26 tables, ")
     assert "is not a whole number per rank" not in proc.stderr  # 65536 over 128 ranks
     assert (tmp_path / "plan.log").read_text() == proc.stdout  # the console's transcript
     again = run_plan("+topology=zionex", "model=mlperf_dcnv2", "topology.num_nodes=1", f"hydra.run.dir={tmp_path}")
