@@ -529,7 +529,11 @@ def flags_first(argv: Sequence[str]) -> list[str]:
     the order given: Hydra takes them before or after all the overrides, and one between
     overrides (``a=1 -m b=2``) showed its usage and the overrides after it as unrecognized."""
     overrides = dict(overrides_of(argv))
-    return [*(a for n, a in enumerate(argv) if n not in overrides), *overrides.values()]
+    # a bare --info takes the word after it as its value: moved before an override, that would be the
+    # override ("invalid choice"); it is given its value (all, as Hydra's default)
+    bare_info = {n for n, a in enumerate(argv) if a in ("-i", "--info") and "".join(argv[n + 1:n + 2]) not in INFO_VALUES}
+    flags = ["--info=all" if n in bare_info else a for n, a in enumerate(argv) if n not in overrides]
+    return [*flags, *overrides.values()]
 
 
 def is_sweep(argv: Sequence[str]) -> bool:

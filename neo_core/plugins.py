@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import logging
 import os
 import sys
 import threading
@@ -225,8 +226,22 @@ def get_plugins() -> Plugins:
     global _plugins
     with _lock:
         if _plugins is None:
+            bare = not logging.getLogger().handlers
             _plugins = load_plugins()
+            if bare:
+                _drop_implicit_root_handler()
         return _plugins
+
+
+def _drop_implicit_root_handler() -> None:
+    """FBGEMM logs through the root logger as it loads, which gives the root logger a stderr
+    handler in logging's default format (``logging.basicConfig``): Hydra's ``--info`` then printed
+    each line twice, once as ``DEBUG:hydra._internal.hydra:...``. That handler is removed."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if (type(handler) is logging.StreamHandler and handler.stream is sys.stderr and handler.formatter is not None
+                and handler.formatter._fmt == logging.BASIC_FORMAT):
+            root.removeHandler(handler)
 
 
 def reset_plugins(plugins: Plugins | None = None) -> None:

@@ -211,7 +211,9 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
     # a flag among the overrides: Hydra showed its usage and called the overrides that follow unrecognized
     assert flags_first(["trainer=smoke", "-m", "kernel=fused,dense"]) == ["-m", "trainer=smoke", "kernel=fused,dense"]
     assert flags_first(["a=1", "--cfg", "job", "b=2", "-cd=x", "--info", "c=3", "-i", "config"]) == [
-        "--cfg", "job", "-cd=x", "--info", "-i", "config", "a=1", "b=2", "c=3"]
+        "--cfg", "job", "-cd=x", "--info=all", "-i", "config", "a=1", "b=2", "c=3"]
+    # a bare --info (Hydra's "all") moved before an override would take the override as its value
+    assert flags_first(["+topology=zionex", "-i"]) == ["--info=all", "+topology=zionex"]
     # a group chosen twice: Hydra's message offered defaults-list syntax
     with pytest.raises(ConfigError, match=r"^topology is chosen twice \(\+topology=zionex and \+topology=local\); give "):
         check_group_options(["+topology=zionex", "+topology=local"], ROOT / "conf", ("topology",))

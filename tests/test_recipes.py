@@ -217,6 +217,15 @@ def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
         "topology", "plan_model", "sharding", "kernel", "cache", "compression")}
 
 
+def test_a_bare_info_flag_after_the_overrides_shows_hydras_information_once() -> None:
+    # moved before the overrides, a bare --info took +topology=zionex as its value ("invalid choice");
+    # and a root log handler left by FBGEMM's import printed each line again as DEBUG:hydra._internal...
+    proc = run_plan("+topology=zionex", "--info")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Installed Hydra Plugins" in proc.stdout and "Defaults List" in proc.stdout
+    assert "DEBUG:" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
 def test_plan_recipe_says_when_a_cpu_plan_cannot_train_in_its_precision(tmp_path: Path) -> None:
     # train.py refuses fp8 over gloo for table-wise tables; the dry run for the same CPU ranks says so
     args = ("model=production_like", "plan_model.params.num_tables=20", "compression=fp16", "compression.backward=fp8")
