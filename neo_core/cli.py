@@ -109,13 +109,15 @@ class SweepFailures:
         self.done: dict[int, tuple[str, dict[str, tuple[Any, ...]]]] = {}  # finished: overrides, row
         self.folders: dict[int, Path] = {}  # every job's folder
         self.sweep_dir: Path | None = None  # hydra.sweep.dir, as the jobs ran
+        self.refused: list[int] = []  # failed jobs whose folder was another run's: no error.txt written
 
     def _seen(self, num: int, out: Path) -> None:
         from hydra.core.hydra_config import HydraConfig
 
         self.folders[num] = out
         with contextlib.suppress(Exception):  # outside a Hydra job: the jobs' common folder
-            self.sweep_dir = Path(os.path.abspath(str(HydraConfig.get().sweep.dir)))
+            hydra = HydraConfig.get()  # a relative sweep.dir is the launch folder's (hydra.job.chdir moves the job)
+            self.sweep_dir = Path(os.path.abspath(Path(hydra.runtime.cwd) / str(hydra.sweep.dir)))
 
     def finished(self, num: int, overrides: str, out: Path, result: Any) -> None:
         """Keep a finished job's results for the summary (``job`` does; a recipe too for a job
@@ -124,14 +126,22 @@ class SweepFailures:
         if self.row is not None and result is not None:
             self.done[num] = (overrides, self.row(result))
 
-    def job(self, fn: Any, out: Path, num: int, overrides: str, passthrough: tuple[type, ...] = ()) -> Any:
-        """``fn()``, or None when it failed (reported and kept); ``passthrough`` errors propagate."""
+    def job(self, fn: Any, out: Path, num: int, overrides: str, passthrough: tuple[type, ...] = (),
+            before: Callable[[], None] | None = None) -> Any:
+        """``fn()``, or None when it failed (reported and kept); ``passthrough`` errors propagate.
+
+        ``before()`` checks that the folder is the job's to write (not another run's): when it
+        refuses, the refusal is reported and the folder is left as it is, its error.txt too."""
         import traceback
 
-        (out / "error.txt").unlink(missing_ok=True)
         self._seen(num, out)
         started = time.time()
+        ours = before is None
         try:
+            if before is not None:
+                before()
+                ours = True
+            (out / "error.txt").unlink(missing_ok=True)
             result = fn()
             self.finished(num, overrides, out, result)
             return result
@@ -156,12 +166,15 @@ class SweepFailures:
                 where = f"raised in the {blame}" if blame else "not a Neo error"
                 message = f"{type(exc).__name__}: {first} ({where}; traceback in error.txt)"
                 detail = "".join(traceback.format_exception(exc))
-            out.mkdir(parents=True, exist_ok=True)
-            earlier = [n for n in RESULT_FILES if (out / n).is_file() and (out / n).stat().st_mtime < started - 1.0]
-            if earlier:  # a rerun into the folder of a job that once succeeded
-                detail += (f"\n(this job wrote no results: {', '.join(earlier)} in this folder "
-                           f"{'is' if len(earlier) == 1 else 'are'} an earlier run's)")
-            (out / "error.txt").write_text(detail + "\n")
+            if ours or num in self.internal:  # a traceback is kept even beside another run's files
+                out.mkdir(parents=True, exist_ok=True)
+                earlier = [n for n in RESULT_FILES if (out / n).is_file() and (out / n).stat().st_mtime < started - 1.0]
+                if earlier:  # a rerun into the folder of a job that once succeeded
+                    detail += (f"\n(this job wrote no results: {', '.join(earlier)} in this folder "
+                               f"{'is' if len(earlier) == 1 else 'are'} an earlier run's)")
+                (out / "error.txt").write_text(detail + "\n")
+            else:
+                self.refused.append(num)
             print(f"error: job #{num} ({overrides}): {message}", file=sys.stderr)
             self.jobs.append((num, overrides, message))
             return None
@@ -189,7 +202,7 @@ class SweepFailures:
                 said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
                                  else f"{c} n/a" for c, v in row.items())
             else:
-                said = "failed (error.txt)"
+                said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
             print(f"  #{num} {label}: {said}")
         try:
             with open(where / "summary.csv", "w", newline="") as fh:
@@ -210,7 +223,8 @@ class SweepFailures:
         self.summary()
         if not self.jobs:
             raise SystemExit(0)
-        print(f"{len(self.jobs)} job(s) of the sweep failed (each folder's error.txt says why):", file=sys.stderr)
+        why = " (each folder's error.txt says why)" if len(self.refused) < len(self.jobs) else ""
+        print(f"{len(self.jobs)} job(s) of the sweep failed{why}:", file=sys.stderr)
         print_failed_jobs(self.jobs)
         raise SystemExit(1 if self.internal else 2)
 
@@ -316,10 +330,16 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
         raise SystemExit(2)
 
 
+# keys a recipe took under another name (plan.py: model= for plan_model=): named as typed
+TYPED_KEYS: dict[str, str] = {}
+
+
 def as_typed(override: str) -> str:
     """An override as it is typed: without the ``++`` the recipes add (:func:`force_add_overrides`),
-    a boolean as YAML writes it (Hydra's sweeper gives ``True``)."""
+    a boolean as YAML writes it (Hydra's sweeper gives ``True``), a key by the name it was given
+    (:data:`TYPED_KEYS`)."""
     key, eq, value = override.removeprefix("++").partition("=")
+    key = TYPED_KEYS.get(key, key)
     return f"{key}={value.lower()}" if eq and value in ("True", "False") else f"{key}{eq}{value}"
 
 

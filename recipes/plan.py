@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from neo_core.cli import (
     APPENDED_GROUPS,
+    TYPED_KEYS,
     SweepFailures,
     as_typed,
     check_command_line,
@@ -108,6 +109,7 @@ def _model_alias(argv: list[str]) -> list[str]:
         key, _, value = arg.partition("=")
         if key in ("model", "+model") and value and all(v.strip() in names for v in value.split(",")):
             arg = f"plan_model={value}"
+            TYPED_KEYS["plan_model"] = "model"  # a job's label, Hydra's launch line
         out.append(arg)
     keys = [a.partition("=")[0].lstrip("+") for a in out]
     cache_keys = [k for k in keys if k.startswith("cache.") and k != "cache.name"]
@@ -160,6 +162,22 @@ def check_model_values(model: dict[str, Any]) -> None:
             raise ConfigError(f"plan_model.{key} must be {what}; got {value!r}.")
 
 
+def check_plan_folder(out: Path) -> None:
+    """The dry run's folder can be written and is not a training run's (whose plan.json and
+    plan.txt a dry run would replace; its plan.log would look like a dry run's to train.py)."""
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import check_output_dir
+
+    check_output_dir(out, files=PLAN_FILES, folders=())
+    trained = [n for n in ("checkpoint", "metrics.json", "config.json") if (out / n).exists()]
+    if trained:
+        discard_transcript()
+        raise ConfigError(
+            f"{out} holds a training run ({', '.join(trained)}), whose plan.json and plan.txt this dry run "
+            "would replace; choose another folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...)."
+        )
+
+
 def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
     """Plan the configured table set (``table_set``: its option in conf/plan_model/, named in the
     plan's first note); returns the PlanResult.
@@ -169,18 +187,8 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
     ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
     """
-    from neo_core.errors import ConfigError
-    from neo_core.training.run import check_output_dir
-
     out = Path(cfg.get("output_dir") or ".")
-    check_output_dir(out, files=PLAN_FILES, folders=())
-    trained = [n for n in ("checkpoint", "metrics.json") if (out / n).exists()]
-    if trained:  # its plan.json and plan.txt are that run's: a dry run must not replace them
-        discard_transcript()  # nor leave a plan.log there (a training run would take it for a dry run's)
-        raise ConfigError(
-            f"{out} holds a training run ({', '.join(trained)}), whose plan.json and plan.txt this dry run "
-            "would replace; choose another folder (hydra.run.dir=...)."
-        )
+    check_plan_folder(out)
     for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
         (out / stale).unlink(missing_ok=True)
     replace_earlier_transcript()  # the earlier plan is gone: so is its transcript
@@ -263,7 +271,8 @@ def main(cfg: DictConfig) -> None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # a failing job is reported and kept; the sweep goes on
             SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
-                      " ".join(as_typed(o) for o in overrides))
+                      " ".join(as_typed(o) for o in overrides),
+                      before=lambda: check_plan_folder(Path(config["output_dir"])))  # type: ignore[index]
             return
         with user_errors():
             run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set)  # type: ignore[arg-type]

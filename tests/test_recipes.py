@@ -307,9 +307,37 @@ def test_plan_recipe_leaves_a_training_runs_plan_alone(tmp_path: Path) -> None:
     (tmp_path / "plan.json").write_text("the run's plan")
     proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path}")
     assert_one_sentence(proc, f"{tmp_path} holds a training run (metrics.json), whose plan.json and plan.txt this "
-                              "dry run would replace; choose another folder (hydra.run.dir=...).")
+                              "dry run would replace; choose another folder (hydra.run.dir=...; a sweep's: "
+                              "hydra.sweep.dir=...).")
     assert (tmp_path / "plan.json").read_text() == "the run's plan"
     assert not (tmp_path / "plan.log").exists()  # a training run would take the folder for a dry run's
+    (tmp_path / "metrics.json").unlink()
+    (tmp_path / "config.json").write_text("{}")  # a training run that stopped before its first result
+    proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, f"{tmp_path} holds a training run (config.json)")
+    assert (tmp_path / "plan.json").read_text() == "the run's plan"
+
+
+def test_a_plan_sweep_leaves_a_training_jobs_folder_as_it_is(tmp_path: Path) -> None:
+    # the refusal used to replace the training job's error.txt with its own; and with hydra.job.chdir
+    # and a relative sweep folder, summary.csv went to a folder inside the last job's
+    (tmp_path / "sw" / "0").mkdir(parents=True)
+    (tmp_path / "sw" / "0" / "metrics.json").write_text("{}")
+    (tmp_path / "sw" / "0" / "error.txt").write_text("the training job's error\n")
+    proc = subprocess.run(
+        [sys.executable, str(PLAN_RECIPE), "-m", "hydra.sweep.dir=sw", "hydra.job.chdir=true", "+topology=zionex",
+         "topology.num_nodes=1", "model=mlperf_dcnv2", "batch_size_per_rank=64,128"],
+        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (f"error: job #0 (+topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 batch_size_per_rank=64): "
+            f"{tmp_path / 'sw' / '0'} holds a training run (metrics.json)") in proc.stderr
+    assert (tmp_path / "sw" / "0" / "error.txt").read_text() == "the training job's error\n"
+    assert sorted(p.name for p in (tmp_path / "sw" / "0").iterdir()) == [".hydra", "error.txt", "metrics.json"]
+    assert json.loads((tmp_path / "sw" / "1" / "plan.json").read_text())["tables"]
+    assert "#0 batch_size_per_rank=64: not run (its folder is another run's)" in proc.stdout
+    assert "1 job(s) of the sweep failed:\n" in proc.stderr
+    rows = (tmp_path / "sw" / "summary.csv").read_text().splitlines()
+    assert rows[1].startswith("0,") and ",failed" in rows[1] and rows[2].startswith("1,") and ",done," in rows[2]
 
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
@@ -459,7 +487,7 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert proc.stdout.count("cache lru (load factor 0.3)") == 2, proc.stdout[-2000:]
     launched = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA] \t#" in line]
     assert len(launched) == 2 and launched[0].endswith(  # the overrides as typed, not as the recipe passes them
-        "#0 : +topology=zionex topology.num_nodes=1 plan_model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
+        "#0 : +topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
 
 
 @pytest.mark.slow
@@ -650,7 +678,7 @@ def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None
     proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "model=zionex_12t,mlperf_dcnv2",
                     f"hydra.sweep.dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "error: job #0 (+topology=zionex topology.num_nodes=1 plan_model=zionex_12t): Device memory is short" \
+    assert "error: job #0 (+topology=zionex topology.num_nodes=1 model=zionex_12t): Device memory is short" \
         in proc.stderr
     assert (tmp_path / "0" / "error.txt").read_text().startswith("Device memory is short")
     assert not (tmp_path / "0" / "plan.json").exists()
