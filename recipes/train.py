@@ -119,7 +119,7 @@ def _sweep_job(config: dict) -> dict:
 
     from neo_core.errors import CheckpointError
     from neo_core.training.checkpoint import latest_checkpoint
-    from neo_core.training.run import finished_metrics, finished_note, train
+    from neo_core.training.run import check_not_a_dry_run, finished_metrics, finished_note, train
 
     out, num = Path(config["output_dir"]), HydraConfig.get().job.num
     trainer = config.get("trainer") or {}
@@ -140,6 +140,7 @@ def _sweep_job(config: dict) -> dict:
     metrics = SWEEP.job(
         lambda: train(config),  # type: ignore[arg-type]
         out, num, " ".join(_typed_overrides()), passthrough=(RunInterrupted,),
+        before=lambda: check_not_a_dry_run(out),  # a dry run's folder (and its error.txt) is left as it is
     )
     return {} if metrics is None else metrics
 

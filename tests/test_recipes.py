@@ -601,7 +601,7 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
         '  File "twrw_sharding.py", line 219, in _shard\nIndexError: list index out of range\n', 1, 4242)
     jobs = iter([(0, ValueError("Shard offset 2000 exceeds tensor dim")), (1, ConfigError("bad key x.")), (2, None),
-                 (3, rank_failed)])
+                 (3, rank_failed), (4, None)])
     state = {}
 
     def fake_train(config):
@@ -615,12 +615,19 @@ def test_a_sweep_job_failing_outside_neo_is_kept_and_the_sweep_goes_on(tmp_path,
         job=SimpleNamespace(num=state["job"][0]), overrides=SimpleNamespace(task=[f"seed={state['job'][0]}"]))))
     (tmp_path / "2").mkdir()
     (tmp_path / "2" / "error.txt").write_text("an earlier run's failure\n")  # this run succeeds there
+    (tmp_path / "4").mkdir()  # a dry run's folder, whose own failure is kept
+    for name, text in (("plan.json", "{}"), ("plan.log", ""), ("error.txt", "the dry run's failure\n")):
+        (tmp_path / "4" / name).write_text(text)
     results = []
     for job in jobs:
         state["job"] = job
         results.append(recipe._sweep_job({"output_dir": str(tmp_path / str(job[0]))}))
-    assert results == [{}, {}, {"val_auc": 0.7}, {}]
-    assert [(n, o) for n, o, _ in recipe.SWEEP.jobs] == [(0, "seed=0"), (1, "seed=1"), (3, "seed=3")]
+    assert results == [{}, {}, {"val_auc": 0.7}, {}, {}]
+    assert [(n, o) for n, o, _ in recipe.SWEEP.jobs] == [(0, "seed=0"), (1, "seed=1"), (3, "seed=3"), (4, "seed=4")]
+    assert recipe.SWEEP.jobs[3][2].startswith(f"{tmp_path / '4'} holds a dry run of recipes/plan.py (plan.json, "
+                                              "plan.log)")
+    assert (tmp_path / "4" / "error.txt").read_text() == "the dry run's failure\n"
+    assert recipe.SWEEP.refused == [4]
     # a rank's failure is summed up by the rank's own error, not torch's opening line
     assert recipe.SWEEP.jobs[2][2] == (
         "ProcessRaisedException: IndexError: list index out of range (not a Neo error; traceback in error.txt)")

@@ -503,6 +503,17 @@ def dry_run_files(out: Path) -> list[str]:
     return [*plan, DRY_RUN_LOG]
 
 
+def check_not_a_dry_run(out: Path) -> None:
+    """Refuse a folder that holds a dry run of recipes/plan.py: its plan is not this run's to replace."""
+    dry = dry_run_files(out)
+    if dry:
+        discard_transcript()  # the dry run's folder gets no train.log
+        raise ConfigError(
+            f"{out} holds a dry run of recipes/plan.py ({', '.join(dry)}), whose plan this run's plan.json and "
+            "plan.txt would replace; choose another folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...)."
+        )
+
+
 def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, int] | None, list[str]]:
     """What :func:`train` checks of the run's folder before it plans: it can be written (not
     tried unless ``write``), nothing is in the way, a dry run's plan is not there to be mixed
@@ -512,13 +523,8 @@ def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, 
     out = Path(run.output_dir)
     check_output_dir(out, write=write)
     resumed_from = check_fresh_start(out, run)
-    dry = dry_run_files(out) if resumed_from is None else []
-    if dry:
-        discard_transcript()  # the dry run's folder gets no train.log
-        raise ConfigError(
-            f"{out} holds a dry run of recipes/plan.py ({', '.join(dry)}), whose plan this run's plan.json and "
-            "plan.txt would replace; choose another folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...)."
-        )
+    if resumed_from is None:
+        check_not_a_dry_run(out)
     changes = []
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
         saved = resumed_from[0] / "config.json"
