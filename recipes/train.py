@@ -130,7 +130,7 @@ def _sweep_job(config: dict) -> dict:
             latest = ()  # damaged: the job says so
         done = finished_metrics(out, trainer.get("max_steps")) if latest is None else None
         if done is not None:  # finished without saving a checkpoint (trainer.checkpoint=false)
-            print(finished_note(out, done["steps"]))
+            print(finished_note(out, done["steps"], checkpoint=False))
             done = {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
             SWEEP.finished(num, " ".join(_typed_overrides()), out, done)
             return done
@@ -245,7 +245,8 @@ def main(cfg: DictConfig) -> float:
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     # the transcript of a run going on from a checkpoint follows the earlier one's
-    resuming = continues_earlier_run(log.parent, bool(config["trainer"].get("resume")))  # type: ignore[index, union-attr]
+    trainer = config["trainer"]  # type: ignore[index]
+    resuming = continues_earlier_run(log.parent, bool(trainer.get("resume")), trainer.get("max_steps"))  # type: ignore[union-attr]
     with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
         for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV, config) if rank0 else ():  # type: ignore[arg-type]
             print(note)

@@ -674,7 +674,7 @@ def test_a_continued_sweep_starts_the_jobs_that_saved_no_checkpoint_without_a_wa
     assert capsys.readouterr().out == (
         f"note: job #1 saved no checkpoint in {tmp_path / '1'}; it starts from step 0\n"
         f"note: the run in {tmp_path / '3'} has finished its 8 steps already (results in its metrics.json); "
-        "nothing to train (raise trainer.max_steps to train further)\n")
+        "nothing to train (it saved no checkpoint: with a larger trainer.max_steps, it trains again from step 0)\n")
 
 
 def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None:

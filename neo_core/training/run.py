@@ -425,10 +425,13 @@ def finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
     return metrics
 
 
-def finished_note(out: Path, steps: int) -> str:
-    """What a run (a sweep's job too) says when it has nothing left to train."""
+def finished_note(out: Path, steps: int, checkpoint: bool = True) -> str:
+    """What a run (a sweep's job too) says when it has nothing left to train; ``checkpoint``:
+    whether it left one to train further from."""
+    further = ("raise trainer.max_steps to train further" if checkpoint else
+               "it saved no checkpoint: with a larger trainer.max_steps, it trains again from step 0")
     return (f"note: the run in {out} has finished its {steps} steps already (results in its metrics.json); "
-            "nothing to train (raise trainer.max_steps to train further)")
+            f"nothing to train ({further})")
 
 
 def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
@@ -474,19 +477,21 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     return latest
 
 
-def continues_earlier_run(out: Path, resume: bool) -> bool:
+def continues_earlier_run(out: Path, resume: bool, max_steps: int | None = None) -> bool:
     """Whether a run with ``trainer.resume=resume`` in ``out`` goes on from an earlier run's
     checkpoint, so that its transcript follows that run's: with none, ``resume=true`` starts
     afresh and its transcript replaces the folder's earlier one. A damaged checkpoint counts
-    (the run refuses it, after the earlier transcript)."""
+    (the run refuses it, after the earlier transcript); so does a run that finished its
+    ``max_steps`` without a checkpoint (it only says so, below that run's transcript)."""
     from neo_core.training.checkpoint import latest_checkpoint
 
     if not resume:
         return False
     try:
-        return latest_checkpoint(out / "checkpoint") is not None
+        found = latest_checkpoint(out / "checkpoint") is not None
     except CheckpointError:
         return True
+    return found or (max_steps is not None and finished_metrics(out, max_steps) is not None)
 
 
 # what a dry run (recipes/plan.py) leaves: its transcript beside its plan (plan.json, plan.txt,
@@ -540,13 +545,14 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
     resumed_from, changes = check_before_start(run)
     # finished: its last checkpoint is at max_steps, or earlier (checkpoint_every_n_steps without
-    # the end-of-training save) with this run's results written
-    done = max(resumed_from[1], run.trainer.max_steps) if resumed_from is not None else 0
-    results = finished_metrics(out, done) if resumed_from is not None else None
-    if resumed_from is not None and (resumed_from[1] >= run.trainer.max_steps or results is not None):
+    # the end-of-training save) with this run's results written; or resumed, its results written
+    # without a checkpoint (trainer.checkpoint=false)
+    done = max(resumed_from[1], run.trainer.max_steps) if resumed_from is not None else run.trainer.max_steps
+    results = finished_metrics(out, done) if resumed_from is not None or run.trainer.resume else None
+    if (resumed_from is not None and resumed_from[1] >= run.trainer.max_steps) or results is not None:
         metrics = results or {}
         if rank0:
-            print(finished_note(out, done))
+            print(finished_note(out, done, checkpoint=resumed_from is not None))
         for key in ("val_auc", "val_loss"):  # null in the file: not measured
             if key in metrics and metrics[key] is None:
                 metrics[key] = math.nan

@@ -860,6 +860,33 @@ def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_res
     assert more["steps"] == 4
 
 
+def test_a_finished_run_without_a_checkpoint_keeps_its_transcript_when_resumed(tmp_path: Path) -> None:
+    # trainer.checkpoint=false, then trainer.resume=true: the run only says it has finished; its
+    # transcript was replaced by a new run's header and that one line
+    from neo_core.training.run import continues_earlier_run
+
+    assert not continues_earlier_run(tmp_path, True, 8)
+    (tmp_path / "metrics.json").write_text(json.dumps({"steps": 8, "val_auc": 0.7}))
+    assert continues_earlier_run(tmp_path, True, 8)
+    assert not continues_earlier_run(tmp_path, True, 9)  # steps left and no checkpoint: it starts afresh
+    assert not continues_earlier_run(tmp_path, False, 8)
+
+
+def test_a_finished_run_without_a_checkpoint_trains_nothing_when_resumed(tmp_path: Path, capsys) -> None:
+    # it trained again from step 0 (warning "holds no checkpoint"), as a sweep's job did not
+    from neo_core.training.run import train
+
+    settings = ["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.checkpoint=false"]
+    first = train(composed(settings, tmp_path))
+    written = (tmp_path / "metrics.json").stat().st_mtime_ns
+    capsys.readouterr()
+    again = train(composed([*settings, "trainer.resume=true"], tmp_path))
+    assert capsys.readouterr().out == (
+        f"note: the run in {tmp_path} has finished its 2 steps already (results in its metrics.json); nothing to "
+        "train (it saved no checkpoint: with a larger trainer.max_steps, it trains again from step 0)\n")
+    assert again["val_auc"] == first["val_auc"] and (tmp_path / "metrics.json").stat().st_mtime_ns == written
+
+
 def test_an_in_process_run_leaves_the_process_as_it_found_it(tmp_path: Path) -> None:
     # world size 1 runs the rank here: its rank variables, seed, silenced loggers and warning
     # filters stayed for whatever ran next in the process (a multirun's next job, a notebook)
