@@ -511,6 +511,15 @@ def overrides_of(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
             yield n, arg
 
 
+def _tilde_not_expanded(folder: str, prefix: str) -> str:
+    """Why a folder written with ``~`` is refused, and the folder written out (``flag``: how it is given)."""
+    try:
+        written = f"{prefix}{Path(folder).expanduser()}"
+    except RuntimeError:  # ~name of no user here
+        written = "its full path"
+    return f"'~' is not expanded here (the shell leaves it quoted, or after '='); write the folder out: {written}"
+
+
 def check_command_line(argv: Sequence[str], recipe: str) -> None:
     """What Hydra refuses in its own words, or with a usage text: an override with no value, a
     config folder that is not there. (A flag among the overrides is moved: :func:`flags_first`.)"""
@@ -519,8 +528,7 @@ def check_command_line(argv: Sequence[str], recipe: str) -> None:
             folder = argv[n + 1] if "=" not in arg else arg.partition("=")[2]
             flag = arg.partition("=")[0]
             if folder.startswith("~") and not Path(folder).is_dir():  # Hydra reads it as written
-                raise ConfigError(f"{flag} {folder}: '~' is not expanded here (the shell leaves it quoted, or after "
-                                  f"'='); write the folder out: {flag} {Path(folder).expanduser()}")
+                raise ConfigError(f"{flag} {folder}: {_tilde_not_expanded(folder, f'{flag} ')}")
             if not Path(folder).is_dir():
                 raise ConfigError(f"{arg.partition('=')[0]} {folder}: no such folder; give the folder that holds your "
                                   "config groups (e.g. a cache/ or experiment/ folder of YAML files).")
@@ -602,7 +610,10 @@ def check_run_dirs(argv: Sequence[str]) -> None:
         name, eq, value = arg.partition("=")
         if not eq or name.lstrip("+") != key or not value or "${" in value:
             continue
-        path = Path(value.strip("'\"")).expanduser().absolute()
+        value = value.strip("'\"")
+        if value.startswith("~"):  # Hydra would make a folder named ~ here
+            raise ConfigError(f"{name.lstrip('+')}={value}: {_tilde_not_expanded(value, name.lstrip('+') + '=')}")
+        path = Path(value).absolute()
         problem = None
         if path.exists():
             if not path.is_dir():

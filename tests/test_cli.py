@@ -196,6 +196,8 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
          "--help lists them)."),
         (["--config-dir=~/conf"], "--config-dir ~/conf: '~' is not expanded here (the shell leaves it quoted, or "
          f"after '='); write the folder out: --config-dir {Path('~/conf').expanduser()}"),
+        (["-cd", "~nosuchuser/conf"], "-cd ~nosuchuser/conf: '~' is not expanded here (the shell leaves it quoted, "
+         "or after '='); write the folder out: its full path"),  # was expanduser's RuntimeError
         (["-m", "a=1,2", "--cfg", "job"], "-m and --cfg cannot be given together: Hydra does one of a run, a sweep "
          "(-m), --cfg, --info or --shell-completion (--cfg shows one job's config: leave out -m and give each key "
          "one value)."),
@@ -328,6 +330,11 @@ def test_a_run_folder_hydra_cannot_make_is_one_sentence_before_it_starts(tmp_pat
                                      "in the way); choose another hydra.run.dir."),
         ([f"hydra.run.dir={afile}/sub"], f"({afile} is a file, not a folder)"),
         (["-m", f"hydra.sweep.dir={afile}"], f"hydra.sweep.dir={afile} cannot hold the run's output"),
+        # the shell leaves ~ after key= as it is: Hydra made a folder named ~, and this check one in the home folder
+        (["hydra.run.dir=~/runs/a"], "hydra.run.dir=~/runs/a: '~' is not expanded here (the shell leaves it quoted, "
+         f"or after '='); write the folder out: hydra.run.dir={Path('~/runs/a').expanduser()}"),
+        (["-m", "+hydra.sweep.dir='~nosuchuser/s'"], "hydra.sweep.dir=~nosuchuser/s: '~' is not expanded here (the "
+         "shell leaves it quoted, or after '='); write the folder out: its full path"),
     ]
     for argv, said in cases:
         with pytest.raises(ConfigError) as err:
@@ -428,8 +435,8 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
 
     from hydra.core.hydra_config import HydraConfig
 
-    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
-        sweep=SimpleNamespace(dir=str(tmp_path / "sweep")))))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(  # relative: to the launch folder
+        sweep=SimpleNamespace(dir="sweep"), runtime=SimpleNamespace(cwd=str(tmp_path)))))
     nested = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
     for num, auc in enumerate((0.5, math.nan)):
         (tmp_path / "sweep" / "by-kernel" / str(num)).mkdir(parents=True)  # as Hydra makes them
