@@ -550,6 +550,39 @@ def check_command_line(argv: Sequence[str], recipe: str) -> None:
                 f"{arg} has no value: give a setting as {arg.lstrip('+')}=<value> (python {recipe} --help lists "
                 "the settings)."
             )
+        unreadable = _unreadable(arg)
+        if unreadable:
+            raise ConfigError(unreadable)
+
+
+def _unreadable(override: str) -> str | None:
+    """Why Hydra's override grammar cannot read ``override`` (``key=~/x``, ``key=a=b``, ``key=[1,2``),
+    in one sentence: Hydra's own message is its parser's, with the override as the recipe passes it
+    (``++key=...``) and a link."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        OverridesParser.create().parse_overrides([override])
+        return None
+    except OverrideParseException as exc:
+        lines = str(exc).splitlines()
+    key, _, value = override.partition("=")
+    name = key.lstrip("+~")
+    if value.startswith("~"):
+        return f"{name}={value}: {_tilde_not_expanded(value, name + '=')}"
+    if lines and lines[0].startswith("LexerNoViableAltException: ") and len(lines) > 1 and "^" in lines[1]:
+        at = lines[1].index("^") - len("LexerNoViableAltException: ")
+        why = f"{override[at]!r} is not read unquoted" if 0 <= at < len(override) else "a character is not read"
+    elif any(value.count(a) > value.count(b) for a, b in ("[]", "{}", "()")):
+        why = "a bracket is not closed"
+    else:  # the parser's words, without its list of tokens
+        why = next((line for line in lines if "input" in line), lines[0] if lines else "").split(" expecting {")[0]
+    quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
+    shell = f"'{quoted}'" if "'" not in quoted else '"' + quoted.replace('"', '\\"') + '"'
+    advice = "close it, or quote the value" if why == "a bracket is not closed" else "quote it"
+    return (f"{override}: Hydra cannot read this value ({why}); {advice}, as Hydra reads quotes: {quoted} "
+            f"(in the shell: {shell}).")
 
 
 def flags_first(argv: Sequence[str]) -> list[str]:

@@ -196,6 +196,16 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
          "--help lists them)."),
         (["--config-dir=~/conf"], "--config-dir ~/conf: '~' is not expanded here (the shell leaves it quoted, or "
          f"after '='); write the folder out: --config-dir {Path('~/conf').expanduser()}"),
+        # Hydra's grammar: its parser's message, the override shown with the ++ the recipes add, and a link
+        (["output_dir=~/plans/x"], "output_dir=~/plans/x: '~' is not expanded here (the shell leaves it quoted, or "
+         f"after '='); write the folder out: output_dir={Path('~/plans/x').expanduser()}"),
+        (["seed=b=c"], "seed=b=c: Hydra cannot read this value (mismatched input '=' expecting <EOF>); quote it, as "
+         "Hydra reads quotes: seed='b=c' (in the shell: \"seed='b=c'\")."),
+        (["a=x#y"], "a=x#y: Hydra cannot read this value ('#' is not read unquoted); quote it"),
+        (["a=x'y"], "a=x'y: Hydra cannot read this value (\"'\" is not read unquoted); quote it, as Hydra reads "
+         "quotes: a=\"x'y\" (in the shell: \"a=\\\"x'y\\\"\")."),
+        (["model.dense_arch=[64,32"], "model.dense_arch=[64,32: Hydra cannot read this value (a bracket is not "
+         "closed); close it, or quote the value"),
         (["-cd", "~nosuchuser/conf"], "-cd ~nosuchuser/conf: '~' is not expanded here (the shell leaves it quoted, "
          "or after '='); write the folder out: its full path"),  # was expanduser's RuntimeError
         (["-m", "a=1,2", "--cfg", "job"], "-m and --cfg cannot be given together: Hydra does one of a run, a sweep "
