@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from neo_core.training.interrupt import rank_entry
+
 
 def _rank(rank: int, port: int, calls: int, step_ms: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -52,7 +54,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, args.calls, args.step_ms), nprocs=2)
+    mp.spawn(rank_entry, args=(_rank, port, args.calls, args.step_ms), nprocs=2)  # no teardown abort
 
 
 if __name__ == "__main__":

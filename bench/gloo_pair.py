@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from neo_core.training.interrupt import rank_entry
+
 
 def fastest(fn: Callable[[], Any], repeats: int) -> float:
     """The fastest of ``repeats`` calls of ``fn``, barrier to barrier (other jobs on the
@@ -49,7 +51,9 @@ def run_pair(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "rank0.json")
-        mp.spawn(_entry, args=(target, port, out, args), nprocs=2)
+        # each rank leaves without the interpreter's teardown, where a rank holding a gloo group
+        # was seen to abort ("terminate called without an active exception") after its work
+        mp.spawn(rank_entry, args=(_entry, target, port, out, args), nprocs=2)
         return json.loads(Path(out).read_text())
 
 

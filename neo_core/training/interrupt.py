@@ -176,7 +176,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
             for sig in SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)  # inherited by the ranks as they start
         context = mp.start_processes(
-            _rank_entry, args=(fn, *args, stop), nprocs=nprocs, join=False, start_method="spawn"
+            rank_entry, args=(fn, *args, stop), nprocs=nprocs, join=False, start_method="spawn"
         )
         if main:
             for sig in SIGNALS:
@@ -202,7 +202,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
                 signal.signal(sig, old)
 
 
-def _rank_entry(local_rank: int, fn: Callable[..., None], *args: Any) -> None:
+def rank_entry(local_rank: int, fn: Callable[..., None], *args: Any) -> None:
     """A rank as :func:`run_ranks` starts it: ``fn``, then out of the process without the
     interpreter's teardown, whether ``fn`` returned, exited or failed.
 
