@@ -119,7 +119,7 @@ def _sweep_job(config: dict) -> dict:
 
     from neo_core.errors import CheckpointError
     from neo_core.training.checkpoint import latest_checkpoint
-    from neo_core.training.run import check_not_a_dry_run, finished_metrics, finished_note, train
+    from neo_core.training.run import check_not_a_dry_run, finished_note, finished_unchanged, train
 
     out, num = Path(config["output_dir"]), HydraConfig.get().job.num
     trainer = config.get("trainer") or {}
@@ -128,7 +128,7 @@ def _sweep_job(config: dict) -> dict:
             latest = latest_checkpoint(out / "checkpoint")
         except CheckpointError:
             latest = ()  # damaged: the job says so
-        done = finished_metrics(out, trainer.get("max_steps")) if latest is None else None
+        done = finished_unchanged(out, config) if latest is None else None
         if done is not None:  # finished without saving a checkpoint (trainer.checkpoint=false)
             print(finished_note(out, done["steps"], checkpoint=False))
             done = {k: (math.nan if v is None and k in ("val_auc", "val_loss") else v) for k, v in done.items()}
@@ -245,8 +245,7 @@ def main(cfg: DictConfig) -> float:
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     # the transcript of a run going on from a checkpoint follows the earlier one's
-    trainer = config["trainer"]  # type: ignore[index]
-    resuming = continues_earlier_run(log.parent, bool(trainer.get("resume")), trainer.get("max_steps"))  # type: ignore[union-attr]
+    resuming = continues_earlier_run(log.parent, bool(config["trainer"].get("resume")), config)  # type: ignore[index, union-attr, arg-type]
     with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
         for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV, config) if rank0 else ():  # type: ignore[arg-type]
             print(note)

@@ -659,16 +659,19 @@ def test_a_continued_sweep_starts_the_jobs_that_saved_no_checkpoint_without_a_wa
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(
         job=SimpleNamespace(num=state["num"]), overrides=SimpleNamespace(task=["trainer.resume=true"]))))
     # a job that finished without a checkpoint (trainer.checkpoint=false) reports its results
+    from neo_core.config import validate
+
+    configs = {n: composed("trainer.resume=true", "trainer.max_steps=8", output_dir=tmp_path / str(n)) for n in range(4)}
     (tmp_path / "3").mkdir()
     (tmp_path / "3" / "metrics.json").write_text('{"steps": 8, "val_auc": null, "val_loss": 0.5}')
+    (tmp_path / "3" / "config.json").write_text(json.dumps(validate(configs[3]).to_dict()))  # the same settings
     results = []
     for num, meta in ((0, '{"step": 4}'), (1, None), (2, "not json"), (3, None)):
         if meta is not None:
             (tmp_path / str(num) / "checkpoint").mkdir(parents=True)
             (tmp_path / str(num) / "checkpoint" / "meta.json").write_text(meta)
         state["num"] = num
-        results.append(recipe._sweep_job(
-            {"output_dir": str(tmp_path / str(num)), "trainer": {"resume": True, "max_steps": 8}}))
+        results.append(recipe._sweep_job(configs[num]))
     assert [seen[n]["resume"] for n in range(3)] == [True, False, True] and 3 not in seen  # a damaged one is the job's
     assert results[3]["steps"] == 8 and math.isnan(results[3]["val_auc"]) and results[3]["val_loss"] == 0.5
     assert capsys.readouterr().out == (

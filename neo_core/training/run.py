@@ -425,6 +425,23 @@ def finished_metrics(out: Path, steps: int) -> dict[str, Any] | None:
     return metrics
 
 
+def finished_unchanged(out: Path, config: Mapping[str, Any] | RunConfig) -> dict[str, Any] | None:
+    """The results in ``out`` of a run with these settings that finished its ``trainer.max_steps``
+    and saved no checkpoint, else None: its ``config.json`` must be this run's (any change, a
+    plugin's key or a progress bar, makes a new run, which starts afresh)."""
+    try:
+        run = config if isinstance(config, RunConfig) else validate(config)
+    except Exception:  # noqa: BLE001 - the run reports its own bad settings
+        return None
+    results = finished_metrics(out, run.trainer.max_steps)
+    if results is None:
+        return None
+    try:
+        return results if not check_resumable(out / "config.json", run.to_dict()) else None
+    except ConfigError:  # the model, data or kernel changed, or no readable config.json
+        return None
+
+
 def finished_note(out: Path, steps: int, checkpoint: bool = True) -> str:
     """What a run (a sweep's job too) says when it has nothing left to train; ``checkpoint``:
     whether it left one to train further from."""
@@ -477,12 +494,13 @@ def check_fresh_start(out: Path, run: RunConfig) -> tuple[Path, int] | None:
     return latest
 
 
-def continues_earlier_run(out: Path, resume: bool, max_steps: int | None = None) -> bool:
+def continues_earlier_run(out: Path, resume: bool, config: Mapping[str, Any] | None = None) -> bool:
     """Whether a run with ``trainer.resume=resume`` in ``out`` goes on from an earlier run's
     checkpoint, so that its transcript follows that run's: with none, ``resume=true`` starts
     afresh and its transcript replaces the folder's earlier one. A damaged checkpoint counts
-    (the run refuses it, after the earlier transcript); so does a run that finished its
-    ``max_steps`` without a checkpoint (it only says so, below that run's transcript)."""
+    (the run refuses it, after the earlier transcript); so does a run with these settings
+    (``config``) that finished without a checkpoint (it only says so, below that run's
+    transcript)."""
     from neo_core.training.checkpoint import latest_checkpoint
 
     if not resume:
@@ -491,7 +509,7 @@ def continues_earlier_run(out: Path, resume: bool, max_steps: int | None = None)
         found = latest_checkpoint(out / "checkpoint") is not None
     except CheckpointError:
         return True
-    return found or (max_steps is not None and finished_metrics(out, max_steps) is not None)
+    return found or (config is not None and finished_unchanged(out, config) is not None)
 
 
 # what a dry run (recipes/plan.py) leaves: its transcript beside its plan (plan.json, plan.txt,
@@ -548,7 +566,10 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     # the end-of-training save) with this run's results written; or resumed, its results written
     # without a checkpoint (trainer.checkpoint=false)
     done = max(resumed_from[1], run.trainer.max_steps) if resumed_from is not None else run.trainer.max_steps
-    results = finished_metrics(out, done) if resumed_from is not None or run.trainer.resume else None
+    if resumed_from is not None:
+        results = finished_metrics(out, done)
+    else:
+        results = finished_unchanged(out, run) if run.trainer.resume else None
     if (resumed_from is not None and resumed_from[1] >= run.trainer.max_steps) or results is not None:
         metrics = results or {}
         if rank0:

@@ -863,13 +863,18 @@ def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_res
 def test_a_finished_run_without_a_checkpoint_keeps_its_transcript_when_resumed(tmp_path: Path) -> None:
     # trainer.checkpoint=false, then trainer.resume=true: the run only says it has finished; its
     # transcript was replaced by a new run's header and that one line
+    from neo_core.config import validate
     from neo_core.training.run import continues_earlier_run
 
-    assert not continues_earlier_run(tmp_path, True, 8)
+    config = composed(["trainer=smoke", "trainer.max_steps=8"], tmp_path)
+    assert not continues_earlier_run(tmp_path, True, config)
     (tmp_path / "metrics.json").write_text(json.dumps({"steps": 8, "val_auc": 0.7}))
-    assert continues_earlier_run(tmp_path, True, 8)
-    assert not continues_earlier_run(tmp_path, True, 9)  # steps left and no checkpoint: it starts afresh
-    assert not continues_earlier_run(tmp_path, False, 8)
+    assert not continues_earlier_run(tmp_path, True, config)  # whose settings? (no config.json)
+    (tmp_path / "config.json").write_text(json.dumps(validate(config).to_dict()))
+    assert continues_earlier_run(tmp_path, True, config)
+    assert not continues_earlier_run(tmp_path, True, {**config, "seed": 99})  # another run: it starts afresh
+    assert not continues_earlier_run(tmp_path, True, composed(["trainer=smoke", "trainer.max_steps=9"], tmp_path))
+    assert not continues_earlier_run(tmp_path, False, config)
 
 
 def test_a_finished_run_without_a_checkpoint_trains_nothing_when_resumed(tmp_path: Path, capsys) -> None:
@@ -885,6 +890,10 @@ def test_a_finished_run_without_a_checkpoint_trains_nothing_when_resumed(tmp_pat
         f"note: the run in {tmp_path} has finished its 2 steps already (results in its metrics.json); nothing to "
         "train (it saved no checkpoint: with a larger trainer.max_steps, it trains again from step 0)\n")
     assert again["val_auc"] == first["val_auc"] and (tmp_path / "metrics.json").stat().st_mtime_ns == written
+    # with other settings it is another run: it trains afresh (a changed kernel with a checkpoint is refused)
+    other = train(composed([*settings, "trainer.resume=true", "kernel=dense"], tmp_path))
+    assert "holds no checkpoint; starting from step 0" in capsys.readouterr().out
+    assert other["steps"] == 2 and (tmp_path / "metrics.json").stat().st_mtime_ns != written
 
 
 def test_an_in_process_run_leaves_the_process_as_it_found_it(tmp_path: Path) -> None:
