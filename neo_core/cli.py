@@ -212,7 +212,7 @@ class SweepFailures:
                 for num in nums:
                     row = self.done.get(num, ("", {}))[1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
-                                    "done" if num in self.done else "failed",
+                                    "done" if num in self.done else "not run" if num in self.refused else "failed",
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
@@ -512,9 +512,10 @@ def overrides_of(argv: Sequence[str]) -> Iterator[tuple[int, str]]:
 
 
 def _tilde_not_expanded(folder: str, prefix: str) -> str:
-    """Why a folder written with ``~`` is refused, and the folder written out (``flag``: how it is given)."""
+    """Why a folder written with ``~`` is refused, and the folder (each of a sweep's) written out
+    (``prefix``: how it is given)."""
     try:
-        written = f"{prefix}{Path(folder).expanduser()}"
+        written = prefix + ",".join(str(Path(f).expanduser()) if f.startswith("~") else f for f in folder.split(","))
     except RuntimeError:  # ~name of no user here
         written = "its full path"
     return f"'~' is not expanded here (the shell leaves it quoted, or after '='); write the folder out: {written}"
@@ -556,33 +557,58 @@ def check_command_line(argv: Sequence[str], recipe: str) -> None:
 
 
 def _unreadable(override: str) -> str | None:
-    """Why Hydra's override grammar cannot read ``override`` (``key=~/x``, ``key=a=b``, ``key=[1,2``),
-    in one sentence: Hydra's own message is its parser's, with the override as the recipe passes it
-    (``++key=...``) and a link."""
+    """Why Hydra's override grammar cannot read ``override`` (``key=~/x``, ``key=a=b``, ``key=[1,2``,
+    ``key=rnage(1,3)``), in one sentence: Hydra's own message is its parser's, with the override as
+    the recipe passes it (``++key=...``) and a link."""
+    import shlex
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    parse = OverridesParser.create().parse_overrides
     try:
-        OverridesParser.create().parse_overrides([override])
+        parse([override])
         return None
     except OverrideParseException as exc:
         lines = str(exc).splitlines()
     key, _, value = override.partition("=")
     name = key.lstrip("+~")
-    if value.startswith("~"):
+    evaluating = next((line for line in lines if " while evaluating " in line), None)
+    if evaluating is not None:  # a sweep function (range, choice...) misspelled or misused: Hydra's reason
+        call, _, reason = evaluating.partition(" while evaluating ")[2].partition(": ")
+        available = next((line.removeprefix("Available: ") for line in lines if line.startswith("Available: ")), "")
+        functions = f" (its functions: {available.replace(',', ', ')})" if available else ""
+        return f"{override}: Hydra cannot evaluate {call}: {reason.rstrip('.')}{functions}."
+    if value.startswith("~") or ",~" in value:
         return f"{name}={value}: {_tilde_not_expanded(value, name + '=')}"
+    at = -1
     if lines and lines[0].startswith("LexerNoViableAltException: ") and len(lines) > 1 and "^" in lines[1]:
         at = lines[1].index("^") - len("LexerNoViableAltException: ")
-        why = f"{override[at]!r} is not read unquoted" if 0 <= at < len(override) else "a character is not read"
+    if 0 <= at < len(key):
+        return (f"{override}: Hydra cannot read the key {key!r} ({override[at]!r} is not read in a key); a key is "
+                "names joined by dots (trainer.max_steps).")
+    if 0 <= at < len(override):
+        why = f"{override[at]!r} is not read unquoted"
     elif any(value.count(a) > value.count(b) for a, b in ("[]", "{}", "()")):
         why = "a bracket is not closed"
     else:  # the parser's words, without its list of tokens
         why = next((line for line in lines if "input" in line), lines[0] if lines else "").split(" expecting {")[0]
+    said = f"{override}: Hydra cannot read this value ({why})"
+    close = "close it, or " if why == "a bracket is not closed" else ""
+    if value[:1] in "[{(" or "," in value:  # a list, a dict, a sweep: quoted whole, it would be one string
+        return f"{said}; {close}put the item that holds it in quotes, as Hydra reads them ('...')."
     quoted = f"{key}='{value}'" if "'" not in value else f'{key}="{value}"'
-    shell = f"'{quoted}'" if "'" not in quoted else '"' + quoted.replace('"', '\\"') + '"'
-    advice = "close it, or quote the value" if why == "a bracket is not closed" else "quote it"
-    return (f"{override}: Hydra cannot read this value ({why}); {advice}, as Hydra reads quotes: {quoted} "
-            f"(in the shell: {shell}).")
+    try:
+        parse([quoted])
+    except OverrideParseException:
+        return f"{said}; see how Hydra reads quotes: https://hydra.cc/docs/advanced/override_grammar/basic/"
+    if "'" not in quoted:
+        shell = f"'{quoted}'"
+    elif not set(quoted) & set("$`\\!"):  # in double quotes, with its own escaped
+        shell = '"' + quoted.replace('"', '\\"') + '"'
+    else:
+        shell = shlex.quote(quoted)
+    return f"{said}; {close}quote it, as Hydra reads quotes: {quoted} (in the shell: {shell})."
 
 
 def flags_first(argv: Sequence[str]) -> list[str]:
@@ -641,11 +667,13 @@ def check_run_dirs(argv: Sequence[str]) -> None:
     key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
     for arg in argv:
         name, eq, value = arg.partition("=")
-        if not eq or name.lstrip("+") != key or not value or "${" in value:
+        if not eq or name.lstrip("+") != key or not value:
             continue
         value = value.strip("'\"")
         if value.startswith("~"):  # Hydra would make a folder named ~ here
             raise ConfigError(f"{name.lstrip('+')}={value}: {_tilde_not_expanded(value, name.lstrip('+') + '=')}")
+        if "${" in value:  # Hydra resolves it
+            continue
         path = Path(value).absolute()
         problem = None
         if path.exists():

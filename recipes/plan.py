@@ -104,6 +104,7 @@ def _model_alias(argv: list[str]) -> list[str]:
     ``cache.load_factor`` (or another cache key) without a cache policy and the policy is LRU
     (the cache a plan model's share applies to)."""
     names = _options(argv, "plan_model")
+    TYPED_KEYS.pop("plan_model", None)
     out = []
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -163,12 +164,18 @@ def check_model_values(model: dict[str, Any]) -> None:
 
 
 def check_plan_folder(out: Path) -> None:
-    """The dry run's folder can be written and is not a training run's (whose plan.json and
-    plan.txt a dry run would replace; its plan.log would look like a dry run's to train.py)."""
-    from neo_core.errors import ConfigError
+    """The dry run's folder can be written and is not a training run's (:func:`check_not_trained`)."""
     from neo_core.training.run import check_output_dir
 
     check_output_dir(out, files=PLAN_FILES, folders=())
+    check_not_trained(out)
+
+
+def check_not_trained(out: Path) -> None:
+    """The folder is not a training run's, whose plan.json and plan.txt a dry run would replace
+    (and whose folder a plan.log would make look like a dry run's to train.py)."""
+    from neo_core.errors import ConfigError
+
     trained = [n for n in ("checkpoint", "metrics.json", "config.json") if (out / n).exists()]
     if trained:
         discard_transcript()
@@ -272,7 +279,7 @@ def main(cfg: DictConfig) -> None:
             SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
                       " ".join(as_typed(o) for o in overrides),
-                      before=lambda: check_plan_folder(Path(config["output_dir"])))  # type: ignore[index]
+                      before=lambda: check_not_trained(Path(config["output_dir"])))  # type: ignore[index]
             return
         with user_errors():
             run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set)  # type: ignore[arg-type]

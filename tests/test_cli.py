@@ -205,7 +205,20 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
         (["a=x'y"], "a=x'y: Hydra cannot read this value (\"'\" is not read unquoted); quote it, as Hydra reads "
          "quotes: a=\"x'y\" (in the shell: \"a=\\\"x'y\\\"\")."),
         (["model.dense_arch=[64,32"], "model.dense_arch=[64,32: Hydra cannot read this value (a bracket is not "
-         "closed); close it, or quote the value"),
+         "closed); close it, or put the item that holds it in quotes, as Hydra reads them ('...')."),
+        # quoted whole, a list or a sweep would be one string; quoted as suggested, it must read
+        (["a=x#y,z"], "a=x#y,z: Hydra cannot read this value ('#' is not read unquoted); put the item that holds it "
+         "in quotes, as Hydra reads them ('...')."),
+        (["a=x'y\"z"], "a=x'y\"z: Hydra cannot read this value (\"'\" is not read unquoted); see how Hydra reads "
+         "quotes: https://hydra.cc/docs/advanced/override_grammar/basic/"),
+        (["a=it's$HOME"], "a=it's$HOME: Hydra cannot read this value (\"'\" is not read unquoted); quote it, as Hydra reads quotes: a=\"it's$HOME\" (in the shell: 'a=\"it'\"'\"'s$HOME\"')."),
+        (["a b=1"], "a b=1: Hydra cannot read the key 'a b' (' ' is not read in a key); a key is names joined by dots"),
+        (["hydra.sweep.dir=~/a,~/b"], "write the folder out: hydra.sweep.dir="
+         f"{Path('~/a').expanduser()},{Path('~/b').expanduser()}"),
+        # a sweep function misspelled or misused: Hydra's reason, not advice to quote it (a string, no sweep)
+        (["a=rnage(1,3)"], "a=rnage(1,3): Hydra cannot evaluate 'rnage(1,3)': Unknown function 'rnage' (its "
+         "functions: bool, choice, float, glob, int, interval, range, shuffle, sort, str, tag)."),
+        (["a=choice()"], "a=choice(): Hydra cannot evaluate 'choice()': empty choice is not legal."),
         (["-cd", "~nosuchuser/conf"], "-cd ~nosuchuser/conf: '~' is not expanded here (the shell leaves it quoted, "
          "or after '='); write the folder out: its full path"),  # was expanduser's RuntimeError
         (["-m", "a=1,2", "--cfg", "job"], "-m and --cfg cannot be given together: Hydra does one of a run, a sweep "
@@ -343,6 +356,7 @@ def test_a_run_folder_hydra_cannot_make_is_one_sentence_before_it_starts(tmp_pat
         # the shell leaves ~ after key= as it is: Hydra made a folder named ~, and this check one in the home folder
         (["hydra.run.dir=~/runs/a"], "hydra.run.dir=~/runs/a: '~' is not expanded here (the shell leaves it quoted, "
          f"or after '='); write the folder out: hydra.run.dir={Path('~/runs/a').expanduser()}"),
+        (["hydra.run.dir='~/runs/${now:%H}'"], "hydra.run.dir=~/runs/${now:%H}: '~' is not expanded here"),
         (["-m", "+hydra.sweep.dir='~nosuchuser/s'"], "hydra.sweep.dir=~nosuchuser/s: '~' is not expanded here (the "
          "shell leaves it quoted, or after '='); write the folder out: its full path"),
     ]

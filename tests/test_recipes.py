@@ -337,7 +337,13 @@ def test_a_plan_sweep_leaves_a_training_jobs_folder_as_it_is(tmp_path: Path) -> 
     assert "#0 batch_size_per_rank=64: not run (its folder is another run's)" in proc.stdout
     assert "1 job(s) of the sweep failed:\n" in proc.stderr
     rows = (tmp_path / "sw" / "summary.csv").read_text().splitlines()
-    assert rows[1].startswith("0,") and ",failed" in rows[1] and rows[2].startswith("1,") and ",done," in rows[2]
+    assert rows[1].startswith("0,") and ",not run" in rows[1] and rows[2].startswith("1,") and ",done," in rows[2]
+    # any other refusal of a folder is the job's own failure, kept in its error.txt
+    (tmp_path / "sw2" / "0" / "plan.json").mkdir(parents=True)
+    proc = run_plan("-m", f"hydra.sweep.dir={tmp_path / 'sw2'}", "+topology=zionex", "topology.num_nodes=1",
+                    "model=mlperf_dcnv2", "batch_size_per_rank=64,128")
+    assert proc.returncode == 2 and "1 job(s) of the sweep failed (each folder's error.txt says why):" in proc.stderr
+    assert "plan.json is in the way" in (tmp_path / "sw2" / "0" / "error.txt").read_text()
 
 
 def test_plan_recipe_says_when_the_global_batch_is_rounded(tmp_path: Path) -> None:
