@@ -213,7 +213,8 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
          "quotes: https://hydra.cc/docs/advanced/override_grammar/basic/"),
         (["a=it's$HOME"], "a=it's$HOME: Hydra cannot read this value (\"'\" is not read unquoted); quote it, as Hydra reads quotes: a=\"it's$HOME\" (in the shell: 'a=\"it'\"'\"'s$HOME\"')."),
         (["a b=1"], "a b=1: Hydra cannot read the key 'a b' (' ' is not read in a key); a key is names joined by dots"),
-        (["hydra.sweep.dir=~/a,~/b"], "write the folder out: hydra.sweep.dir="
+        (["hydra.sweep.dir=~/a,~/b"], "hydra.sweep.dir=~/a,~/b: '~' is not expanded here (the shell leaves it "
+         "quoted, or after '='); write the folder out: hydra.sweep.dir="
          f"{Path('~/a').expanduser()},{Path('~/b').expanduser()}"),
         # a sweep function misspelled or misused: Hydra's reason, not advice to quote it (a string, no sweep)
         (["a=rnage(1,3)"], "a=rnage(1,3): Hydra cannot evaluate 'rnage(1,3)': Unknown function 'rnage' (its "
