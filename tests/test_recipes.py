@@ -61,8 +61,10 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+trainer.max_step=3",), NeoError, ("trainer.max_step", "Did you mean 'max_steps'?")),
         (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean kernel.learning_rate?")),
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean model.embedding_dim?")),
-        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable", "add ranks or memory")),
-        ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add ranks or memory")),
+        (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable",
+                                      "add memory (the ranks share this machine's RAM, so more ranks add none: raise "
+                                      "topology.memory_fraction, or use a machine with more RAM)")),
+        ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add memory (the ranks share")),
         (("kernel.learning_rate=inf",), NeoError, ("kernel.learning_rate must be a positive finite number, got inf",)),
         (("kernel=dense", "kernel.eps=-1"), NeoError, ("kernel.eps must be a positive finite number, got -1",)),
         (("cache=lru", "cache.prefetch_pipeline=maybe"), NeoError, ("cache.prefetch_pipeline must be true or false",)),

@@ -127,9 +127,12 @@ class TorchRecPlanner(Planner):
                 if topology.compute_device == "cuda" and context.cache.load_factor is None
                 else ""
             )
+            shared = topology.compute_device == "cpu" and not topology.emulated_from and topology.num_nodes == 1
+            add = ("add memory (the ranks share this machine's RAM, so more ranks add none: raise "
+                   "topology.memory_fraction, or use a machine with more RAM)") if shared else "add ranks or memory"
             raise PlanningError(
                 f"TorchRec's planner found no plan that fits the tables into {topology.world_size} "
-                f"ranks of {topology.name!r}; add ranks or memory, or shrink the tables{cache_hint} "
+                f"ranks of {topology.name!r}; {add}, or shrink the tables{cache_hint} "
                 f"({exc.error_type.name})."
             ) from None
         options = planner._best_plan or []

@@ -58,6 +58,31 @@ def test_uncached_huge_table_blames_device_memory_and_names_the_cache():
     assert "over the 13.60 GiB of device memory" in str(err.value) and "cache=" not in str(err.value)
 
 
+def test_a_table_too_big_for_its_allowed_types_names_them_not_the_cluster():
+    # with TW and DP only, a table's smallest shard is the whole table however many ranks: the
+    # message blamed the cluster ("add ranks or device memory")
+    tables = [TableSpec("big", 1_000_000_000, 128, 1.0), TableSpec("s", 10, 8, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, "zionex", 512, sharding_types=["TW", "DP"])
+    msg = str(err.value)
+    assert msg.startswith("Table 'big' (1,000,000,000 rows x 128) does not fit with the sharding types allowed for "
+                          "it (DP, TW): its smallest shard needs 480.56 GiB of device memory per rank"), msg
+    assert "allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added (more " \
+           "ranks do not help with DP, TW only)" in msg and "add ranks" not in msg
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, "zionex", 512, table_sharding_types={"big": ["TW", "CW"]})
+    assert "allowed for it (TW, CW)" in str(err.value) and "cache=lru" in str(err.value)  # CW shards fit a host
+    plan_tables(tables, "zionex", 512)  # row-wise, it fits
+
+
+def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():
+    # they split the machine's RAM: more of them add no memory
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("big", 10_000_000_000, 128, 1.0)], local_topology(world_size=2), 512)
+    assert "add memory (the ranks share this machine's RAM, so more ranks add none: raise topology.memory_fraction, " \
+           "or use a machine with more RAM)" in str(err.value) and "add ranks" not in str(err.value)
+
+
 def test_device_short_message_names_the_fix():
     tables = [TableSpec(f"d{i}", 100_000_000, 128, 1.0) for i in range(4)]
     with pytest.raises(PlanningError) as err:

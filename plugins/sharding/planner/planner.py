@@ -389,6 +389,10 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     else:
         mem = "memory (each CPU rank's share of RAM)"
     mem_short = "device memory" if on_gpu else "memory"
+    # CPU ranks of one machine split its RAM: more of them add no memory
+    shared = not on_gpu and not topology.emulated_from and topology.num_nodes == 1
+    add_memory = ("add memory (the ranks share this machine's RAM, so more ranks add none: raise "
+                  "topology.memory_fraction, or use a machine with more RAM)") if shared else None
     cached = search.model.cache_load_factor is not None
     host_usable = " usable" if search.model.host_reserve else ""
     kernel = search.model.context.kernel
@@ -448,15 +452,22 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                 f"of host memory{host_usable}"
             )
             fixes.append("host memory")
-        fix = f"add ranks or {' and '.join(fixes)}"
+        fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
         if cache_fix == to_host and shard_dev > cap_host:  # the shard would not fit host memory either
             cache_fix = ""
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
+        row_split = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+        head = "is larger than the whole cluster allows"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
             fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
+        elif not any(o.sharding_type in row_split for o in opts):  # its shards' size does not depend on ranks
+            allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
+            head = f"does not fit with the sharding types allowed for it ({allowed})"
+            fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
+                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}")
         raise PlanningError(
-            f"{size} is larger than the whole cluster allows: its smallest shard needs {needs} per "
+            f"{size} {head}: its smallest shard needs {needs} per "
             f"rank, {' and '.join(shorts)} on each of {W} ranks{more}; {fix}, or shrink the table."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
@@ -486,7 +497,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {W} ranks offer {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short; largest: {names}; add ranks or {mem_short}, "
+            f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}, "
             + (f"{cache_fix}, " if cache_fix else "")
             + "or shrink the tables."
         )
