@@ -502,6 +502,50 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
         with pytest.raises(SystemExit):
             neo_main(["chart", str(path)])
         assert said in capsys.readouterr().err
+    # --out without a suffix: the file matplotlib writes (.png) is named; a format it has not is one sentence
+    assert neo_main(["chart", str(tmp_path / "plan.json"), "--out", str(tmp_path / "noext")]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {tmp_path / 'noext.png'}\n") and (tmp_path / "noext.png").is_file()
+    with pytest.raises(SystemExit):
+        neo_main(["chart", str(tmp_path / "plan.json"), "--out", str(tmp_path / "x.txt")])
+    err = capsys.readouterr().err
+    assert "cannot draw a chart as x.txt: .txt is not an image format here; choose one of" in err and ".svg" in err
+    assert "Traceback" not in err and not (tmp_path / "x.txt").exists()
+
+
+def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colours(tmp_path: Path) -> None:
+    # past 128 ranks it drew the first 128, where the text names the slowest and the fullest; and a
+    # kind's colour depended on which kinds a plan had
+    from matplotlib import pyplot as plt
+
+    from neo_core.sharding import PlanResult, RankReport
+    from neo_plugins.sharding.planner import report
+
+    ranks = [RankReport(r, memory={"weights": 1.0}, memory_capacity=10.0, time={"comm_bwd": 1e-3 * (r % 7)})
+             for r in range(300)]
+    ranks[5].memory["weights"] = 9.0  # the fullest, not among the slowest
+    plan = PlanResult(planner="neo", tables=[], ranks=ranks, batch_size_per_rank=1, topology={})
+    slowest = [r for r in range(300) if r % 7 == 6][:19]
+    assert [r.rank for r in report.chart_ranks(plan, 20)] == sorted([*slowest, 5])
+    assert len(report.chart_ranks(plan, 300)) == 300
+    ranks[6].memory["weights"] = 9.5  # the fullest among the slowest: as many ranks drawn
+    assert [r.rank for r in report.chart_ranks(plan, 20)] == [r for r in range(300) if r % 7 == 6][:20]
+    ranks[6].memory["weights"] = 1.0
+    drawn = []
+    real = plt.Axes.bar
+
+    def spy(ax, x, height, *args, **kwargs):
+        drawn.append((len(x), kwargs.get("label"), kwargs.get("color")))
+        return real(ax, x, height, *args, **kwargs)
+
+    try:
+        plt.Axes.bar = spy
+        report.save_chart(plan, tmp_path / "c.png", max_ranks=20)
+        ranks[6].time = {"compute_fwd": 1e-3, "comm_bwd": 6e-3}  # another kind in the plan: the same colour
+        report.save_chart(plan, tmp_path / "d.png", max_ranks=20)
+    finally:
+        plt.Axes.bar = real
+    assert [d for d in drawn if d[1] == "comm_bwd"] == [(20, "comm_bwd", "tab:pink")] * 2
+    assert (20, "compute_fwd", "tab:blue") in drawn
 
 
 def test_hydras_launch_lines_show_the_overrides_as_typed() -> None:

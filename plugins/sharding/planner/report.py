@@ -4,30 +4,70 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from neo_core.sharding import PlanResult
+from neo_core.sharding import PlanResult, RankReport
+
+# one colour per kind of time in every chart (memory bars: gray for device, brown for host)
+KIND_COLORS = {
+    "compute_fwd": "tab:blue", "compute_bwd": "tab:orange", "optimizer": "tab:green", "comm_input": "tab:red",
+    "comm_fwd": "tab:purple", "comm_bwd": "tab:pink", "comm_allreduce": "tab:cyan", "comm_latency": "tab:olive",
+    "prefetch": "navy",
+}
+OTHER_COLORS = ("gold", "teal", "crimson", "indigo", "lime", "salmon")
+
+
+def chart_ranks(result: PlanResult, max_ranks: int = 128) -> list[RankReport]:
+    """The ranks a chart draws, in rank order: all, or past ``max_ranks`` the slowest and the
+    fullest (those the text report names)."""
+    if len(result.ranks) <= max_ranks:
+        return list(result.ranks)
+
+    def fill(r: RankReport) -> float:
+        return r.memory_total / r.memory_capacity if r.memory_capacity else 0.0
+
+    fullest = max(result.ranks, key=fill)
+    chosen = sorted(result.ranks, key=lambda r: (-r.time_total, r.rank))[:max_ranks]
+    if fullest not in chosen:
+        chosen[-1] = fullest
+    return sorted(chosen, key=lambda r: r.rank)
 
 
 def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Path:
     """Stacked bars of each rank's predicted time by kind (ms), with memory use on top (device,
-    and host where cached tables use it)."""
+    and host where cached tables use it). Past ``max_ranks`` ranks, the slowest are drawn and the
+    fullest (as the text report names them). A path without a suffix gets ``.png``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    ranks = result.ranks[:max_ranks]
-    kinds = sorted({k for r in ranks for k in r.time}, key=lambda k: (k.startswith("comm"), k))
+    from neo_core.errors import ConfigError
+
+    out = Path(path)
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    fig = plt.figure()
+    formats = fig.canvas.get_supported_filetypes()
+    plt.close(fig)
+    if out.suffix[1:].lower() not in formats:
+        raise ConfigError(f"cannot draw a chart as {out.name}: {out.suffix} is not an image format here; choose "
+                          f"one of {', '.join('.' + f for f in sorted(formats))} (e.g. {out.with_suffix('.png').name}).")
+    ranks = chart_ranks(result, max_ranks)
+    named = [k for k in KIND_COLORS if any(k in r.time for r in ranks)]
+    others = sorted({k for r in ranks for k in r.time} - set(KIND_COLORS))
+    colors = {**KIND_COLORS, **{k: OTHER_COLORS[n % len(OTHER_COLORS)] for n, k in enumerate(others)}}
     x = np.arange(len(ranks))
     fig, (ax_mem, ax) = plt.subplots(
         2, 1, figsize=(max(6.0, 0.12 * len(ranks) + 4), 6), sharex=True, height_ratios=(1, 3)
     )
     bottom = np.zeros(len(ranks))
-    for kind in kinds:
+    for kind in [*named, *others]:
         vals = np.array([r.time.get(kind, 0.0) * 1e3 for r in ranks])
         if vals.any():
-            ax.bar(x, vals, bottom=bottom, label=kind, width=0.85)
+            ax.bar(x, vals, bottom=bottom, label=kind, width=0.85, color=colors[kind])
             bottom += vals
+    step = max(1, -(-len(ranks) // 16))  # rank numbers under the bars, at most 16 of them
+    ax.set_xticks(x[::step], [str(r.rank) for r in ranks[::step]])
     ax.axhline(result.predicted_step_time * 1e3, color="k", lw=0.8, ls="--", label="slowest rank")
     ax.set_xlabel("rank")
     ax.set_ylabel("predicted time per step (ms)")
@@ -49,11 +89,10 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax_mem.set_title(
         f"{result.planner}: {len(result.ranks)} ranks, step {result.predicted_step_time * 1e3:.3f} ms, "
         f"imbalance {result.imbalance:.2f}"
-        + (f" (first {len(ranks)} ranks shown)" if len(ranks) < len(result.ranks) else ""),
+        + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else ""),
         fontsize=9,
     )
     fig.tight_layout()
-    out = Path(path)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
