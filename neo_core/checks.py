@@ -28,3 +28,8 @@ def as_whole(value: Any) -> int | None:
     if is_number(value) and abs(value) != float("inf") and float(value).is_integer():
         return int(value)
     return None
+
+
+def counted(n: int, word: str) -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1 (``1 rank``, ``8 ranks``)."""
+    return f"{n} {word}" + ("" if n == 1 else "s")

@@ -784,7 +784,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from neo_plugins.sharding.planner.report import save_chart
 
             plan = PlanResult.load_json(args.plan)
-            print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text())
+            print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text(rest="all in plan.json; --all prints them"))
             out = Path(args.out) if args.out else Path(args.plan).with_name("plan.png")
             try:
                 print(f"wrote {save_chart(plan, out)}")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from neo_core.checks import counted
 from neo_core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -314,17 +315,18 @@ class PlanResult:
                 "training run or of recipes/plan.py."
             ) from None
 
-    def format_text(self, max_tables: int | None = 40, max_ranks: int | None = 32) -> str:
+    def format_text(self, max_tables: int | None = 40, max_ranks: int | None = 32, rest: str | None = None) -> str:
         """The plan as a readable table: per table, then per rank.
 
         Past ``max_tables`` tables or ``max_ranks`` ranks (``None``: no limit) the text keeps the
-        first tables and the slowest ranks, and says how many it left out (all are in plan.json
-        and plan.txt).
+        first tables and the slowest ranks, and says how many it left out and where the rest are
+        (``rest``, e.g. "plan.json and plan.txt"; by default, how to ask this method for all).
         """
+        rest = rest or "format_text(max_tables=None, max_ranks=None) shows all"
         for key, limit in (("max_tables", max_tables), ("max_ranks", max_ranks)):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
                 raise ConfigError(f"format_text({key}={limit!r}): give a whole number, 0 or more, or None for all.")
-        lines = [f"Sharding plan ({self.planner}), {len(self.ranks)} ranks"]
+        lines = [f"Sharding plan ({self.planner}), {counted(len(self.ranks), 'rank')}"]
         kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
         rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])
         nw = max([24, *(len(t.name) for t in self.tables)])
@@ -335,7 +337,7 @@ class PlanResult:
             short = ShardingType(t.sharding_type).short
             lines.append(f"  {t.name:<{nw}} {short:<6} {t.compute_kernel:<{kw}} {ranks:<{rw}} {t.why}")
         if len(shown_tables) < len(self.tables):
-            lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables in plan.json and plan.txt")
+            lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables ({rest})")
         has_bytes = any(r.comm_bytes for r in self.ranks)
         kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
         has_host = any(r.host_memory for r in self.ranks)
@@ -375,8 +377,8 @@ class PlanResult:
             totals = sorted(r.time_total for r in self.ranks)
             fullest = max(self.ranks, key=lambda r: (r.memory_total / r.memory_capacity if r.memory_capacity else 0.0))
             lines.append(
-                f"  ... the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown (all in plan.json and "
-                f"plan.txt); total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "
+                f"  ... the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown ({rest}); "
+                f"total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "
                 f"max {totals[-1] * 1e3:.3f}ms; fullest device memory: rank {fullest.rank}, "
                 f"{_bytes(fullest.memory_total)} of {_bytes(fullest.memory_capacity)}"
             )

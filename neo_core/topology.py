@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from neo_core.checks import as_whole, is_number
+from neo_core.checks import as_whole, counted, is_number
 from neo_core.errors import ConfigError
 
 GiB = 1024**3
@@ -148,7 +148,7 @@ class Topology:
 
         lines = [
             f"topology {self.name}: {self.num_nodes} node(s) x {self.devices_per_node} "
-            f"{self.compute_device} rank(s) = {self.world_size} ranks"
+            f"{self.compute_device} rank(s) = {counted(self.world_size, 'rank')}"
             + (f", emulating {self.emulated_from}" if self.emulated_from else ""),
             f"  memory/rank: device {self.device_memory / GiB:.1f} GiB{mark('device_memory')}, "
             f"host {self.host_memory / GiB:.1f} GiB{mark('host_memory')}",

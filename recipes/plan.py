@@ -247,7 +247,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     if table_set:  # plan.json and plan.txt say which model they are the plan of
         result.notes.insert(0, f"table set: model={table_set} ({len(tables)} tables, "
                                f"{sum(t.num_parameters for t in tables):,} parameters)")
-    print(result.format_text())
+    print(result.format_text(rest="all in plan.json and plan.txt"))
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
         from neo_core.training.run import cpu_kernel_problem, gloo_compression_problem
 

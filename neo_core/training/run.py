@@ -604,7 +604,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
             print(f"note: {launch.world_size} ranks on {cores} core(s): ranks share cores, so steps are slower "
                   "than on a machine with a core per rank")
         print(parts.topology.describe())
-        print(plan.format_text())
+        print(plan.format_text(rest="all in plan.json and plan.txt"))
         plan.save_json(out / "plan.json")
         (out / "plan.png").unlink(missing_ok=True)  # an earlier plan's chart (`neo chart` draws this one's)
         (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")

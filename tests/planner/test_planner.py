@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import numpy as np
@@ -100,7 +101,9 @@ def test_plan_text_keeps_the_slowest_ranks_on_screen_and_every_rank_in_plan_txt(
     assert all(t.name in text for t in tables) and "more tables" not in text
     # the default on screen: at most 32 ranks and 40 tables
     default = result.format_text()
-    assert len(rank_lines(default)) == 32 and "20 more tables in plan.json" in default
+    assert len(rank_lines(default)) == 32  # where the rest are: nothing was saved from the API
+    assert "20 more tables (format_text(max_tables=None, max_ranks=None) shows all)" in default
+    assert "20 more tables (all in plan.json and plan.txt)" in result.format_text(rest="all in plan.json and plan.txt")
     assert "60 more tables" in result.format_text(max_tables=0)
     for bad in ({"max_tables": -1}, {"max_ranks": 2.5}, {"max_ranks": True}):
         with pytest.raises(ConfigError, match=f"format_text\\({next(iter(bad))}="):
@@ -719,3 +722,10 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
     assert result.predicted_step_time <= 1.5 * planner.last_search.step_bound()
     assert any(n.startswith("the first greedy left a table that fits no rank") for n in result.notes)
     assert any(n.startswith("wall-clock safety stop reached") for n in result.notes)
+
+
+def test_why_lines_do_not_round_a_shards_time_to_zero():
+    # a small data-parallel table's 128th share read "DP 128 x 0.000 ms = 0.025 ms"
+    result = plan_tables([TableSpec("small", 100, 8), TableSpec("b", 10**7, 64)], "zionex", 512)
+    why = result.tables[0].why
+    assert "x 0.000 ms" not in why and re.search(r"DP 128 x \d+\.\d{3} µs = 0\.\d{3} ms", why), why

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from neo_core.checks import as_whole, is_number
+from neo_core.checks import as_whole, counted, is_number
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import (
     Planner,
@@ -468,7 +468,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                    f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}")
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)} on each of {W} ranks{more}; {fix}, or shrink the table."
+            f"rank, {' and '.join(shorts)} on each of {counted(W, 'rank')}{more}; {fix}, or shrink the table."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed
@@ -496,7 +496,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
-            f"{where}, but {W} ranks offer {human_bytes(D)} usable: {short:,.0f} bytes "
+            f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
             f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}, "
             + (f"{cache_fix}, " if cache_fix else "")
             + "or shrink the tables."
@@ -512,11 +512,19 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         biggest = np.argsort(-need_host, kind="stable")[:5]  # host bytes when held behind a cache
         names = ", ".join(f"{t.names[i]} ({human_bytes(need_host[i])})" for i in biggest if need_host[i] > 0)
         raise PlanningError(
-            f"Host memory is short: with device memory filled ({human_bytes(D)} usable on {W} "
-            f"ranks), the tables still need at least {human_bytes(host_need)} of host memory, but "
-            f"{W} ranks offer {human_bytes(H)}{host_usable}: {short:,.0f} bytes ({human_bytes(short)}) short; "
+            f"Host memory is short: with device memory filled ({human_bytes(D)} usable on {counted(W, 'rank')}"
+            f"), the tables still need at least {human_bytes(host_need)} of host memory, but "
+            f"{counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(H)}{host_usable}: {short:,.0f} bytes "
+            f"({human_bytes(short)}) short; "
             f"largest in host memory: {names}; add ranks or host memory, or shrink the tables."
         )
+
+
+def _ms(seconds: float) -> str:
+    """A time in ms to three decimals; below 0.001 ms, in µs (a DP shard's 128th share read 0.000 ms)."""
+    if seconds == 0 or seconds * 1e3 >= 0.001:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.3f} µs"
 
 
 def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
@@ -528,8 +536,8 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
     def cost(o: int) -> str:  # shards x time per shard (what a rank carries) = total
         other = search.opts[o]
         return (
-            f"{other.num_shards} x {other.shard_time[i] * 1e3:.3f} ms "
-            f"= {float(search.total[o, i]) * 1e3:.3f} ms"
+            f"{other.num_shards} x {_ms(float(other.shard_time[i]))} "
+            f"= {_ms(float(search.total[o, i]))}"
         )
 
     alt = np.where(search.usable[:, i], search.total[:, i], np.inf)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from neo_core.checks import counted
 from neo_core.sharding import PlanResult, RankReport
 
 # one colour per kind of time in every chart (memory bars: gray for device, brown for host)
@@ -87,7 +88,7 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
         ax_mem.set_ylabel("device mem %")
     ax_mem.set_ylim(0, 100)
     ax_mem.set_title(
-        f"{result.planner}: {len(result.ranks)} ranks, step {result.predicted_step_time * 1e3:.3f} ms, "
+        f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms, "
         f"imbalance {result.imbalance:.2f}"
         + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else ""),
         fontsize=9,
