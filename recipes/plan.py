@@ -45,10 +45,27 @@ from neo_core.training.console import console_log, discard_transcript, replace_e
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # the jobs of a -m sweep: their plans' figures side by side, the failed ones' messages
+def times_by(plan: Any) -> str:
+    """Whose cost model a plan's predicted times come from: plans are compared on one scale only."""
+    if plan.planner == "torchrec" or any("times from TorchRec's EmbeddingPerfEstimator" in n for n in plan.notes):
+        return "TorchRec's estimator"
+    return "Neo's cost model" if plan.planner == "neo" else f"planner {plan.planner}"
+
+
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
-    "imbalance": (plan.imbalance, ".2f"),
+    "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
 })
+
+
+def mixed_scales_note() -> str | None:
+    """A sweep whose plans' times come from different cost models is not a ranking of them."""
+    scales = sorted({row["times by"][0] for _, row in SWEEP.done.values()})
+    if len(scales) < 2:
+        return None
+    return (f"note: these plans' predicted times come from different models ({', '.join(scales)}), which are "
+            "not on one scale: compare plans within one model; sharding=neo sharding.estimator=torchrec scores "
+            "Neo's plans with TorchRec's estimator, and bench/planner.py scores both planners with both")
 # Config groups plan.yaml selects from; ``model=`` is the documented alias of ``plan_model=``.
 GROUPS = ("topology", "sharding", "kernel", "cache", "compression", "plan_model")
 ALIASES = {"model": "plan_model"}
@@ -306,4 +323,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # planning holds nothing worth a traceback
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
+    note = mixed_scales_note()
+    if note:
+        print(note)
     SWEEP.exit()

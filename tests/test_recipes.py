@@ -726,3 +726,26 @@ def test_the_interrupted_line_says_what_there_is_to_continue(tmp_path: Path) -> 
     assert recipe.interrupted_message(KeyboardInterrupt()) == (
         f"interrupted: the last finished checkpoint is at step 40 in {tmp_path / 'checkpoint'}; continue with: "
         "python recipes/train.py trainer.resume=true")
+
+
+def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> None:
+    # sharding=neo,torchrec put Neo's and TorchRec's predicted steps side by side as if one scale
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("plan_recipe_scales", PLAN_RECIPE)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    neo = SimpleNamespace(planner="neo", notes=["searched 6 options"], predicted_step_time=3e-3,
+                          predicted_samples_per_second=1.0, imbalance=1.0)
+    scored = SimpleNamespace(**{**vars(neo), "notes": ["...; times from TorchRec's EmbeddingPerfEstimator"]})
+    torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec"})
+    assert [recipe.times_by(p) for p in (neo, scored, torchrec)] == [
+        "Neo's cost model", "TorchRec's estimator", "TorchRec's estimator"]
+    recipe.SWEEP.finished(0, "sharding=torchrec", Path("0"), torchrec)
+    recipe.SWEEP.finished(1, "sharding=neo sharding.estimator=torchrec", Path("1"), scored)
+    assert recipe.mixed_scales_note() is None  # one scale
+    recipe.SWEEP.finished(2, "sharding=neo", Path("2"), neo)
+    assert recipe.mixed_scales_note().startswith(
+        "note: these plans' predicted times come from different models (Neo's cost model, TorchRec's estimator), "
+        "which are not on one scale")
