@@ -151,7 +151,8 @@ class TorchRecPlanner(Planner):
             for r in range(topology.world_size)
         }
         assignments = []
-        for option in sorted(options, key=lambda o: o.name):
+        order = {t.name: n for n, t in enumerate(tables)}  # the model's order, as sharding=neo lists them
+        for option in sorted(options, key=lambda o: (order.get(o.name, len(order)), o.name)):
             for shard in option.shards:
                 report = reports[int(shard.rank)]
                 if shard.storage is not None and on_gpu:
