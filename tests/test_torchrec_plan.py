@@ -214,3 +214,22 @@ def test_torchrec_planner_keeps_to_the_selected_cache_policy() -> None:
         assert sharding.cache_params.load_factor == 0.05
     # a cache of 5% of the rows: each table's device share is about 5% of its 25.6 GB
     assert max(r.memory_total for r in result.ranks) < 0.2 * 25.6e9
+
+
+def test_torchrec_planning_counts_its_seconds_on_a_terminal() -> None:
+    # it printed nothing for minutes on hundreds of tables
+    import io
+    import time
+
+    from neo_plugins.sharding.torchrec_planner import elapsed_bar
+
+    out = io.StringIO()
+    with elapsed_bar("TorchRec's planner on 500 tables", file=out, tick_s=0.05, delay_s=0.0, disable=False):
+        time.sleep(0.3)
+    shown = out.getvalue()
+    assert "TorchRec's planner on 500 tables: 00:00 so far" in shown and shown.count("\r") >= 3, shown
+    assert shown.endswith("\r")  # cleared when the work ends
+    quiet = io.StringIO()
+    with elapsed_bar("x", file=quiet):  # not a terminal: nothing
+        pass
+    assert quiet.getvalue() == ""

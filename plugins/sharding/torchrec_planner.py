@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import sys
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -53,6 +55,34 @@ def _quiet_planner() -> Iterator[None]:
     finally:
         for logger in loggers:
             logger.removeFilter(drop)
+
+
+@contextlib.contextmanager
+def elapsed_bar(desc: str, file: Any = None, tick_s: float = 1.0, delay_s: float = 2.0,
+                disable: bool | None = None) -> Iterator[None]:
+    """A line that counts the seconds of work that reports no progress of its own (TorchRec's
+    planner: minutes on hundreds of tables), shown on a terminal after ``delay_s``, from rank 0
+    only, and cleared when the work ends."""
+    from tqdm import tqdm
+
+    if disable is None and os.environ.get("RANK", "0") != "0":
+        disable = True
+    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed} so far", leave=False,
+               file=file or sys.stderr, disable=disable, delay=delay_s)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(tick_s):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        bar.close()
 
 
 class TorchRecPlanner(Planner):
@@ -119,7 +149,7 @@ class TorchRecPlanner(Planner):
                 timeout_seconds=self.timeout_s,
             )
         try:
-            with _quiet_planner():
+            with _quiet_planner(), elapsed_bar(f"TorchRec's planner on {len(tables)} tables"):
                 torchrec_plan = planner.plan(module, self.sharders(context))
         except PlannerError as exc:
             cache_hint = (
