@@ -217,10 +217,13 @@ class SweepFailures:
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
 
-    def exit(self) -> None:
-        """List the jobs' results (``row``); exit 0 when no job failed, else list the failed ones
-        and exit 2 (1 if any was not a Neo error)."""
+    def exit(self, note: Callable[[], str | None] | None = None) -> None:
+        """List the jobs' results (``row``), then ``note()`` on them if it has one; exit 0 when
+        no job failed, else list the failed ones and exit 2 (1 if any was not a Neo error)."""
         self.summary()
+        said = note() if note is not None else None
+        if said:
+            print(said)
         if not self.jobs:
             raise SystemExit(0)
         why = " (each folder's error.txt says why)" if len(self.refused) < len(self.jobs) else ""
@@ -785,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             plan = PlanResult.load_json(args.plan)
             print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text(rest="all in plan.json; --all prints them"))
-            out = Path(args.out) if args.out else Path(args.plan).with_name("plan.png")
+            out = args.out or Path(args.plan).with_name("plan.png")  # as given: a trailing / names a folder
             try:
                 print(f"wrote {save_chart(plan, out)}")
             except OSError as exc:

@@ -38,6 +38,9 @@ class Topology:
     sources: dict[str, str] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()
     emulated_from: str | None = None  # set when a large topology is emulated on fewer ranks
+    # how to give the ranks more memory where more ranks add none (CPU ranks splitting one
+    # machine's RAM); None: add ranks or memory
+    memory_fix: str | None = None
     # Optional calibrated figures (CPU topologies; see docs/cost_model.md, "CPU calibration"):
     collective_latency_s: float | None = None  # fixed seconds per collective; None: model default
     lookup_fwd_id_s: float = 0.0  # seconds per looked-up id beyond its bytes (forward)

@@ -323,7 +323,4 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # planning holds nothing worth a traceback
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)
-    note = mixed_scales_note()
-    if note:
-        print(note)
-    SWEEP.exit()
+    SWEEP.exit(mixed_scales_note)

@@ -510,6 +510,10 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
     err = capsys.readouterr().err
     assert "cannot draw a chart as x.txt: .txt is not an image format here; choose one of" in err and ".svg" in err
     assert "Traceback" not in err and not (tmp_path / "x.txt").exists()
+    (tmp_path / "charts").mkdir()  # a folder: plan.png in it (it wrote charts.png beside it)
+    for out, written in (("charts", "charts/plan.png"), ("new/", "new/plan.png"), ("y.", "y.png")):
+        assert neo_main(["chart", str(tmp_path / "plan.json"), "--out", f"{tmp_path}/{out}"]) == 0
+        assert capsys.readouterr().out.endswith(f"wrote {tmp_path / written}\n") and (tmp_path / written).is_file()
 
 
 def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colours(tmp_path: Path) -> None:
@@ -527,6 +531,8 @@ def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colo
     slowest = [r for r in range(300) if r % 7 == 6][:19]
     assert [r.rank for r in report.chart_ranks(plan, 20)] == sorted([*slowest, 5])
     assert len(report.chart_ranks(plan, 300)) == 300
+    with pytest.raises(ConfigError, match="max_ranks=0: a chart draws at least 1 rank"):
+        report.chart_ranks(plan, 0)
     ranks[6].memory["weights"] = 9.5  # the fullest among the slowest: as many ranks drawn
     assert [r.rank for r in report.chart_ranks(plan, 20)] == [r for r in range(300) if r % 7 == 6][:20]
     ranks[6].memory["weights"] = 1.0
@@ -563,3 +569,15 @@ def test_hydras_launch_lines_show_the_overrides_as_typed() -> None:
     record = logging.LogRecord(launcher.name, logging.INFO, __file__, 1, "\t#%d : %s", (3, "++seed=1 a=False"), None)
     launcher.filters[0].filter(record)
     assert record.getMessage() == "\t#3 : seed=1 a=false"
+
+
+def test_a_sweeps_note_on_its_results_follows_them(tmp_path: Path, capsys) -> None:
+    # the note that a planning sweep's times come from two models came before the results it is about
+    sweep = SweepFailures(lambda m: {"step": (m, ".1f", "ms")})
+    for num in range(2):
+        sweep.finished(num, f"sharding={('neo', 'torchrec')[num]}", tmp_path / str(num), 1.0 + num)
+    with pytest.raises(SystemExit) as done:
+        sweep.exit(lambda: "note: two scales")
+    assert done.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("sweep results") and out[-1] == "note: two scales"

@@ -63,7 +63,7 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean model.embedding_dim?")),
         (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable",
                                       "add memory (the ranks share this machine's RAM, so more ranks add none: raise "
-                                      "topology.memory_fraction, or use a machine with more RAM)")),
+                                      "topology.memory_fraction (now 0.5), or use a machine with more RAM)")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add memory (the ranks share")),
         (("kernel.learning_rate=inf",), NeoError, ("kernel.learning_rate must be a positive finite number, got inf",)),
         (("kernel=dense", "kernel.eps=-1"), NeoError, ("kernel.eps must be a positive finite number, got -1",)),

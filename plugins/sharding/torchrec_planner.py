@@ -18,7 +18,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.types import PlannerError
 
-from neo_core.checks import is_number
+from neo_core.checks import counted, is_number
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.models import embedding_bag_collection
 from neo_core.sharding import (
@@ -73,7 +73,7 @@ def elapsed_bar(desc: str, file: Any = None, tick_s: float = 1.0, delay_s: float
 
     def tick() -> None:
         while not stop.wait(tick_s):
-            bar.refresh()
+            bar.update(0)  # keeps to the delay, and lets close() clear what was shown
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -157,12 +157,9 @@ class TorchRecPlanner(Planner):
                 if topology.compute_device == "cuda" and context.cache.load_factor is None
                 else ""
             )
-            shared = topology.compute_device == "cpu" and not topology.emulated_from and topology.num_nodes == 1
-            add = ("add memory (the ranks share this machine's RAM, so more ranks add none: raise "
-                   "topology.memory_fraction, or use a machine with more RAM)") if shared else "add ranks or memory"
             raise PlanningError(
-                f"TorchRec's planner found no plan that fits the tables into {topology.world_size} "
-                f"ranks of {topology.name!r}; {add}, or shrink the tables{cache_hint} "
+                f"TorchRec's planner found no plan that fits the tables into {counted(topology.world_size, 'rank')} "
+                f"of {topology.name!r}; {topology.memory_fix or 'add ranks or memory'}, or shrink the tables{cache_hint} "
                 f"({exc.error_type.name})."
             ) from None
         options = planner._best_plan or []

@@ -167,5 +167,9 @@ def local_topology(
         host_memory=int(ram * memory_fraction / ranks),
         sources={k: source for k in measured},
         assumed=assumed,
+        memory_fix=None if device == "cuda" else (
+            "add memory (the ranks share this machine's RAM, so more ranks add none: "
+            + (f"raise topology.memory_fraction (now {memory_fraction:g}), or " if memory_fraction < 1 else "")
+            + "use a machine with more RAM)"),
         **figures,
     )

@@ -76,11 +76,33 @@ def test_a_table_too_big_for_its_allowed_types_names_them_not_the_cluster():
 
 
 def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():
-    # they split the machine's RAM: more of them add no memory
+    # the local topology's CPU ranks split the machine's RAM: more of them add no memory
+    big = [TableSpec("big", 10_000_000_000, 128, 1.0)]
     with pytest.raises(PlanningError) as err:
-        plan_tables([TableSpec("big", 10_000_000_000, 128, 1.0)], local_topology(world_size=2), 512)
-    assert "add memory (the ranks share this machine's RAM, so more ranks add none: raise topology.memory_fraction, " \
-           "or use a machine with more RAM)" in str(err.value) and "add ranks" not in str(err.value)
+        plan_tables(big, local_topology(world_size=2), 512)
+    assert "add memory (the ranks share this machine's RAM, so more ranks add none: raise topology.memory_fraction " \
+           "(now 0.5), or use a machine with more RAM)" in str(err.value) and "add ranks" not in str(err.value)
+    with pytest.raises(PlanningError) as err:  # all of it given already
+        plan_tables(big, local_topology(world_size=2, memory_fraction=1.0), 512)
+    assert "more ranks add none: use a machine with more RAM)" in str(err.value)
+    # another CPU topology of one node, whose ranks each bring their memory: more ranks help
+    box = replace(local_topology(world_size=2), name="cpu_box", memory_fix=None)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(big, box, 512)
+    assert "add ranks or memory" in str(err.value)
+
+
+def test_a_table_row_wise_types_could_not_split_is_not_told_to_allow_them():
+    # nothing was restricted: one rank (no row-wise type there), or a dim the fused kernel cannot shard
+    one = replace(cluster(), num_nodes=1, devices_per_node=1)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("big", 4_000_000_000, 128, 5.0)], one, 64)
+    msg = str(err.value)
+    assert "is larger than the whole cluster allows" in msg and "on its 1 rank" in msg and "add ranks" in msg
+    assert "row-wise sharding type" not in msg
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("odd", 1_000_000_000, 130, 5.0)], "zionex", 512)
+    assert "pad its dim to 132" in str(err.value) and "row-wise sharding type" not in str(err.value)
 
 
 def test_device_short_message_names_the_fix():

@@ -209,7 +209,7 @@ class NeoPlanner(Planner):
             return why_no_option(types, int(arrays.rows[i]), int(arrays.dims[i]), model.W, model.L, model.N,
                                  self.col_shard_counts, self.min_col_width)
 
-        check_capacity(search, arrays, why_none)
+        check_capacity(search, arrays, why_none, lambda i: allowed & self.table_types.get(arrays.names[i], allowed))
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced = search.first_unplaced
         refined, moves = float(search.loads.max()), search.moves
@@ -366,9 +366,11 @@ def restrict_unaligned(options: list[Option], tables: Sequence[TableSpec], conte
             )
 
 
-def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str] | None = None) -> None:
+def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str] | None = None,
+                   allowed_types: Callable[[int], set[ShardingType]] | None = None) -> None:
     """Fail early, naming tables, when tables cannot fit however they are sharded
-    (``why_none(i)``: why table ``i`` has no option at all, where that is the cause)."""
+    (``why_none(i)``: why table ``i`` has no option at all, where that is the cause;
+    ``allowed_types(i)``: the sharding types the settings allow table ``i``)."""
     W = search.W
     cap_dev, cap_host = search.cap_dev, search.cap_host
     # smallest whole-table footprint per table over its valid options
@@ -389,10 +391,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     else:
         mem = "memory (each CPU rank's share of RAM)"
     mem_short = "device memory" if on_gpu else "memory"
-    # CPU ranks of one machine split its RAM: more of them add no memory
-    shared = not on_gpu and not topology.emulated_from and topology.num_nodes == 1
-    add_memory = ("add memory (the ranks share this machine's RAM, so more ranks add none: raise "
-                  "topology.memory_fraction, or use a machine with more RAM)") if shared else None
+    add_memory = topology.memory_fix  # where more ranks add no memory (CPU ranks splitting one machine's RAM)
     cached = search.model.cache_load_factor is not None
     host_usable = " usable" if search.model.host_reserve else ""
     kernel = search.model.context.kernel
@@ -461,14 +460,15 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         head = "is larger than the whole cluster allows"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
             fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
-        elif not any(o.sharding_type in row_split for o in opts):  # its shards' size does not depend on ranks
+        elif W > 1 and allowed_types is not None and not allowed_types(i) & set(row_split):
+            # the types allowed for it keep its shards' size whatever the ranks
             allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
             head = f"does not fit with the sharding types allowed for it ({allowed})"
             fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
                    f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}")
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)} on each of {counted(W, 'rank')}{more}; {fix}, or shrink the table."
+            f"rank, {' and '.join(shorts)} on {'its 1 rank' if W == 1 else f'each of {W} ranks'}{more}; {fix}, or shrink the table."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from neo_core.checks import counted
+from neo_core.errors import ConfigError
 from neo_core.sharding import PlanResult, RankReport
 
 # one colour per kind of time in every chart (memory bars: gray for device, brown for host)
@@ -19,6 +21,8 @@ OTHER_COLORS = ("gold", "teal", "crimson", "indigo", "lime", "salmon")
 def chart_ranks(result: PlanResult, max_ranks: int = 128) -> list[RankReport]:
     """The ranks a chart draws, in rank order: all, or past ``max_ranks`` the slowest and the
     fullest (those the text report names)."""
+    if isinstance(max_ranks, bool) or not isinstance(max_ranks, int) or max_ranks < 1:
+        raise ConfigError(f"max_ranks={max_ranks!r}: a chart draws at least 1 rank; give a whole number, 1 or more.")
     if len(result.ranks) <= max_ranks:
         return list(result.ranks)
 
@@ -42,11 +46,12 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from neo_core.errors import ConfigError
-
     out = Path(path)
-    if not out.suffix:
-        out = out.with_name(out.name + ".png")
+    if out.is_dir() or str(path).endswith(("/", os.sep)):  # a folder: the chart's usual name in it
+        out.mkdir(parents=True, exist_ok=True)
+        out = out / "plan.png"
+    elif not out.suffix:
+        out = out.with_name(out.name.rstrip(".") + ".png")
     fig = plt.figure()
     formats = fig.canvas.get_supported_filetypes()
     plt.close(fig)
