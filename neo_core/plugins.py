@@ -124,6 +124,18 @@ def _register_module(
     providers[name] = provider
 
 
+def _invalid_hook(exc: BaseException) -> str:
+    """pluggy's complaint about a hook's arguments, in Neo's words."""
+    import re
+
+    text = str(exc)
+    hook = next((h for h, _ in KINDS.values() if h in text), None)
+    found = re.search(r"Argument\(s\) \{(.*?)\}", text)
+    names = found.group(1).replace("'", "") if found else "arguments"
+    return (f"{'its ' + hook if hook else 'a hook'} takes {names}, which Neo does not pass; Neo's hooks take one "
+            "argument, registry")
+
+
 def _report_failure(name: str, exc: BaseException, failed: dict[str, str], strict: bool) -> None:
     message = f"Neo plugin {name!r} failed to load and was skipped: {type(exc).__name__}: {exc}"
     if strict:
@@ -168,7 +180,15 @@ def load_plugins(
             except Exception as exc:  # a broken third-party plugin must not stop Neo
                 _report_failure(ep.name, exc, failed, strict)
                 continue
-            _register_module(pm, module, ep.name, dist, providers)
+            try:  # a hook whose signature is not Neo's (pluggy's PluginValidationError)
+                _register_module(pm, module, ep.name, dist, providers)
+            except pluggy.PluginValidationError as exc:
+                _report_failure(ep.name, PluginError(_invalid_hook(exc)), failed, strict)
+                continue
+            if not pm.get_hookcallers(module):  # loads, yet gives Neo nothing
+                named = sorted(n for n in dir(module) if n.startswith("neo_"))
+                said = (f" ({', '.join(named)} without @neo_core.hookimpl?)" if named else "")
+                _report_failure(ep.name, PluginError(f"it implements no Neo hook{said}"), failed, strict)
     for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
         if pm.has_plugin(module_name) or any(
             getattr(p, "__name__", None) == module_name for p in pm.get_plugins()
@@ -205,11 +225,16 @@ def load_plugins(
                 continue
             registry._set_provider(providers.get(plugin_name, plugin_name), plugin_name)
             try:
-                impl.function(registry=registry)
+                returned = impl.function(registry=registry)
             except PluginError:
                 raise
             except Exception as exc:
                 _report_failure(plugin_name, exc, failed, strict)
+                continue
+            if returned is not None:  # what it returns is not registered: say so, not "Unknown option"
+                _report_failure(plugin_name, PluginError(
+                    f"its {hook_name} returned {type(returned).__name__}; a hook registers with "
+                    "registry.register(name, factory) and returns nothing"), failed, strict)
         registries[kind] = registry
     for plugin_name in failed:  # and what it registered before failing goes too
         for registry in registries.values():

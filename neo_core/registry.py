@@ -128,7 +128,9 @@ class Registry(Generic[T]):
         if not callable(factory):
             raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: factory is not callable.")
         if not description:
-            doc = inspect.getdoc(factory) or ""
+            # its own docstring: inspect.getdoc would give a class the base class's (Planner's)
+            own = factory.__doc__ if isinstance(factory, type) else getattr(factory, "__doc__", None)
+            doc = inspect.cleandoc(own) if isinstance(own, str) else ""
             description = doc.splitlines()[0] if doc else ""
         self._entries[name] = Entry(
             name, factory, self.kind, self._provider, description, dict(options or {}), self._plugin
@@ -206,13 +208,15 @@ class Registry(Generic[T]):
                 )
         try:
             made = entry.factory(**params)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}") from exc
+        except (TypeError, ValueError) as exc:  # its verdict on a value; a TypeError may be a slip: where it was raised
+            where = _raised_at(exc) if isinstance(exc, TypeError) else ""
+            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}{where}") from exc
         except NeoError:
             raise
         except Exception as exc:  # a plugin's own failure: name the plugin, keep the traceback chained
             raise PluginError(
                 f"{self.kind} plugin {name!r} ({entry.provider}) failed to build: {type(exc).__name__}: {exc}"
+                f"{_raised_at(exc)}"
             ) from exc
         if self.returns is not None and not isinstance(made, self.returns):
             expected = f"{self.returns.__module__}.{self.returns.__qualname__}"
@@ -232,3 +236,17 @@ class Registry(Generic[T]):
         for n in gone:
             del self._entries[n]
         return gone
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (raised at file:line in function; NEO_TRACEBACK=1 shows the traceback)`` for an error a
+    plugin's factory raised: a bad value it refused reads like a bug in its code otherwise."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if len(frames) < 2:  # raised by the call itself (arguments that do not bind): nothing of the plugin's
+        return ""
+    last = frames[-1]
+    return (f" (raised at {os.path.basename(last.filename)}:{last.lineno} in {last.name}; NEO_TRACEBACK=1 shows "
+            "the traceback)")

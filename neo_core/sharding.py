@@ -477,6 +477,13 @@ def check_plan(
         problems.append(f"gives the fused kernel shards whose width is not a multiple of 4, which FBGEMM "
                         f"refuses ({', '.join(narrow[:5])}): use embedding dims that are multiples of 4, or "
                         "Neo's planner (sharding=neo), which replicates such tables")
+    if context is not None:  # the topology's memory, whatever capacity a plugin reports (0: not said)
+        device_cap, host_cap = float(context.topology.device_memory), float(context.topology.host_memory)
+        for r in result.ranks:
+            if not r.memory_capacity or r.memory_capacity > device_cap:
+                r.memory_capacity = device_cap
+            if sum(r.host_memory.values()) and (not r.host_memory_capacity or r.host_memory_capacity > host_cap):
+                r.host_memory_capacity = host_cap
     reported = sorted(int(r.rank) for r in result.ranks)
     if reported != list(range(world_size)):
         problems.append(f"reports ranks {_compact_ranks(reported) if reported else 'none'}, not each of the "

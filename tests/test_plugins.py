@@ -446,11 +446,13 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
             registry.register("refuses", refuses)
 
             def breaks():
-                raise RuntimeError("factory blew up")
+                raise RuntimeError("factory blew up")  # the line named
 
             registry.register("breaks", breaks)
 
     plugins = register_plugin(WrongType())
+    breaks_line = next(n for n, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                       if line.endswith("# the line named"))
     with pytest.raises(PluginError) as err:
         plugins.create("compression", "half_as_dict")
     assert str(err.value) == (
@@ -463,8 +465,9 @@ def test_a_factory_returning_the_wrong_class_is_named(register_plugin) -> None:
     # any other failure of the factory is named too (it was a bare traceback), its cause chained
     with pytest.raises(PluginError) as err:
         plugins.create("compression", "breaks")
-    assert str(err.value) == (
-        "compressor plugin 'breaks' (wrong_type_plugin) failed to build: RuntimeError: factory blew up")
+    assert str(err.value) == (  # where: it read like the user's mistake, with no file or line
+        "compressor plugin 'breaks' (wrong_type_plugin) failed to build: RuntimeError: factory blew up (raised at "
+        f"test_plugins.py:{breaks_line} in breaks; NEO_TRACEBACK=1 shows the traceback)")
     assert isinstance(err.value.__cause__, RuntimeError)
 
 
@@ -689,3 +692,58 @@ def test_replicated_tables_take_the_kernels_eps() -> None:
         (table_group,) = groups["embedding"]
         assert (table_group["lr"], table_group["eps"]) == (0.2, eps), table_group
         assert groups["dense"][0]["eps"] == 1e-8  # kernel.eps is the tables' alone
+
+
+def _entry_point_plugin(site: Path, name: str, source: str) -> None:
+    """A module ``name`` on ``site`` with the dist-info that makes it a Neo entry point (as pip would)."""
+    (site / f"{name}.py").write_text(source)
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[{hookspecs.ENTRY_POINT_GROUP}]\n{name} = {name}\n")
+
+
+def test_a_plugin_neo_cannot_use_is_named_and_skipped(tmp_path: Path, monkeypatch, capsys) -> None:
+    # a hook with another argument name stopped every command with pluggy's traceback; a hook
+    # without @hookimpl, or one returning its plugins, was dropped without a word
+    _entry_point_plugin(tmp_path, "argname", "from neo_core import hookimpl\n@hookimpl\n"
+                        "def neo_register_cache_policies(reg):\n    pass\n")
+    _entry_point_plugin(tmp_path, "nodeco", "def neo_register_cache_policies(registry):\n    pass\n")
+    _entry_point_plugin(tmp_path, "hookret", "from neo_core import hookimpl\n@hookimpl\n"
+                        "def neo_register_cache_policies(registry):\n    return {'mine': dict}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(PluginLoadWarning):
+        plugins = load_plugins(strict=False)
+    assert plugins.failed == {
+        "argname": "PluginError: its neo_register_cache_policies takes reg, which Neo does not pass; Neo's hooks "
+                   "take one argument, registry",
+        "nodeco": "PluginError: it implements no Neo hook (neo_register_cache_policies without @neo_core.hookimpl?)",
+        "hookret": "PluginError: its neo_register_cache_policies returned dict; a hook registers with "
+                   "registry.register(name, factory) and returns nothing",
+    }
+    assert "lru" in plugins.registry("cache").names()  # the others load
+    assert capsys.readouterr().err.count("warning: Neo plugin") == 3
+
+
+def test_a_plugin_class_without_a_docstring_is_not_described_by_its_base() -> None:
+    # neo plugins described a third-party planner with Planner's own docstring
+    from neo_core.registry import Registry
+    from neo_core.sharding import Planner
+
+    class RoundRobin(Planner):
+        name = "round_robin"
+
+        def plan(self, tables, context):
+            raise NotImplementedError
+
+        def sharders(self, context):
+            return []
+
+    class Described(RoundRobin):
+        """Tables dealt to ranks in turn."""
+
+    registry = Registry("sharder", "sharding", None)
+    registry.register("round_robin", RoundRobin)
+    registry.register("described", Described)
+    assert registry.get("round_robin").description == ""
+    assert registry.get("described").description == "Tables dealt to ranks in turn."

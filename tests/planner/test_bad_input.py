@@ -445,6 +445,9 @@ def test_sizes_in_messages_keep_their_scale():
         ("bad_rank", "puts tables on no rank or on ranks outside 0-7 (a)"),
         ("no_reports", "reports ranks none, not each of the 8 ranks once"),
         ("over_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
+        # checked against the topology's memory, not the capacity the plugin says (0: none said)
+        ("no_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
+        ("big_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
         ("narrow", "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))"),
     ],
 )
@@ -475,8 +478,9 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                 reports = []
             if fault == "narrow":  # TorchRec's planner on dim 6: every rank failed inside FBGEMM
                 assignments[0].shard_shapes = [(1000, 6)]
-            if fault == "over_capacity":
+            if fault in ("over_capacity", "no_capacity", "big_capacity"):
                 reports[0].memory["weights"] = 20 * 2**30
+                reports[0].memory_capacity = {"no_capacity": 0.0, "big_capacity": 64 * 2**30}.get(fault, 16 * 2**30)
             return PlanResult("faulty", assignments, reports, context.batch_size_per_rank, {})
 
         def sharders(self, context):
