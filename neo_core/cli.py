@@ -358,10 +358,25 @@ class _LaunchLinesAsTyped(logging.Filter):
 
 
 def launch_lines_as_typed() -> None:
-    """Hydra's launch lines name each job's overrides as typed (``-m`` sweeps)."""
+    """Hydra's launch lines name each job's overrides as typed (``-m`` sweeps), and so does its
+    line before a failed job's traceback ("Error executing job with overrides: [...]")."""
+    from hydra.core.utils import JobReturn, JobStatus
+
     launcher = logging.getLogger("hydra._internal.core_plugins.basic_launcher")
     if not any(isinstance(f, _LaunchLinesAsTyped) for f in launcher.filters):
         launcher.addFilter(_LaunchLinesAsTyped())
+    hydras = JobReturn.return_value
+    if getattr(hydras.fget, "neo_as_typed", False):
+        return
+
+    def return_value(job: Any) -> Any:
+        if job.status == JobStatus.FAILED:  # Hydra's own line, with the overrides as typed
+            sys.stderr.write(f"Error executing job with overrides: {[as_typed(o) for o in job.overrides]}{os.linesep}")
+            raise job._return_value
+        return hydras.fget(job)
+
+    return_value.neo_as_typed = True  # type: ignore[attr-defined]
+    JobReturn.return_value = property(return_value, hydras.fset)  # type: ignore[method-assign, assignment]
 
 
 # Config groups the recipes leave out of their defaults lists, so that ``+topology=zionex``

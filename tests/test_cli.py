@@ -554,7 +554,7 @@ def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colo
     assert (20, "compute_fwd", "tab:blue") in drawn
 
 
-def test_hydras_launch_lines_show_the_overrides_as_typed() -> None:
+def test_hydras_launch_lines_show_the_overrides_as_typed(capsys) -> None:
     # they showed the ++ the recipes add and a swept boolean as Python writes it (True)
     import logging
 
@@ -569,6 +569,18 @@ def test_hydras_launch_lines_show_the_overrides_as_typed() -> None:
     record = logging.LogRecord(launcher.name, logging.INFO, __file__, 1, "\t#%d : %s", (3, "++seed=1 a=False"), None)
     launcher.filters[0].filter(record)
     assert record.getMessage() == "\t#3 : seed=1 a=false"
+    # the line before a failed job's traceback showed them as the recipe passed them
+    from hydra.core.utils import JobReturn, JobStatus
+
+    failed = JobReturn(overrides=["+topology=zionex", "++sharding.fail=True"], status=JobStatus.FAILED)
+    failed.return_value = KeyError("boom")
+    with pytest.raises(KeyError):
+        failed.return_value  # noqa: B018 - Hydra reads it so
+    assert capsys.readouterr().err.startswith(
+        "Error executing job with overrides: ['+topology=zionex', 'sharding.fail=true']")
+    done = JobReturn(overrides=["a=1"], status=JobStatus.COMPLETED)
+    done.return_value = 0.5
+    assert done.return_value == 0.5
 
 
 def test_a_sweeps_note_on_its_results_follows_them(tmp_path: Path, capsys) -> None:
