@@ -750,10 +750,21 @@ def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
     ``conf_dir``: the YAML options plugin options must not clash with (default: the checkout's
     ``conf/``, when there is one).
     """
-    from neo_core.config import option_clashes
-    from neo_core.plugins import get_plugins
+    from neo_core.errors import PluginError
+    from neo_core.plugins import get_plugins, load_plugins
 
-    plugins = get_plugins()
+    try:
+        plugins = get_plugins()
+    except PluginError as exc:  # a name registered twice: the listing is where one looks for it
+        return (f"error: {exc}\n(the recipes refuse to start until it is mended; the built-in plugins follow)\n"
+                + list_plugins_of(load_plugins(autoload=False), conf_dir))
+    return list_plugins_of(plugins, conf_dir)
+
+
+def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None) -> str:
+    """:func:`list_plugins` for this plugin manager."""
+    from neo_core.config import option_clashes
+
     if conf_dir is None and (CHECKOUT_CONF / "train.yaml").exists():
         conf_dir = CHECKOUT_CONF
     lines = []
@@ -796,7 +807,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
-            print(list_plugins())
+            listing = list_plugins()
+            print(listing)
+            if listing.startswith("error:"):  # listed, but the recipes will not start
+                return 1
         elif args.command == "chart":
             from neo_core.sharding import PlanResult
             from neo_plugins.sharding.planner.report import save_chart

@@ -593,3 +593,23 @@ def test_a_sweeps_note_on_its_results_follows_them(tmp_path: Path, capsys) -> No
     assert done.value.code == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("sweep results") and out[-1] == "note: two scales"
+
+
+def test_neo_plugins_lists_the_built_ins_beside_a_name_registered_twice(tmp_path, monkeypatch, capsys) -> None:
+    # the clash stopped the listing a user would reach for to find it
+    from neo_core.cli import main as neo_main
+    from neo_core.plugins import reset_plugins
+    from tests.test_plugins import _entry_point_plugin
+
+    _entry_point_plugin(tmp_path, "clash", "from neo_core import hookimpl\nfrom neo_core.cache import CachePolicy\n"
+                        "@hookimpl\ndef neo_register_cache_policies(registry):\n"
+                        "    registry.register('lru', lambda: CachePolicy('lru'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reset_plugins(None)
+    try:
+        assert neo_main(["plugins"]) == 1
+    finally:
+        reset_plugins(None)
+    out = capsys.readouterr().out
+    assert out.startswith("error: cache policy plugin 'lru' is registered twice (neo-dlrm and clash); rename one")
+    assert "  lru            [neo-dlrm]" in out and "sharder (config group 'sharding'):" in out
