@@ -750,19 +750,21 @@ def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
     ``conf_dir``: the YAML options plugin options must not clash with (default: the checkout's
     ``conf/``, when there is one).
     """
-    from neo_core.errors import PluginError
+    from neo_core.errors import PluginClash
     from neo_core.plugins import get_plugins, load_plugins
 
     try:
         plugins = get_plugins()
-    except PluginError as exc:  # a name registered twice: the listing is where one looks for it
-        return (f"error: {exc}\n(the recipes refuse to start until it is mended; the built-in plugins follow)\n"
-                + list_plugins_of(load_plugins(autoload=False), conf_dir))
+    except PluginClash as exc:  # a name registered twice: the listing is where one looks for it
+        print(f"error: {exc} (the recipes refuse to start until it is mended; the built-in plugins follow)",
+              file=sys.stderr)
+        return list_plugins_of(load_plugins(autoload=False), conf_dir, clash=True)
     return list_plugins_of(plugins, conf_dir)
 
 
-def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None) -> str:
-    """:func:`list_plugins` for this plugin manager."""
+def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None, clash: bool = False) -> str:
+    """:func:`list_plugins` for this plugin manager (``clash``: the recipes refuse to start, a
+    name registered twice: the listing says so in its last line)."""
     from neo_core.config import option_clashes
 
     if conf_dir is None and (CHECKOUT_CONF / "train.yaml").exists():
@@ -784,9 +786,15 @@ def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None
             lines.append("  (none)")
     for name, error in plugins.failed.items():
         lines.append(f"failed to load: {name}: {error}")
-    for clash in option_clashes(conf_dir, plugins):
-        lines.append(f"clash (the recipes refuse to start): {clash}")
+    for found in option_clashes(conf_dir, plugins):
+        lines.append(f"clash (the recipes refuse to start): {found}")
+    if clash:
+        lines.append(CLASH_LINE)
     return "\n".join(lines)
+
+
+# the last line of `neo plugins` when a plugin name is registered twice
+CLASH_LINE = "(the built-in plugins only: a plugin name is registered twice, see the error above)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -809,8 +817,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plugins":
             listing = list_plugins()
             print(listing)
-            if listing.startswith("error:"):  # listed, but the recipes will not start
-                return 1
+            if listing.endswith(CLASH_LINE) or "\nclash (the recipes refuse to start)" in listing:
+                return 1  # listed, but the recipes will not start
         elif args.command == "chart":
             from neo_core.sharding import PlanResult
             from neo_plugins.sharding.planner.report import save_chart

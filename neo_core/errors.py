@@ -15,6 +15,10 @@ class PluginError(NeoError):
     """A plugin is unknown, duplicated, or failed to load."""
 
 
+class PluginClash(PluginError):
+    """Two plugins (or a plugin and an option) share a name: the recipes refuse to start."""
+
+
 class PlanningError(NeoError):
     """No valid sharding plan exists for the given tables and topology."""
 

@@ -22,7 +22,7 @@ from typing import Any
 import pluggy
 
 from neo_core import hookspecs
-from neo_core.errors import PluginError
+from neo_core.errors import PluginClash, PluginError
 from neo_core.registry import Registry
 
 # kind -> (hook name, config group)
@@ -116,7 +116,7 @@ def _register_module(
     if pm.is_registered(module):
         return
     if pm.has_plugin(name):  # a different plugin under a taken name would be dropped silently
-        raise PluginError(
+        raise PluginClash(
             f"Two Neo plugins are named {name!r} ({providers.get(name, 'unknown')} and {provider}); "
             "rename one (its entry point or __name__)."
         )
@@ -131,9 +131,10 @@ def _invalid_hook(exc: BaseException) -> str:
     text = str(exc)
     hook = next((h for h, _ in KINDS.values() if h in text), None)
     found = re.search(r"Argument\(s\) \{(.*?)\}", text)
-    names = found.group(1).replace("'", "") if found else "arguments"
-    return (f"{'its ' + hook if hook else 'a hook'} takes {names}, which Neo does not pass; Neo's hooks take one "
-            "argument, registry")
+    if not found:  # another misuse (a wrapper, a historic hook): pluggy's own words
+        return text.strip().splitlines()[-1]
+    return (f"{'its ' + hook if hook else 'a hook'} takes {found.group(1).replace(chr(39), '')}, which Neo does not "
+            "pass; Neo's hooks take one argument, registry")
 
 
 def _report_failure(name: str, exc: BaseException, failed: dict[str, str], strict: bool) -> None:
@@ -186,7 +187,7 @@ def load_plugins(
                 _report_failure(ep.name, PluginError(_invalid_hook(exc)), failed, strict)
                 continue
             if not pm.get_hookcallers(module):  # loads, yet gives Neo nothing
-                named = sorted(n for n in dir(module) if n.startswith("neo_"))
+                named = sorted(n for n in dir(module) if n.startswith("neo_register_") and callable(getattr(module, n)))
                 said = (f" ({', '.join(named)} without @neo_core.hookimpl?)" if named else "")
                 _report_failure(ep.name, PluginError(f"it implements no Neo hook{said}"), failed, strict)
     for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
@@ -224,6 +225,7 @@ def load_plugins(
             if plugin_name in failed:  # a plugin that failed in another hook is skipped whole
                 continue
             registry._set_provider(providers.get(plugin_name, plugin_name), plugin_name)
+            before = len(registry)
             try:
                 returned = impl.function(registry=registry)
             except PluginError:
@@ -231,10 +233,10 @@ def load_plugins(
             except Exception as exc:
                 _report_failure(plugin_name, exc, failed, strict)
                 continue
-            if returned is not None:  # what it returns is not registered: say so, not "Unknown option"
+            if returned is not None and len(registry) == before:  # returned its plugins: none is registered
                 _report_failure(plugin_name, PluginError(
-                    f"its {hook_name} returned {type(returned).__name__}; a hook registers with "
-                    "registry.register(name, factory) and returns nothing"), failed, strict)
+                    f"its {hook_name} returned {type(returned).__name__} and registered nothing; a hook registers "
+                    "with registry.register(name, factory) and returns nothing"), failed, strict)
         registries[kind] = registry
     for plugin_name in failed:  # and what it registered before failing goes too
         for registry in registries.values():

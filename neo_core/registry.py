@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from neo_core.checks import as_whole, is_number
-from neo_core.errors import ConfigError, NeoError, PluginError
+from neo_core.errors import ConfigError, NeoError, PluginClash, PluginError
 
 T = TypeVar("T")
 
@@ -121,7 +121,7 @@ class Registry(Generic[T]):
             raise PluginError(f"A {self.kind} plugin from {self._provider} has no name.")
         if name in self._entries:
             other = self._entries[name].provider
-            raise PluginError(
+            raise PluginClash(
                 f"{self.kind} plugin {name!r} is registered twice ({other} and {self._provider}); "
                 "rename one of them (meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
             )

@@ -479,11 +479,14 @@ def check_plan(
                         "Neo's planner (sharding=neo), which replicates such tables")
     if context is not None:  # the topology's memory, whatever capacity a plugin reports (0: not said)
         device_cap, host_cap = float(context.topology.device_memory), float(context.topology.host_memory)
-        for r in result.ranks:
-            if not r.memory_capacity or r.memory_capacity > device_cap:
+        for r in result.ranks:  # not 0 < capacity <= the topology's (0, negative, NaN): the topology's
+            if not 0 < r.memory_capacity <= device_cap:
                 r.memory_capacity = device_cap
-            if sum(r.host_memory.values()) and (not r.host_memory_capacity or r.host_memory_capacity > host_cap):
+            if sum(r.host_memory.values()) and not 0 < r.host_memory_capacity <= host_cap:
                 r.host_memory_capacity = host_cap
+    if odd := [r.rank for r in result.ranks if not all(math.isfinite(v) and v >= 0 for v in
+                                                        [*r.memory.values(), *r.host_memory.values()])]:
+        problems.append(f"reports memory that is not a number of bytes, 0 or more (rank {odd[0]})")
     reported = sorted(int(r.rank) for r in result.ranks)
     if reported != list(range(world_size)):
         problems.append(f"reports ranks {_compact_ranks(reported) if reported else 'none'}, not each of the "

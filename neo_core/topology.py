@@ -98,6 +98,9 @@ class Topology:
         return rank // self.devices_per_node
 
     def replace(self, **changes: Any) -> Topology:
+        if "memory_fix" not in changes and changes.keys() & {"num_nodes", "devices_per_node", "compute_device",
+                                                             "device_memory", "host_memory"}:
+            changes["memory_fix"] = None  # advice for the topology as its plugin made it
         return dataclasses.replace(self, **changes)
 
     def emulated_on(self, world_size: int, compute_device: str) -> Topology:
@@ -135,7 +138,9 @@ class Topology:
             local_world_size=self.devices_per_node,
             compute_device=self.compute_device,
             hbm_cap=self.device_memory,
-            ddr_cap=self.host_memory,
+            # a CPU rank holds its tables in its memory, which Neo calls device memory: TorchRec's
+            # planner fills ddr there, so it gets the same limit (else its plans fail Neo's check)
+            ddr_cap=self.device_memory if self.compute_device == "cpu" else self.host_memory,
             hbm_mem_bw=self.device_memory_bw / 1000,
             ddr_mem_bw=self.host_memory_bw / 1000,
             hbm_to_ddr_mem_bw=self.host_to_device_bw / 1000,
@@ -169,6 +174,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        del d["memory_fix"]  # advice for messages, not a figure of the cluster
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d

@@ -72,6 +72,9 @@ def test_neo_plugins_lists_the_option_clashes_the_recipes_refuse(register_plugin
         "NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
     ]
     assert not [line for line in list_plugins().splitlines() if "mine_small" in line and "clash" in line]
+    from neo_core.cli import main as neo_main
+
+    assert neo_main(["plugins"]) == 1  # listed, and the exit says the recipes will not start
 
 
 def test_neo_plugins_names_an_option_hidden_by_a_yaml_file(register_plugin, tmp_path, monkeypatch) -> None:
@@ -610,6 +613,7 @@ def test_neo_plugins_lists_the_built_ins_beside_a_name_registered_twice(tmp_path
         assert neo_main(["plugins"]) == 1
     finally:
         reset_plugins(None)
-    out = capsys.readouterr().out
-    assert out.startswith("error: cache policy plugin 'lru' is registered twice (neo-dlrm and clash); rename one")
-    assert "  lru            [neo-dlrm]" in out and "sharder (config group 'sharding'):" in out
+    said = capsys.readouterr()
+    assert said.err.startswith("error: cache policy plugin 'lru' is registered twice (neo-dlrm and clash); rename one")
+    assert "  lru            [neo-dlrm]" in said.out and "sharder (config group 'sharding'):" in said.out
+    assert said.out.endswith("(the built-in plugins only: a plugin name is registered twice, see the error above)\n")

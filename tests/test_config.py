@@ -339,3 +339,20 @@ def test_an_output_folder_that_cannot_take_the_run_is_refused_before_training(tm
         check_output_dir(tmp_path / "run")
     check_output_dir(tmp_path / "fresh")
     assert (tmp_path / "fresh").is_dir() and not list((tmp_path / "fresh").iterdir())
+
+
+def test_the_local_topologys_memory_advice_stays_with_it() -> None:
+    # advice for messages (its CPU ranks split the RAM): not a figure in plan.json, and not kept by a
+    # topology changed from it, nor by TorchRec's view of CPU ranks, which gets their memory as its ddr
+    from neo_plugins.topology.local import local_topology
+
+    local = local_topology(world_size=2, compute_device="cpu")
+    assert local.memory_fix and "memory_fraction (now 0.5)" in local.memory_fix
+    assert "memory_fix" not in local.to_dict()
+    assert local.replace(num_nodes=4).memory_fix is None
+    assert local.replace(intra_node_bw=1.0).memory_fix == local.memory_fix
+    assert local.emulated_on(2, "cuda").memory_fix is None
+    from neo_plugins.topology.zionex import zionex_topology
+
+    emulated = zionex_topology().emulated_on(2, "cpu")  # 40 GiB a device, 192 GiB of host memory
+    assert {d.storage.ddr for d in emulated.to_torchrec().devices} == {emulated.device_memory}

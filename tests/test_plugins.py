@@ -711,6 +711,13 @@ def test_a_plugin_neo_cannot_use_is_named_and_skipped(tmp_path: Path, monkeypatc
     _entry_point_plugin(tmp_path, "nodeco", "def neo_register_cache_policies(registry):\n    pass\n")
     _entry_point_plugin(tmp_path, "hookret", "from neo_core import hookimpl\n@hookimpl\n"
                         "def neo_register_cache_policies(registry):\n    return {'mine': dict}\n")
+    # registers and returns something as well: kept (it loaded before)
+    _entry_point_plugin(tmp_path, "regret", "from neo_core import hookimpl\nfrom neo_core.cache import CachePolicy\n"
+                        "@hookimpl\ndef neo_register_cache_policies(registry):\n"
+                        "    registry.register('reg_lfu', lambda: CachePolicy('reg_lfu', 0.2))\n    return registry\n")
+    _entry_point_plugin(tmp_path, "importsonly", "import neo_core\n")  # no hook: imports are not named
+    _entry_point_plugin(tmp_path, "wrapper", "from neo_core import hookimpl\n@hookimpl(hookwrapper=True)\n"
+                        "def neo_register_cache_policies(registry):\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.warns(PluginLoadWarning):
         plugins = load_plugins(strict=False)
@@ -718,11 +725,14 @@ def test_a_plugin_neo_cannot_use_is_named_and_skipped(tmp_path: Path, monkeypatc
         "argname": "PluginError: its neo_register_cache_policies takes reg, which Neo does not pass; Neo's hooks "
                    "take one argument, registry",
         "nodeco": "PluginError: it implements no Neo hook (neo_register_cache_policies without @neo_core.hookimpl?)",
-        "hookret": "PluginError: its neo_register_cache_policies returned dict; a hook registers with "
-                   "registry.register(name, factory) and returns nothing",
+        "hookret": "PluginError: its neo_register_cache_policies returned dict and registered nothing; a hook "
+                   "registers with registry.register(name, factory) and returns nothing",
+        "importsonly": "PluginError: it implements no Neo hook",
+        "wrapper": plugins.failed["wrapper"],
     }
-    assert "lru" in plugins.registry("cache").names()  # the others load
-    assert capsys.readouterr().err.count("warning: Neo plugin") == 3
+    assert "generator function" in plugins.failed["wrapper"] and "takes" not in plugins.failed["wrapper"]
+    assert {"lru", "reg_lfu"} <= set(plugins.registry("cache").names())  # the others load
+    assert capsys.readouterr().err.count("warning: Neo plugin") == 5
 
 
 def test_a_plugin_class_without_a_docstring_is_not_described_by_its_base() -> None:

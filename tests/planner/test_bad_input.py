@@ -448,6 +448,8 @@ def test_sizes_in_messages_keep_their_scale():
         # checked against the topology's memory, not the capacity the plugin says (0: none said)
         ("no_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
         ("big_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
+        ("nan_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
+        ("nan_memory", "reports memory that is not a number of bytes, 0 or more (rank 0)"),
         ("narrow", "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))"),
     ],
 )
@@ -478,9 +480,12 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                 reports = []
             if fault == "narrow":  # TorchRec's planner on dim 6: every rank failed inside FBGEMM
                 assignments[0].shard_shapes = [(1000, 6)]
-            if fault in ("over_capacity", "no_capacity", "big_capacity"):
+            if fault in ("over_capacity", "no_capacity", "big_capacity", "nan_capacity"):
                 reports[0].memory["weights"] = 20 * 2**30
-                reports[0].memory_capacity = {"no_capacity": 0.0, "big_capacity": 64 * 2**30}.get(fault, 16 * 2**30)
+                reports[0].memory_capacity = {"no_capacity": 0.0, "big_capacity": 64 * 2**30,
+                                              "nan_capacity": float("nan")}.get(fault, 16 * 2**30)
+            if fault == "nan_memory":
+                reports[0].memory["weights"] = float("nan")
             return PlanResult("faulty", assignments, reports, context.batch_size_per_rank, {})
 
         def sharders(self, context):
