@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from neo_core.checks import as_whole, is_number
-from neo_core.errors import ConfigError, PluginError
+from neo_core.errors import ConfigError, PluginClash
 from neo_core.plugins import KINDS, Plugins, get_plugins
 
 PLUGIN_GROUPS: tuple[str, ...] = tuple(group for _, group in KINDS.values())
@@ -214,7 +214,7 @@ def register_plugin_options(conf_dir: str | Path | None = None, plugins: Plugins
 
     clashes = option_clashes(conf, plugins)
     if clashes:
-        raise PluginError(clashes[0])
+        raise PluginClash(clashes[0])
     for registry in plugins.registries.values():
         for entry in registry.entries():
             store(registry.group, entry.name, plugin_default_node(entry))
