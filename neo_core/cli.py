@@ -750,6 +750,11 @@ def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
     ``conf_dir``: the YAML options plugin options must not clash with (default: the checkout's
     ``conf/``, when there is one).
     """
+    return plugin_listing(conf_dir)[0]
+
+
+def plugin_listing(conf_dir: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
+    """:func:`list_plugins`, and whether the recipes refuse to start on a clash it shows."""
     from neo_core.errors import PluginClash
     from neo_core.plugins import get_plugins, load_plugins
 
@@ -758,13 +763,13 @@ def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
     except PluginClash as exc:  # a name registered twice: the listing is where one looks for it
         print(f"error: {exc} (the recipes refuse to start until it is mended; the built-in plugins follow)",
               file=sys.stderr)
-        return list_plugins_of(load_plugins(autoload=False), conf_dir, clash=True)
-    return list_plugins_of(plugins, conf_dir)
+        return _listing(load_plugins(autoload=False), conf_dir, clash=True)[0], True
+    return _listing(plugins, conf_dir)
 
 
-def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None, clash: bool = False) -> str:
-    """:func:`list_plugins` for this plugin manager (``clash``: the recipes refuse to start, a
-    name registered twice: the listing says so in its last line)."""
+def _listing(plugins: Any, conf_dir: str | os.PathLike[str] | None, clash: bool = False) -> tuple[str, bool]:
+    """The listing of this plugin manager, and whether it has option clashes (``clash``: a name
+    registered twice, said in its last line)."""
     from neo_core.config import option_clashes
 
     if conf_dir is None and (CHECKOUT_CONF / "train.yaml").exists():
@@ -786,15 +791,11 @@ def list_plugins_of(plugins: Any, conf_dir: str | os.PathLike[str] | None = None
             lines.append("  (none)")
     for name, error in plugins.failed.items():
         lines.append(f"failed to load: {name}: {error}")
-    for found in option_clashes(conf_dir, plugins):
-        lines.append(f"clash (the recipes refuse to start): {found}")
+    clashes = option_clashes(conf_dir, plugins)
+    lines += [f"clash (the recipes refuse to start): {found}" for found in clashes]
     if clash:
-        lines.append(CLASH_LINE)
-    return "\n".join(lines)
-
-
-# the last line of `neo plugins` when a plugin name is registered twice
-CLASH_LINE = "(the built-in plugins only: a plugin name is registered twice, see the error above)"
+        lines.append("(the built-in plugins only: a plugin name is registered twice, see the error above)")
+    return "\n".join(lines), bool(clashes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -815,9 +816,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
-            listing = list_plugins()
+            listing, refused = plugin_listing()
             print(listing)
-            if listing.endswith(CLASH_LINE) or "\nclash (the recipes refuse to start)" in listing:
+            if refused:
                 return 1  # listed, but the recipes will not start
         elif args.command == "chart":
             from neo_core.sharding import PlanResult

@@ -315,6 +315,14 @@ class PlanResult:
                 "training run or of recipes/plan.py."
             ) from None
 
+    def slowest_ranks(self, n: int) -> list[RankReport]:
+        """The ``n`` ranks with the largest predicted time (ties: the lower rank first)."""
+        return sorted(self.ranks, key=lambda r: (-r.time_total, r.rank))[:n]
+
+    def fullest_rank(self) -> RankReport:
+        """The rank whose device memory is fullest, as a share of its capacity."""
+        return max(self.ranks, key=lambda r: r.memory_total / r.memory_capacity if r.memory_capacity else 0.0)
+
     def format_text(self, max_tables: int | None = 40, max_ranks: int | None = 32, rest: str | None = None) -> str:
         """The plan as a readable table: per table, then per rank.
 
@@ -354,7 +362,7 @@ class PlanResult:
         )
         shown_ranks = self.ranks
         if max_ranks is not None and len(self.ranks) > max_ranks:
-            slowest = sorted(self.ranks, key=lambda r: (-r.time_total, r.rank))[:max_ranks]
+            slowest = self.slowest_ranks(max_ranks)
             shown_ranks = sorted(slowest, key=lambda r: r.rank)
         for r in shown_ranks:
             compute = sum(v for k, v in r.time.items() if not k.startswith("comm"))
@@ -375,7 +383,7 @@ class PlanResult:
             )
         if len(shown_ranks) < len(self.ranks):
             totals = sorted(r.time_total for r in self.ranks)
-            fullest = max(self.ranks, key=lambda r: (r.memory_total / r.memory_capacity if r.memory_capacity else 0.0))
+            fullest = self.fullest_rank()
             lines.append(
                 f"  ... the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown ({rest}); "
                 f"total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "

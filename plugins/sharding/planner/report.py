@@ -25,12 +25,8 @@ def chart_ranks(result: PlanResult, max_ranks: int = 128) -> list[RankReport]:
         raise ConfigError(f"max_ranks={max_ranks!r}: a chart draws at least 1 rank; give a whole number, 1 or more.")
     if len(result.ranks) <= max_ranks:
         return list(result.ranks)
-
-    def fill(r: RankReport) -> float:
-        return r.memory_total / r.memory_capacity if r.memory_capacity else 0.0
-
-    fullest = max(result.ranks, key=fill)
-    chosen = sorted(result.ranks, key=lambda r: (-r.time_total, r.rank))[:max_ranks]
+    fullest = result.fullest_rank()
+    chosen = result.slowest_ranks(max_ranks)
     if fullest not in chosen:
         chosen[-1] = fullest
     return sorted(chosen, key=lambda r: r.rank)
