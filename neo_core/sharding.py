@@ -229,6 +229,9 @@ class PlanResult:
     topology: dict[str, Any]
     torchrec_plan: Any = None  # torchrec.distributed.types.ShardingPlan when built for a model
     notes: list[str] = field(default_factory=list)
+    # whose cost model gave the predicted times ("Neo's cost model", "TorchRec's estimator"); plans
+    # are compared on one scale only. Empty: the planner plugin did not say.
+    times_from: str = ""
 
     @property
     def predicted_step_time(self) -> float:
@@ -263,6 +266,7 @@ class PlanResult:
             "predicted_step_time_s": self.predicted_step_time,
             "predicted_samples_per_second": self.predicted_samples_per_second,
             "imbalance": self.imbalance,
+            "times_from": self.times_from,
             "tables": [asdict(t) for t in self.tables],
             "ranks": [
                 {
@@ -306,6 +310,7 @@ class PlanResult:
                 batch_size_per_rank=data["batch_size_per_rank"],
                 topology=data["topology"],
                 notes=list(data.get("notes", [])),
+                times_from=str(data.get("times_from", "")),
             )
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
@@ -400,6 +405,7 @@ class PlanResult:
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "
             f"{self.predicted_samples_per_second:,.0f} samples/s, imbalance {self.imbalance:.2f}"
+            + (f" (times from {self.times_from})" if self.times_from else "")
         )
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

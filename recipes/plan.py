@@ -47,9 +47,7 @@ CONF = Path(__file__).resolve().parent.parent / "conf"
 # the jobs of a -m sweep: their plans' figures side by side, the failed ones' messages
 def times_by(plan: Any) -> str:
     """Whose cost model a plan's predicted times come from: plans are compared on one scale only."""
-    if plan.planner == "torchrec" or any("times from TorchRec's EmbeddingPerfEstimator" in n for n in plan.notes):
-        return "TorchRec's estimator"
-    return "Neo's cost model" if plan.planner == "neo" else f"planner {plan.planner}"
+    return plan.times_from or f"the {plan.planner} planner"
 
 
 SWEEP = SweepFailures(lambda plan: {

@@ -494,6 +494,7 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
     plan.save_json(tmp_path / "plan.json")
     again = PlanResult.load_json(tmp_path / "plan.json")
     assert json.dumps(again.to_dict()) == json.dumps(plan.to_dict())  # every figure and note as saved
+    assert again.times_from == "Neo's cost model"
     assert again.format_text() == plan.format_text()
     assert neo_main(["chart", str(tmp_path / "plan.json")]) == 0
     shown = capsys.readouterr().out

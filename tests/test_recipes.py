@@ -737,11 +737,12 @@ def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> 
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     neo = SimpleNamespace(planner="neo", notes=["searched 6 options"], predicted_step_time=3e-3,
-                          predicted_samples_per_second=1.0, imbalance=1.0)
-    scored = SimpleNamespace(**{**vars(neo), "notes": ["...; times from TorchRec's EmbeddingPerfEstimator"]})
-    torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec"})
-    assert [recipe.times_by(p) for p in (neo, scored, torchrec)] == [
-        "Neo's cost model", "TorchRec's estimator", "TorchRec's estimator"]
+                          predicted_samples_per_second=1.0, imbalance=1.0, times_from="Neo's cost model")
+    scored = SimpleNamespace(**{**vars(neo), "times_from": "TorchRec's estimator"})
+    torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec", "times_from": "TorchRec's estimator"})
+    theirs = SimpleNamespace(**{**vars(neo), "planner": "mine", "times_from": ""})  # a plugin that did not say
+    assert [recipe.times_by(p) for p in (neo, scored, torchrec, theirs)] == [
+        "Neo's cost model", "TorchRec's estimator", "TorchRec's estimator", "the mine planner"]
     recipe.SWEEP.finished(0, "sharding=torchrec", Path("0"), torchrec)
     recipe.SWEEP.finished(1, "sharding=neo sharding.estimator=torchrec", Path("1"), scored)
     assert recipe.mixed_scales_note() is None  # one scale

@@ -210,6 +210,7 @@ class TorchRecPlanner(Planner):
             ranks=[reports[r] for r in sorted(reports)],
             batch_size_per_rank=context.batch_size_per_rank,
             topology=topology.to_dict(),
+            times_from="TorchRec's estimator",
         )
         result.notes += [
             settings_note(context) + "; device memory reserved as TorchRec's planner does by default",

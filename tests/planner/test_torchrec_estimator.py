@@ -36,6 +36,10 @@ def test_predicted_step_is_torchrecs_score_of_the_plan():
     planner = NeoPlanner(estimator="torchrec")
     result = planner.plan(tables, ctx)
     assert any("EmbeddingPerfEstimator" in n for n in result.notes)
+    # the plan says whose times these are, in its text and its plan.json
+    assert result.times_from == "TorchRec's estimator"
+    assert "(times from TorchRec's estimator)" in result.format_text()
+    assert NeoPlanner().plan(tables, ctx).times_from == "Neo's cost model"
     # the per-rank totals the search balanced are the ones TorchRec's perf model rates
     assert result.predicted_step_time * 1e3 == pytest.approx(score_plan(tables, result, ctx), rel=1e-9)
     assert planner.last_search is not None

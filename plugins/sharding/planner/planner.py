@@ -224,6 +224,7 @@ class NeoPlanner(Planner):
         )
         self.last_search = search
         result = build_result(self.name, search, tables, context)
+        result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
         result.notes.extend(context_notes(result, context))
         # on the fused kernel, where a type besides DP was allowed
         shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
