@@ -47,6 +47,7 @@ def plugin_blame(exc: BaseException) -> str | None:
         registries = get_plugins().registries.values()
     except Exception:  # noqa: BLE001 - no plugins to blame
         return None
+    found = []
     for registry in registries:
         for entry in registry.entries():
             module = sys.modules.get(getattr(entry.factory, "__module__", "") or "")
@@ -58,8 +59,37 @@ def plugin_blame(exc: BaseException) -> str | None:
             # a package: any of its files; a single module: that file (its folder holds others')
             mark = f'File "{Path(file).parent}{os.sep}' if Path(file).name == "__init__.py" else f'File "{file}"'
             if mark in text:
-                return f"{registry.kind} plugin {entry.name!r} ({entry.provider})"
-    return None
+                found.append((registry.kind, entry))
+    if len(found) > 1:  # one package's several plugins: the one whose code the frames ran, if they tell
+        found = _ran_in_frames(exc, found) or found
+    if len(found) == 1:
+        kind, entry = found[0]
+        return f"{kind} plugin {entry.name!r} ({entry.provider})"
+    if not found:
+        return None
+    providers = ", ".join(dict.fromkeys(entry.provider for _, entry in found))
+    return f"code of {providers}, which provides the {', '.join(f'{kind} plugin {e.name!r}' for kind, e in found)}"
+
+
+def _ran_in_frames(exc: BaseException, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The plugins among ``found`` whose factory, or an object its class made, ran in the
+    traceback's frames (an error from a spawned rank has text only: none)."""
+    hits = []
+    for kind, entry in found:
+        factory = entry.factory
+        for cause in (exc, exc.__cause__, exc.__context__):
+            tb = cause.__traceback__ if cause is not None else None
+            while tb is not None:
+                frame = tb.tb_frame
+                me = frame.f_locals.get("self")
+                if frame.f_code is getattr(factory, "__code__", None) or (
+                        isinstance(factory, type) and isinstance(me, factory)):
+                    hits.append((kind, entry))
+                    break
+                tb = tb.tb_next
+            if hits and hits[-1][1] is entry:
+                break
+    return hits
 
 
 @contextlib.contextmanager
@@ -756,14 +786,21 @@ def list_plugins(conf_dir: str | os.PathLike[str] | None = None) -> str:
 def plugin_listing(conf_dir: str | os.PathLike[str] | None = None) -> tuple[str, bool]:
     """:func:`list_plugins`, and whether the recipes refuse to start on a clash it shows."""
     from neo_core.errors import PluginClash
-    from neo_core.plugins import get_plugins, load_plugins
+    from neo_core.plugins import QUIET_ENV, get_plugins, load_plugins
 
+    said = os.environ.get(QUIET_ENV)
+    os.environ[QUIET_ENV] = "1"  # a plugin that failed to load is said in the listing, not twice
     try:
         plugins = get_plugins()
     except PluginClash as exc:  # a name registered twice: the listing is where one looks for it
         print(f"error: {exc} (the recipes refuse to start until it is mended; the built-in plugins follow)",
               file=sys.stderr)
         return _listing(load_plugins(autoload=False), conf_dir, clash=True)[0], True
+    finally:
+        if said is None:
+            del os.environ[QUIET_ENV]
+        else:
+            os.environ[QUIET_ENV] = said
     return _listing(plugins, conf_dir)
 
 

@@ -23,7 +23,7 @@ import pluggy
 
 from neo_core import hookspecs
 from neo_core.errors import PluginClash, PluginError
-from neo_core.registry import Registry
+from neo_core.registry import BUILTIN, Registry, _raised_at
 
 # kind -> (hook name, config group)
 KINDS: dict[str, tuple[str, str]] = {
@@ -46,7 +46,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "neo_plugins.data",
 )
 
-BUILTIN_DISTRIBUTION = "neo-dlrm"
+BUILTIN_DISTRIBUTION = BUILTIN
 
 
 def result_types() -> dict[str, type]:
@@ -228,10 +228,14 @@ def load_plugins(
             before = len(registry)
             try:
                 returned = impl.function(registry=registry)
-            except PluginError:
+            except PluginClash:  # two plugins want one name: which one is meant is the user's call
                 raise
-            except Exception as exc:
+            except PluginError as exc:  # registry.register refused what it was given
                 _report_failure(plugin_name, exc, failed, strict)
+                continue
+            except Exception as exc:
+                _report_failure(plugin_name, PluginError(
+                    f"its {hook_name} raised {type(exc).__name__}: {exc}{_raised_at(exc, hint=False)}"), failed, strict)
                 continue
             if returned is not None and len(registry) == before:  # returned its plugins: none is registered
                 _report_failure(plugin_name, PluginError(

@@ -15,6 +15,8 @@ from neo_core.errors import ConfigError, NeoError, PluginClash, PluginError
 
 T = TypeVar("T")
 
+BUILTIN = "neo-dlrm"  # the distribution of Neo's own plugins
+
 
 def check_kind(key: str, value: Any, annotation: Any) -> Any:
     """``value`` for ``key`` if it is of the kind its parameter is annotated with, else an error.
@@ -117,8 +119,17 @@ class Registry(Generic[T]):
         optionally names extra ready-made config options for the ``group`` (option name ->
         parameters), selectable as ``<group>=<option>``.
         """
+        if not isinstance(name, str) and callable(name) and isinstance(factory, str):
+            raise PluginError(
+                f"{self.kind} plugin {factory!r} from {self._provider}: registry.register's arguments are swapped; "
+                f"it takes the name first: registry.register({factory!r}, factory)."
+            )
         if not name or not isinstance(name, str):
-            raise PluginError(f"A {self.kind} plugin from {self._provider} has no name.")
+            raise PluginError(f"A {self.kind} plugin from {self._provider} has no name (registry.register's first "
+                              f"argument is {name!r}; give the name users select it by, as text).")
+        bad = _bad_name(name)
+        if bad:
+            raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: {bad}")
         if name in self._entries:
             other = self._entries[name].provider
             raise PluginClash(
@@ -126,7 +137,11 @@ class Registry(Generic[T]):
                 "rename one of them (meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
             )
         if not callable(factory):
-            raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: factory is not callable.")
+            raise PluginError(
+                f"{self.kind} plugin {name!r} from {self._provider}: its factory is a {type(factory).__name__}, not "
+                "callable; give a function or class that builds the plugin from its config keys."
+            )
+        self._check_options(name, factory, options)
         if not description:
             # its own docstring: inspect.getdoc would give a class the base class's (Planner's)
             own = factory.__doc__ if isinstance(factory, type) else getattr(factory, "__doc__", None)
@@ -135,6 +150,39 @@ class Registry(Generic[T]):
         self._entries[name] = Entry(
             name, factory, self.kind, self._provider, description, dict(options or {}), self._plugin
         )
+
+    def _check_options(self, name: str, factory: Callable[..., T], options: Any) -> None:
+        """A plugin's ready-made options must be ``{option name: {key: value}}`` with keys its
+        factory takes: a bad one broke every recipe, blamed on the user's config."""
+        where = f"{self.kind} plugin {name!r} from {self._provider}: options="
+        if options is None:
+            return
+        if not isinstance(options, Mapping):
+            raise PluginError(f"{where}{options!r} is not a mapping; give {{option name: {{key: value}}}}.")
+        try:
+            keys = {p.name for p in inspect.signature(factory).parameters.values()
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+            any_key = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(factory).parameters.values())
+        except (TypeError, ValueError):  # no signature to read (a builtin): the keys are left to create()
+            keys, any_key = set(), True
+        for option, params in options.items():
+            bad = _bad_name(option) if isinstance(option, str) else f"option name {option!r} is not text."
+            if bad:
+                raise PluginError(f"{where}{{{option!r}: ...}}: {bad}")
+            if not isinstance(params, Mapping):
+                raise PluginError(
+                    f"{where}{{{option!r}: {params!r}}}: an option is a mapping of the factory's keys to values, "
+                    f"e.g. {{{option!r}: {{'load_factor': 0.1}}}}."
+                )
+            unknown = [k for k in params if k != "name" and k not in keys]
+            if unknown and not any_key:
+                raise PluginError(
+                    f"{where}{{{option!r}: ...}} gives {', '.join(map(repr, unknown))}, which its factory does not "
+                    f"take; its keys: {', '.join(sorted(keys)) or 'none'}."
+                )
+            if params.get("name", name) != name:
+                raise PluginError(f"{where}{{{option!r}: ...}} names plugin {params['name']!r}; an option selects "
+                                  "the plugin that registers it, so leave 'name' out.")
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -200,7 +248,19 @@ class Registry(Generic[T]):
                     raise ConfigError(self.unknown_key(name, key))
             annotations = entry.annotations()
             for key, value in params.items():
-                params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))
+                try:
+                    params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))
+                except ConfigError as exc:
+                    if not _is_default(value, accepted.get(key, inspect.Parameter.empty)):
+                        raise
+                    raise PluginError(  # nobody typed it: the plugin's default contradicts its annotation
+                        f"{self.kind} plugin {name!r} ({entry.provider}): its own default for {key}, {value!r}, is "
+                        f"not of its annotated kind ({exc}); the plugin should annotate it "
+                        f"'{_annotation_text(annotations.get(key))} | None' or change the default. Meanwhile give "
+                        f"{self.group}.{key}=<value>."
+                    ) from None
+            if "name" in accepted and accepted["name"] is inspect.Parameter.empty and "name" not in params:
+                params["name"] = name  # a factory (a CachePolicy subclass) that takes its own name
             missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
             if missing:
                 raise ConfigError(
@@ -211,8 +271,12 @@ class Registry(Generic[T]):
         except (TypeError, ValueError) as exc:  # its verdict on a value; a TypeError may be a slip: where it was raised
             where = _raised_at(exc) if isinstance(exc, TypeError) else ""
             raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}{where}") from exc
-        except NeoError:
-            raise
+        except NeoError as exc:
+            if entry.provider == BUILTIN or not isinstance(exc, ConfigError):
+                raise
+            # a check of Neo's classes (Topology, CachePolicy...) on what a third-party factory gave
+            # them: it names the class's field, which the user may not have typed
+            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}") from exc
         except Exception as exc:  # a plugin's own failure: name the plugin, keep the traceback chained
             raise PluginError(
                 f"{self.kind} plugin {name!r} ({entry.provider}) failed to build: {type(exc).__name__}: {exc}"
@@ -238,7 +302,28 @@ class Registry(Generic[T]):
         return gone
 
 
-def _raised_at(exc: BaseException) -> str:
+def _is_default(value: Any, default: Any) -> bool:
+    try:
+        return default is not inspect.Parameter.empty and bool(value == default) and type(value) is type(default)
+    except Exception:  # noqa: BLE001 - values that do not compare are not the default
+        return False
+
+
+def _annotation_text(annotation: Any) -> str:
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+
+
+def _bad_name(name: str) -> str | None:
+    """Why ``name`` cannot be typed as ``<group>=<name>`` (a folder separator, ``=``, a comma...)."""
+    import re
+
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) and not name.endswith(".yaml"):
+        return None
+    return (f"the name {name!r} cannot be selected as <group>={name}; use letters, digits, '_', '-' and '.', "
+            "starting with a letter or digit.")
+
+
+def _raised_at(exc: BaseException, hint: bool = True) -> str:
     """`` (raised at file:line in function; NEO_TRACEBACK=1 shows the traceback)`` for an error a
     plugin's factory raised: a bad value it refused reads like a bug in its code otherwise."""
     import os
@@ -248,5 +333,5 @@ def _raised_at(exc: BaseException) -> str:
     if len(frames) < 2:  # raised by the call itself (arguments that do not bind): nothing of the plugin's
         return ""
     last = frames[-1]
-    return (f" (raised at {os.path.basename(last.filename)}:{last.lineno} in {last.name}; NEO_TRACEBACK=1 shows "
-            "the traceback)")
+    shown = "; NEO_TRACEBACK=1 shows the traceback" if hint else ""
+    return f" (raised at {os.path.basename(last.filename)}:{last.lineno} in {last.name}{shown})"

@@ -173,8 +173,10 @@ def settings_note(context: PlanningContext) -> str:
     """The plan note naming what the plan was made for: kernel, compression and cache."""
     cache = context.cache
     share = ""
+    # FBGEMM's cache evicts by LRU or LFU: a policy of another name says which of the two it is
+    evicts = f"{cache.algorithm.upper()} eviction, " if cache.name.lower() not in ("lru", "lfu", "none") else ""
     if cache.load_factor:
-        share = f" (load factor {cache.load_factor})"
+        share = f" ({evicts}load factor {cache.load_factor})"
     elif cache.name != "none" and context.topology.compute_device == "cuda" and not context.kernel.data_parallel_only:
         share = " (no load_factor: nothing is cached; give one, e.g. 0.2)"
     return (

@@ -18,6 +18,7 @@ from neo_core.errors import ConfigError
 
 GiB = 1024**3
 GB = 1e9
+MIN_BW = 1e6  # bytes/s: a bandwidth under 1 MB/s is one given in GB/s by mistake
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,12 @@ class Topology:
             value = getattr(self, key)
             if not is_number(value) or not 0 < value < math.inf:
                 raise ConfigError(f"topology.{key} must be a positive finite number, got {value!r}.")
+            if key.endswith("_bw") and value < MIN_BW:
+                raise ConfigError(
+                    f"topology {self.name!r}: {key}={value!r} bytes/s is under 1 MB/s, surely a slip of units: "
+                    f"Topology's bandwidths are bytes per second ({value:g} GB/s is {value:g} * neo_core.topology.GB "
+                    f"= {value * GB:.3g})."
+                )
         # calibrated figures: seconds per id or collective may be 0, bandwidths must be positive
         optional = {
             "collective_latency_s": 0.0, "lookup_fwd_id_s": 0.0, "lookup_bwd_id_s": 0.0,

@@ -350,7 +350,7 @@ def test_the_local_topologys_memory_advice_stays_with_it() -> None:
     assert local.memory_fix and "memory_fraction (now 0.5)" in local.memory_fix
     assert "memory_fix" not in local.to_dict()
     assert local.replace(num_nodes=4).memory_fix is None
-    assert local.replace(intra_node_bw=1.0).memory_fix == local.memory_fix
+    assert local.replace(intra_node_bw=1e9).memory_fix == local.memory_fix
     assert local.emulated_on(2, "cuda").memory_fix is None
     from neo_plugins.topology.zionex import zionex_topology
 

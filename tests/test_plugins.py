@@ -208,7 +208,8 @@ def test_plugin_failing_to_register_is_named_and_skipped(capsys) -> None:
 
     with pytest.warns(PluginLoadWarning, match="'failing_plugin' failed to load and was skipped"):
         plugins = load_plugins(extra=[Failing()], autoload=False, strict=False)
-    assert plugins.failed == {"failing_plugin": "RuntimeError: no data here"}
+    assert re.fullmatch(r"PluginError: its neo_register_datasets raised RuntimeError: no data here "
+                        r"\(raised at test_plugins\.py:\d+ in neo_register_datasets\)", plugins.failed["failing_plugin"])
     assert plugins.registry("data").names() == ["synthetic"]
     assert "failing_plugin" in capsys.readouterr().err
     with pytest.raises(PluginError, match="'failing_plugin' failed to load .*NEO_STRICT_PLUGINS"):
@@ -522,7 +523,8 @@ def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
 
     with pytest.warns(PluginLoadWarning):
         plugins = load_plugins(extra=[HalfDone()], autoload=False, strict=False)
-    assert plugins.failed == {"half_done_plugin": "RuntimeError: second policy broke"}
+    assert plugins.failed["half_done_plugin"].startswith(
+        "PluginError: its neo_register_cache_policies raised RuntimeError: second policy broke (raised at")
     assert "half_cache" not in plugins.registry("cache") and "half_topology" not in plugins.registry("topology")
     assert "lru" in plugins.registry("cache")  # the others stay
 
@@ -757,3 +759,163 @@ def test_a_plugin_class_without_a_docstring_is_not_described_by_its_base() -> No
     registry.register("described", Described)
     assert registry.get("round_robin").description == ""
     assert registry.get("described").description == "Tables dealt to ranks in turn."
+
+
+def _policy(load_factor: float = 0.1) -> CachePolicy:
+    return CachePolicy("clock", load_factor)
+
+
+@pytest.mark.parametrize("args, kwargs, said", [
+    ((_policy, "clock"), {}, r"'clock' .*arguments are swapped; it takes the name first: registry.register\('clock'"),
+    (("clock/v3", _policy), {}, r"the name 'clock/v3' cannot be selected as <group>=clock/v3"),
+    (("clock", CachePolicy("clock", 0.1)), {}, r"'clock' .*its factory is a CachePolicy, not callable"),
+    (("clock", _policy), {"options": {"clock_bad": 0.05}}, r"options=\{'clock_bad': 0.05\}: an option is a mapping"),
+    (("clock", _policy), {"options": {"clock_small": {"load_factr": 0.05}}},
+     r"gives 'load_factr', which its factory does not take; its keys: load_factor"),
+    (("clock", _policy), {"options": [("clock_small", {})]}, r"is not a mapping"),
+])
+def test_a_registration_neo_cannot_use_is_named_and_the_plugin_skipped(args, kwargs, said) -> None:
+    # each stopped every recipe (a bad option only when a recipe made config options, blamed on
+    # the user's config), or was listed and failed only when selected
+    class Plugin:
+        __name__ = "clock_plugin"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register(*args, **kwargs)
+
+    with pytest.warns(PluginLoadWarning):
+        plugins = load_plugins(extra=[Plugin()], autoload=False, strict=False)
+    assert re.search(said, plugins.failed["clock_plugin"]), plugins.failed
+    assert plugins.registry("cache").names() == ["lfu", "lru", "none"]  # the rest load
+
+
+def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(register_plugin) -> None:
+    # Topology's own check named its field in bytes/s, which the user had not typed, and no plugin
+    from neo_core.topology import GB, Topology
+
+    def mini(intra_node_bw_gbps: float = 300.0) -> Topology:
+        return Topology("mini", 2, 4, "cuda", 40 * 2**30, 100 * 2**30, 1500 * GB, 100 * GB, 32 * GB,
+                        intra_node_bw_gbps * GB, 25 * GB)
+
+    def in_gb(device_memory_bw_gbps: float = 1500.0) -> Topology:  # bandwidths in GB/s by mistake
+        return Topology("in_gb", 2, 4, "cuda", 40 * 2**30, 100 * 2**30, device_memory_bw_gbps, 100.0, 32.0,
+                        300.0, 25.0)
+
+    class Plugin:
+        __name__ = "mini_plugin"
+        __neo_provider__ = "mini-dist"
+
+        @hookimpl
+        def neo_register_topologies(self, registry):
+            registry.register("mini", mini)
+            registry.register("in_gb", in_gb)
+
+    plugins = register_plugin(Plugin())
+    with pytest.raises(ConfigError, match=r"^topology=mini \(mini-dist\): topology.intra_node_bw must be a positive"):
+        plugins.create("topology", "mini", {"intra_node_bw_gbps": -5})
+    with pytest.raises(ConfigError, match=r"^topology=in_gb \(mini-dist\): topology 'in_gb': device_memory_bw=1500.0 "
+                                          r"bytes/s is under 1 MB/s, surely a slip of units.*1500 \* neo_core"):
+        plugins.create("topology", "in_gb")
+    # Neo's own plugins' messages are as they were: they name what the user typed
+    with pytest.raises(ConfigError, match=r"^topology.intra_node_bw_gbps must be a positive number of GB/s"):
+        plugins.create("topology", "zionex", {"intra_node_bw_gbps": -5})
+
+
+def test_a_plugins_own_default_that_its_annotation_refuses_is_the_plugins_fault(register_plugin) -> None:
+    # "cache.load_factor must be a number, got None", though nobody had typed it
+    def sloppy(load_factor: float = None) -> CachePolicy:  # type: ignore[assignment]
+        return CachePolicy("sloppy", load_factor)
+
+    class Named(CachePolicy):
+        """A policy class registered as its own factory: it takes its name."""
+
+    class Plugin:
+        __name__ = "sloppy_plugin"
+        __neo_provider__ = "sloppy-dist"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("sloppy", sloppy)
+            registry.register("named", Named)
+
+    plugins = register_plugin(Plugin())
+    with pytest.raises(PluginError, match=r"cache policy plugin 'sloppy' \(sloppy-dist\): its own default for "
+                                          r"load_factor, None, is not of its annotated kind .*'float \| None'"):
+        plugins.create("cache", "sloppy", {"load_factor": None})
+    with pytest.raises(ConfigError, match=r"cache.load_factor must be a number, got 'x'"):
+        plugins.create("cache", "sloppy", {"load_factor": "x"})  # typed by the user: theirs
+    made = plugins.create("cache", "named", {"load_factor": 0.1})  # it asked for cache.name
+    assert (made.name, made.load_factor, made.algorithm) == ("named", 0.1, "lru")
+
+
+def test_a_cache_policy_of_its_own_name_says_how_it_evicts() -> None:
+    # a policy "clock" evicted by LRU (FBGEMM's default) and its plan said only "cache clock"
+    from neo_core.api import plan_tables
+    from neo_core.sharding import TableSpec
+
+    tables = [TableSpec(f"t{i}", 1_000_000, 64, 10.0) for i in range(8)]
+    for policy, said in ((CachePolicy("clock", 0.05), "cache clock (LRU eviction, load factor 0.05)"),
+                         (CachePolicy("warm", 0.05, algorithm="lfu"), "cache warm (LFU eviction, load factor 0.05)"),
+                         (CachePolicy("lfu", 0.05), "cache lfu (load factor 0.05)")):
+        plan = plan_tables(tables, {"name": "zionex", "num_nodes": 1}, 512, cache=policy)
+        assert said in plan.notes[0], plan.notes[0]
+
+
+def test_a_bug_in_one_of_a_packages_plugins_is_not_blamed_on_another(tmp_path, register_plugin, monkeypatch) -> None:
+    # a compressor's bug was said to be "raised in the topology plugin 'mini2'", the package's first
+    import textwrap
+
+    from neo_core.cli import plugin_blame
+
+    (tmp_path / "two_plugins.py").write_text(textwrap.dedent("""
+        from neo_core import hookimpl
+        from neo_core.compression import Compressor
+        from neo_core.topology import Topology
+
+        def mini2():
+            return None
+
+        class Codec(Compressor):
+            def qcomm_codecs_registry(self):
+                raise RuntimeError("codec broke")
+
+        @hookimpl
+        def neo_register_topologies(registry):
+            registry.register("mini2", mini2)
+
+        @hookimpl
+        def neo_register_compressors(registry):
+            registry.register("codec", Codec)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "two_plugins", raising=False)
+    import two_plugins
+
+    register_plugin(two_plugins)
+    with pytest.raises(RuntimeError) as err:
+        two_plugins.Codec("codec").qcomm_codecs_registry()
+    assert plugin_blame(err.value) == "compressor plugin 'codec' (two_plugins)"
+    # from a spawned rank, as text, the frames are gone: the package and both its plugins
+    rank = RuntimeError(f'Traceback (most recent call last):\n  File "{tmp_path / "two_plugins.py"}", line 11, in '
+                        "qcomm_codecs_registry\nRuntimeError: codec broke")
+    assert plugin_blame(rank) == ("code of two_plugins, which provides the topology plugin 'mini2', compressor "
+                                  "plugin 'codec'")
+
+
+def test_neo_plugins_says_a_plugin_that_failed_to_load_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    from neo_core.cli import main as neo_main
+    from neo_core.plugins import QUIET_ENV
+
+    _entry_point_plugin(tmp_path, "broken_once", "raise ImportError('no such thing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    reset_plugins(None)
+    try:
+        with pytest.warns(PluginLoadWarning):
+            assert neo_main(["plugins"]) == 0
+    finally:
+        reset_plugins(None)
+    out, err = capsys.readouterr()
+    assert "failed to load: broken_once: ImportError: no such thing" in out
+    assert "broken_once" not in err and QUIET_ENV not in __import__("os").environ
