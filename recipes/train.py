@@ -36,6 +36,7 @@ from neo_core.cli import (
     force_add_overrides,
     launch_lines_as_typed,
     option_names,
+    script_command,
     select_by_name,
     user_errors,
 )
@@ -142,6 +143,10 @@ def _sweep_job(config: dict) -> dict:
         out, num, " ".join(_typed_overrides()), passthrough=(RunInterrupted,),
         before=lambda: check_not_a_dry_run(out),  # a dry run's folder (and its error.txt) is left as it is
     )
+    from neo_core.training.interrupt import asked_as_it_finished
+
+    if asked_as_it_finished():  # Ctrl-C or SIGTERM as the job finished: the next jobs do not start
+        raise RunInterrupted(f"stopped as job #{num} finished (its results are in {out})", resume_dir=str(out))
     return {} if metrics is None else metrics
 
 
@@ -169,8 +174,9 @@ def _continue_command(run_dir: str) -> str:
     else:  # this run's overrides, resuming in its folder
         keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
         args = [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={run_dir}"]
-    launcher = "torchrun <its options> recipes/train.py" if "TORCHELASTIC_RUN_ID" in os.environ else (
-        "python recipes/train.py")
+    here = HydraConfig.get().runtime.cwd  # where the command was typed (a job may run elsewhere)
+    launcher = "torchrun <its options> " + script_command(__file__, here).split(" ", 1)[1] if (
+        "TORCHELASTIC_RUN_ID" in os.environ) else script_command(__file__, here)
     return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
 
@@ -255,6 +261,11 @@ def main(cfg: DictConfig) -> float:
             else:
                 with user_errors():
                     metrics = train(config)  # type: ignore[arg-type]
+                from neo_core.training.interrupt import asked_as_it_finished
+
+                if asked_as_it_finished():
+                    print("note: the stop request came as the run was finishing; it finished and its results "
+                          "are complete")
         except RunInterrupted as exc:
             if exc.resume_dir is None:
                 raise

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from neo_core.cli import script_command
 from neo_core.config import register_plugin_options
 from neo_core.errors import NeoError, PlanningError, PluginError
 from neo_core.plugins import load_plugins
@@ -750,3 +753,48 @@ def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> 
     assert recipe.mixed_scales_note().startswith(
         "note: these plans' predicted times come from different models (Neo's cost model, TorchRec's estimator), "
         "which are not on one scale")
+
+
+def test_a_stop_asked_as_a_sweep_job_finishes_stops_the_sweep(tmp_path: Path) -> None:
+    # a Ctrl-C or SIGTERM during a job's last step, validation or save: the job finished as asked,
+    # then the sweep ran every other job and exited 0
+    wrapper = tmp_path / "stopped_sweep.py"
+    wrapper.write_text(textwrap.dedent(f"""
+        import runpy, sys
+        import neo_core.training.run as run
+        from neo_core.training import interrupt
+
+        def train(cfg):  # a job that finished as the stop request came
+            interrupt.note_asked_as_it_finished()
+            return {{"steps": 2, "val_auc": 0.5, "val_loss": 0.7, "samples_per_sec": 1.0}}
+
+        run.train = train
+        sys.argv = [{str(RECIPE)!r}, *sys.argv[1:]]
+        runpy.run_path({str(RECIPE)!r}, run_name="__main__")
+    """))
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, str(wrapper), "-m", "cache=none,lru", "trainer=smoke",
+                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "#1 : cache=lru" not in proc.stdout + proc.stderr  # the next job did not start
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"interrupted: stopped as job #0 finished (its results are in {sweep / '0'}); continue with: "
+        f"{script_command(RECIPE, ROOT)} -m cache=none,lru trainer=smoke trainer.resume=true hydra.sweep.dir={sweep}")
+
+
+def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, monkeypatch) -> None:
+    # it said "python recipes/train.py" from any folder, and with python not this environment's
+    import shutil
+
+    venv_bin = tmp_path / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "python").symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", f"{venv_bin}{os.pathsep}/usr/bin")
+    assert shutil.which("python") == str(venv_bin / "python")
+    assert script_command(RECIPE, ROOT) == "python recipes/train.py"  # the environment's python on PATH
+    assert script_command(RECIPE, ROOT / "recipes") == "python train.py"
+    assert script_command(RECIPE, tmp_path) == f"python {RECIPE}"  # typed elsewhere: the full path
+    monkeypatch.setenv("PATH", "/usr/bin")
+    assert script_command(RECIPE, ROOT) == f"{venv_bin / 'python'} recipes/train.py"  # another python on PATH

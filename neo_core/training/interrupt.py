@@ -142,6 +142,24 @@ class StopOnInterrupt(pl.Callback):
             self.stopped_at = trainer.global_step
 
 
+# a stop asked for after the ranks' last agreement point (during the last step, the final
+# validation or the save): the run finishes, and a sweep must not start its next job
+_ASKED_AS_IT_FINISHED: list[bool] = []
+
+
+def note_asked_as_it_finished() -> None:
+    _ASKED_AS_IT_FINISHED[:] = [True]
+
+
+def asked_as_it_finished(clear: bool = True) -> bool:
+    """Whether a Ctrl-C or SIGTERM came as the last run finished, too late to stop it early
+    (``clear``: forget it, so that it is said once)."""
+    asked = bool(_ASKED_AS_IT_FINISHED)
+    if clear:
+        _ASKED_AS_IT_FINISHED.clear()
+    return asked
+
+
 def _nothing(*args: Any) -> None:
     """Stands in for Lightning's SIGTERM notifier and its per-step broadcast of that flag
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
@@ -185,6 +203,8 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
             _wait_for_ranks(context)
             while not context.join():
                 pass
+            if stop.is_set():  # noted, but too late for the ranks to stop early: they finished
+                note_asked_as_it_finished()
         except KeyboardInterrupt:
             for process in context.processes:
                 if process.is_alive():

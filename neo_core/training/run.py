@@ -559,6 +559,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     """Train as configured; returns the metrics also written to ``metrics.json``."""
     run = cfg if isinstance(cfg, RunConfig) else validate(cfg)
     launch = resolve_launch(run)
+    from neo_core.training.interrupt import asked_as_it_finished
+
+    asked_as_it_finished()  # an earlier run's request is not this one's
     out = Path(run.output_dir)
     rank0 = not launch.external or int(os.environ.get("RANK", "0")) == 0
     resumed_from, changes = check_before_start(run)
@@ -839,6 +842,10 @@ def rank_main(
             wall = time.perf_counter() - started
             if rank == 0:
                 _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
+            if stop.asked and stop.stopped_at is None and stop_event is None and not launch.external:
+                from neo_core.training.interrupt import note_asked_as_it_finished
+
+                note_asked_as_it_finished()  # a rank in this process: the caller (a sweep) is told
     except HardStop:  # the second Ctrl-C (inside fit, Lightning has torn the rank down)
         raise KeyboardInterrupt from None
     except RuntimeError as exc:  # torch's out-of-memory errors (CUDA's is a RuntimeError too)

@@ -312,6 +312,7 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: s
     and a resumed run goes on from it."""
     import sys
 
+    from neo_core.cli import script_command
     from tests.conftest import ROOT
 
     out = tmp_path / "run"
@@ -327,7 +328,8 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: s
     assert 3 <= step < 100000 and step % 2 == 0  # after a step where the ranks compared notes
     # the command to continue repeats the run's overrides
     assert (f"interrupted: stopped after step {step} of 100000: checkpoint at step {step} in {out / 'checkpoint'}; "
-            "continue with: python recipes/train.py trainer=smoke trainer.max_steps=100000 trainer.checkpoint=true "
+            f"continue with: {script_command(ROOT / 'recipes' / 'train.py', ROOT)} trainer=smoke "
+            "trainer.max_steps=100000 trainer.checkpoint=true "
             "trainer.checkpoint_every_n_steps=3 trainer.log_every_n_steps=2 trainer.resume=true "
             f"hydra.run.dir={out}") in stderr, stderr[-3000:]
     # the run's transcript keeps the plan, the notice and the line to continue with
@@ -613,7 +615,7 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
     import threading
     import time
 
-    from neo_core.training.interrupt import run_ranks
+    from neo_core.training.interrupt import asked_as_it_finished, run_ranks
 
     before = signal.getsignal(signal.SIGINT)
     interrupt = lambda: os.kill(os.getpid(), signal.SIGINT)  # noqa: E731
@@ -622,6 +624,8 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
     run_ranks(_rank_waits_for_stop, (), 2)  # each rank sees the flag and ends normally
     timer.join()
     assert capsys.readouterr().err.count("stopping: the ranks finish their step") == 1
+    # ranks that ended normally with the flag set finished too late to stop: a sweep is told, once
+    assert asked_as_it_finished() and not asked_as_it_finished()
     terminate = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
     timers = [threading.Timer(t, terminate) for t in (1.0, 1.3)]  # twice: one request, passed on once
     for timer in timers:
@@ -634,10 +638,12 @@ def test_the_starting_process_passes_ctrl_c_to_its_ranks_and_ends_them_on_the_se
     for timer in timers:
         timer.start()
     start = time.monotonic()
+    asked_as_it_finished()
     with pytest.raises(KeyboardInterrupt):
         run_ranks(_rank_never_stops, (), 2)
     for timer in timers:
         timer.join()
+    assert not asked_as_it_finished()  # stopped: not a run that finished
     assert time.monotonic() - start < 60  # the ranks were ended, not waited for
     assert signal.getsignal(signal.SIGINT) is before
 
