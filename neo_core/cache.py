@@ -53,6 +53,12 @@ class CachePolicy:
                 f"cache algorithm {self.algorithm!r} (cache {self.name!r}) is not one FBGEMM's cache "
                 "implements; choose lru or lfu."
             )
+        if self.prefetch_pipeline and self.algorithm.lower() != "lru":
+            raise ConfigError(
+                f"cache {self.name!r}: prefetch_pipeline=true needs LRU eviction, as FBGEMM's cache prefetches only "
+                f"under LRU (it evicts by {self.algorithm.upper()}); use cache=lru cache.prefetch_pipeline=true, or "
+                "leave prefetch_pipeline false."
+            )
         if named and self.algorithm.lower() != named:
             raise ConfigError(
                 f"cache {self.name!r} with algorithm={self.algorithm!r}: the policy's name is an eviction "

@@ -440,6 +440,11 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
             f"cache {cache.name} not used: {context.topology.compute_device} ranks have no device "
             "memory apart from host memory, so every table stays in place"
         )
+    elif cache.load_factor is not None and plan.tables and not any("caching" in t.compute_kernel for t in plan.tables):
+        notes.append(
+            f"cache {cache.name} not used: every table was placed in device memory, which is faster; a table goes "
+            "to host memory behind the cache only where device memory cannot hold it"
+        )
     changed = [
         f"{kind} {asked} is sent as {sent}"
         for kind, asked, sent in (

@@ -669,6 +669,12 @@ def test_kernel_and_cache_objects_check_their_fields() -> None:
         CachePolicy("none", 0.1)
     with pytest.raises(ConfigError, match=r"cache.prefetch_pipeline must be true or false, got 'yes'"):
         CachePolicy("lru", 0.1, prefetch_pipeline="yes")
+    # FBGEMM asserts "Only LRU cache policy supports prefetch_pipeline" inside a GPU rank
+    with pytest.raises(ConfigError, match=r"cache 'warm': prefetch_pipeline=true needs LRU eviction.*evicts by LFU"):
+        CachePolicy("warm", 0.1, algorithm="lfu", prefetch_pipeline=True)
+    with pytest.raises(ConfigError, match=r"Unknown key cache.prefetch_pipeline for cache policy plugin 'lfu'.*"
+                                          r"cache=lru cache.prefetch_pipeline"):
+        plugins.create("cache", "lfu", {"prefetch_pipeline": True})
 
 
 def test_replicated_tables_take_the_kernels_eps() -> None:
@@ -860,6 +866,14 @@ def test_a_cache_policy_of_its_own_name_says_how_it_evicts() -> None:
                          (CachePolicy("lfu", 0.05), "cache lfu (load factor 0.05)")):
         plan = plan_tables(tables, {"name": "zionex", "num_nodes": 1}, 512, cache=policy)
         assert said in plan.notes[0], plan.notes[0]
+        # these tables fit in device memory, so none is behind the cache: the plan says so
+        assert all(t.compute_kernel == "fused" for t in plan.tables)
+        assert (f"cache {policy.name} not used: every table was placed in device memory, which is faster; a table "
+                "goes to host memory behind the cache only where device memory cannot hold it") in plan.notes
+    big = [TableSpec(f"t{i}", 200_000_000, 128, 10.0) for i in range(8)]  # 102 GB each: over 8 x 40 GiB
+    plan = plan_tables(big, {"name": "zionex", "num_nodes": 1}, 512, cache=CachePolicy("lru", 0.05))
+    assert any(t.compute_kernel == "fused_uvm_caching" for t in plan.tables)
+    assert not any("not used" in n for n in plan.notes)
 
 
 def test_a_bug_in_one_of_a_packages_plugins_is_not_blamed_on_another(tmp_path, register_plugin, monkeypatch) -> None:

@@ -26,8 +26,11 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("BCE loss")
     ax.legend(loc="upper left")
+    # cache and compression when set: a sweep over them drew charts that looked alike
+    extra = "".join(f" / {kind} {metrics[kind]}" for kind in ("cache", "compression")
+                    if metrics.get(kind) not in (None, "none"))
     ax.set_title(
-        f"{metrics.get('model')} / {metrics.get('sharding')} / {metrics.get('kernel')}: "
+        f"{metrics.get('model')} / {metrics.get('sharding')} / {metrics.get('kernel')}{extra}: "
         f"{metrics.get('samples_per_sec', 0):,.0f} samples/s"
     )
     fig.tight_layout()

@@ -756,6 +756,10 @@ def rank_main(
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size))
     threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
+    # Lightning's strategy sets torch's threads again, to the cores over the ranks of one node,
+    # unless OMP_NUM_THREADS is set: on an emulated topology of one rank per node that gave each
+    # of the machine's ranks every core (samples/s fell 10-25x)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     pl.seed_everything(run.seed, verbose=False)
     parts = build_parts(run, launch)
     local_world = _emulate_nodes(parts.topology, launch, rank, local_world)
@@ -957,6 +961,9 @@ def _write_results(
         "sharding": run.sharding["name"],
         "kernel": run.kernel["name"],
         "compression": run.compression["name"],
+        "cache": run.cache["name"],
+        "cache_load_factor": run.cache.get("load_factor"),
+        "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],
         "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,

@@ -4,7 +4,7 @@
 tables in host memory behind a device cache of ``load_factor`` of their rows, evicting by
 FBGEMM's LRU or LFU algorithm (TorchRec's ``fused_uvm_caching`` kernel; GPU topologies only:
 CPU ranks have no separate device memory, so there the planner keeps every table in place).
-``prefetch_pipeline`` builds FBGEMM's cache for a prefetching train pipeline (a lock counter
+``prefetch_pipeline`` (``lru`` only: FBGEMM prefetches only under LRU) builds FBGEMM's cache for a prefetching train pipeline (a lock counter
 per slot, which the planner counts in device memory); Neo's training loop runs no such
 pipeline, so the cache fetches its missed rows inside each forward, as without it.
 """
@@ -31,9 +31,10 @@ def lru_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> Cach
     return _cached("lru", load_factor, prefetch_pipeline)
 
 
-def lfu_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> CachePolicy:
-    """Host-memory tables behind a device cache of ``load_factor`` of their rows, LFU eviction."""
-    return _cached("lfu", load_factor, prefetch_pipeline)
+def lfu_cache(load_factor: float = 0.2) -> CachePolicy:
+    """Host-memory tables behind a device cache of ``load_factor`` of their rows, LFU eviction
+    (FBGEMM prefetches only under LRU: no prefetch_pipeline)."""
+    return _cached("lfu", load_factor, False)
 
 
 @hookimpl
