@@ -62,3 +62,31 @@ def test_the_python_examples_run(tmp_path, monkeypatch) -> None:
     namespace["neo_register_cache_policies"](registry)
     assert registry.create("warm_lfu") == CachePolicy("warm_lfu", 0.3, "lfu")
     assert registry.create("warm_lfu", {"load_factor": 0.1}).load_factor == 0.1
+
+
+def test_every_setting_is_in_the_settings_reference() -> None:
+    # keys that neo plugins listed but no document named (data.bias, topology.device_memory_bw_gbps, ...)
+    import yaml
+
+    from neo_core.plugins import load_plugins
+
+    text = (ROOT / "docs" / "settings.md").read_text()
+    missing = []
+    for registry in load_plugins(autoload=False).registries.values():
+        for entry in registry.entries():
+            if f"`{entry.name}`" not in text:
+                missing.append(f"{registry.group}={entry.name}")
+            missing += [f"{registry.group}.{key}" for key in entry.parameters() if f"`{registry.group}.{key}`" not in text]
+    conf = ROOT / "conf"
+    for group in ("trainer", "plan_model"):
+        for path in sorted((conf / group).glob("*.yaml")):
+            missing += [f"{group}.{key}" for key in yaml.safe_load(path.read_text())
+                        if key != "defaults" and f"`{group}.{key}`" not in text]
+    for path in sorted((conf / "experiment").glob("*.yaml")):
+        missing += [f"experiment={path.stem}"] if f"`{path.stem}`" not in text else []
+    for recipe in ("train.yaml", "plan.yaml"):
+        top = yaml.safe_load((conf / recipe).read_text())
+        missing += [key for key, value in top.items()
+                    if key not in ("defaults", "hydra") and not isinstance(value, dict) and f"`{key}`" not in text]
+    assert not missing, f"docs/settings.md does not name: {', '.join(missing)}"
+    assert "docs/settings.md" in (ROOT / "README.md").read_text()
