@@ -164,7 +164,7 @@ def test_int8_gradients_train_where_the_plan_is_table_wise(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
+def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path, capsys) -> None:
     from neo_core.training.run import train
 
     smoke = ["trainer=smoke", "trainer.checkpoint=true", "trainer.val_every_n_steps=3", "trainer.log_every_n_steps=3"]
@@ -179,13 +179,17 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path) -> None:
     killed = ",".join({"step": "4", "train/loss": "9.5"}.get(c, "") for c in head)  # step 5, past the save
     log.write_text(log.read_text() + killed + "\n")
     (tmp_path / "split" / "metrics.json").unlink()
+    capsys.readouterr()
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
+    assert "samples/s over steps 5-6 (this segment)" in capsys.readouterr().out
     # the record before the checkpoint came with it (metrics.json was gone)
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
     # validation on the run's steps: 3 and 4 (the first run's end) kept, then 6, not 4 + 3
     assert [v["step"] for v in resumed["val_history"]] == [3, 4, 6]
     assert resumed["val_history"][-1] == whole["val_history"][-1]
+    # its samples/s times this segment's steps only, and says which
+    assert (whole["timed_from_step"], resumed["timed_from_step"]) == (1, 5)
     # a run that does not resume is refused before it writes over the checkpoint
     from neo_core.errors import ConfigError
 
