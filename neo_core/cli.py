@@ -772,6 +772,35 @@ def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[
     return [Path(conf)] if added is None else [Path(conf), added]
 
 
+def config_dir_shadows(conf: str | os.PathLike[str], argv: Sequence[str] = (), plugins: Any = None) -> list[str]:
+    """Warnings for the option files of a ``--config-dir`` that do not do what their name says:
+    one named as a recipes' option is never read (the recipes' folder comes first in Hydra's
+    search path), one named as a plugin's option replaces that option."""
+    dirs = config_dirs(conf, argv)
+    if len(dirs) < 2 or not dirs[1].is_dir():
+        return []
+    if plugins is None:
+        from neo_core.plugins import get_plugins
+
+        plugins = get_plugins()
+    offered = {}  # (group, option) -> the plugin whose option it is
+    for registry in plugins.registries.values():
+        for entry in registry.entries():
+            for option in (entry.name, *entry.options):
+                offered[(registry.group, option)] = f"{registry.kind} plugin {entry.name!r} ({entry.provider})"
+    said = []
+    for path in sorted(dirs[1].glob("*/*.yaml")):
+        group, name = path.parent.name, path.stem
+        if (Path(conf) / group / path.name).is_file():
+            said.append(f"warning: {path} is never read: the recipes' {Path(conf) / group / path.name} comes first in "
+                        f"Hydra's search path, so {group}={name} selects that one; give yours another name (e.g. "
+                        f"{name}_mine.yaml, selected with {group}={name}_mine).")
+        elif (group, name) in offered:
+            said.append(f"warning: {path} replaces the option {group}={name} of the {offered[(group, name)]}; "
+                        "give it another name to keep both.")
+    return said
+
+
 def config_groups(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[str]:
     """The config group folders of ``config_dirs(conf, argv)``."""
     return sorted({p.name for d in config_dirs(conf, argv) if d.is_dir() for p in d.iterdir() if p.is_dir()})

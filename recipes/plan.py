@@ -32,6 +32,7 @@ from neo_core.cli import (
     check_group_options,
     check_run_dirs,
     check_sweep_values,
+    config_dir_shadows,
     config_dirs,
     config_groups,
     flags_first,
@@ -306,6 +307,8 @@ if __name__ == "__main__":
         with user_errors():
             check_command_line(sys.argv[1:], "recipes/plan.py")
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            for warning in config_dir_shadows(CONF, sys.argv[1:]):
+                print(warning, file=sys.stderr)
             check_options(sys.argv[1:])
             check_sweep_values(sys.argv[1:], "recipes/plan.py")
             check_run_dirs(sys.argv[1:])

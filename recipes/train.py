@@ -30,6 +30,7 @@ from neo_core.cli import (
     check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
+    config_dir_shadows,
     config_dirs,
     config_groups,
     flags_first,
@@ -281,6 +282,8 @@ if __name__ == "__main__":
         with user_errors():
             check_command_line(sys.argv[1:], "recipes/train.py")
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            for warning in config_dir_shadows(CONF, sys.argv[1:]):
+                print(warning, file=sys.stderr)
             check_plan_settings(sys.argv[1:])
             check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
             check_sweep_values(sys.argv[1:], "recipes/train.py")

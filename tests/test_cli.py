@@ -618,3 +618,37 @@ def test_neo_plugins_lists_the_built_ins_beside_a_name_registered_twice(tmp_path
     assert said.err.startswith("error: cache policy plugin 'lru' is registered twice (neo-dlrm and clash); rename one")
     assert "  lru            [neo-dlrm]" in said.out and "sharder (config group 'sharding'):" in said.out
     assert said.out.endswith("(the built-in plugins only: a plugin name is registered twice, see the error above)\n")
+
+
+def test_a_config_dir_option_that_is_never_read_or_replaces_a_plugins_is_warned_of(tmp_path: Path) -> None:
+    # a --config-dir cache/lru.yaml was silently ignored (the recipes' own comes first), and one
+    # named as a plugin's option silently replaced it
+    from neo_core import hookimpl
+    from neo_core.cache import CachePolicy
+    from neo_core.cli import config_dir_shadows
+    from neo_core.plugins import load_plugins
+
+    class Clock:
+        __name__ = "clock_plugin"
+        __neo_provider__ = "clock-dist"
+
+        @hookimpl
+        def neo_register_cache_policies(self, registry):
+            registry.register("clock", lambda load_factor=0.1: CachePolicy("clock", load_factor),
+                              options={"clock_small": {"load_factor": 0.05}})
+
+    plugins = load_plugins(extra=[Clock()], autoload=False)
+    mine = tmp_path / "mine"
+    (mine / "cache").mkdir(parents=True)
+    for name in ("lru", "clock_small", "mine"):
+        (mine / "cache" / f"{name}.yaml").write_text("name: lru\nload_factor: 0.7\n")
+    conf = ROOT / "conf"
+    said = config_dir_shadows(conf, ["--config-dir", str(mine), "cache=lru"], plugins)
+    assert said == [
+        f"warning: {mine / 'cache' / 'clock_small.yaml'} replaces the option cache=clock_small of the cache policy "
+        "plugin 'clock' (clock-dist); give it another name to keep both.",
+        f"warning: {mine / 'cache' / 'lru.yaml'} is never read: the recipes' {conf / 'cache' / 'lru.yaml'} comes "
+        "first in Hydra's search path, so cache=lru selects that one; give yours another name (e.g. lru_mine.yaml, "
+        "selected with cache=lru_mine).",
+    ]
+    assert config_dir_shadows(conf, ["cache=lru"], plugins) == []  # no config dir: nothing to say
