@@ -22,18 +22,20 @@ from neo_core.errors import ConfigError, NeoError
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
-def script_command(script: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> str:
+def script_command(script: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None,
+                   python: bool = True) -> str:
     """How to run ``script`` again from ``cwd`` (the folder the command was typed in): ``python``
     when that is this interpreter on PATH (an activated environment), else this interpreter's
-    path; the script relative to ``cwd`` when it lies below it, else its full path."""
+    path; the script relative to ``cwd`` when it lies below it, else its full path. Without
+    ``python``, the script's part alone (for torchrun)."""
     import shlex
     import shutil
 
     on_path = shutil.which("python")
-    python = "python" if on_path and Path(on_path).absolute() == Path(sys.executable).absolute() else sys.executable
+    interpreter = "python" if on_path and Path(on_path).absolute() == Path(sys.executable).absolute() else sys.executable
     script, here = Path(script).resolve(), Path(cwd or os.getcwd()).resolve()
-    shown = script.relative_to(here) if script.is_relative_to(here) else script
-    return f"{shlex.quote(python)} {shlex.quote(str(shown))}"
+    shown = shlex.quote(str(script.relative_to(here) if script.is_relative_to(here) else script))
+    return f"{shlex.quote(interpreter)} {shown}" if python else shown
 
 
 def user_error_message(exc: BaseException) -> str | None:

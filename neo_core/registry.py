@@ -127,7 +127,7 @@ class Registry(Generic[T]):
         if not name or not isinstance(name, str):
             raise PluginError(f"A {self.kind} plugin from {self._provider} has no name (registry.register's first "
                               f"argument is {name!r}; give the name users select it by, as text).")
-        bad = _bad_name(name)
+        bad = _bad_name(name, self.group)
         if bad:
             raise PluginError(f"{self.kind} plugin {name!r} from {self._provider}: {bad}")
         if name in self._entries:
@@ -166,7 +166,7 @@ class Registry(Generic[T]):
         except (TypeError, ValueError):  # no signature to read (a builtin): the keys are left to create()
             keys, any_key = set(), True
         for option, params in options.items():
-            bad = _bad_name(option) if isinstance(option, str) else f"option name {option!r} is not text."
+            bad = _bad_name(option, self.group) if isinstance(option, str) else f"option name {option!r} is not text."
             if bad:
                 raise PluginError(f"{where}{{{option!r}: ...}}: {bad}")
             if not isinstance(params, Mapping):
@@ -253,11 +253,12 @@ class Registry(Generic[T]):
                 except ConfigError as exc:
                     if not _is_default(value, accepted.get(key, inspect.Parameter.empty)):
                         raise
+                    kind = _annotation_text(annotations.get(key))
+                    fix = (f"annotate it '{kind} | None'" if value is None else "change the default to one")
                     raise PluginError(  # nobody typed it: the plugin's default contradicts its annotation
                         f"{self.kind} plugin {name!r} ({entry.provider}): its own default for {key}, {value!r}, is "
-                        f"not of its annotated kind ({exc}); the plugin should annotate it "
-                        f"'{_annotation_text(annotations.get(key))} | None' or change the default. Meanwhile give "
-                        f"{self.group}.{key}=<value>."
+                        f"not of its annotated kind, {kind} ({str(exc).rstrip('.')}); the plugin should {fix}. "
+                        f"Meanwhile give {self.group}.{key}=<value>."
                     ) from None
             if "name" in accepted and accepted["name"] is inspect.Parameter.empty and "name" not in params:
                 params["name"] = name  # a factory (a CachePolicy subclass) that takes its own name
@@ -303,6 +304,8 @@ class Registry(Generic[T]):
 
 
 def _is_default(value: Any, default: Any) -> bool:
+    if isinstance(default, tuple) and isinstance(value, list):  # a config gives a tuple back as a list
+        value = tuple(value)
     try:
         return default is not inspect.Parameter.empty and bool(value == default) and type(value) is type(default)
     except Exception:  # noqa: BLE001 - values that do not compare are not the default
@@ -313,14 +316,23 @@ def _annotation_text(annotation: Any) -> str:
     return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
 
 
-def _bad_name(name: str) -> str | None:
-    """Why ``name`` cannot be typed as ``<group>=<name>`` (a folder separator, ``=``, a comma...)."""
+def _bad_name(name: str, group: str = "<group>") -> str | None:
+    """Why ``name`` cannot be typed as ``<group>=<name>``: a character Hydra's override grammar
+    reads otherwise (``/`` a folder, ``=``, ``,`` a sweep, a space, quotes, brackets), or a name
+    it reads as a number, true/false or null."""
     import re
 
-    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name) and not name.endswith(".yaml"):
-        return None
-    return (f"the name {name!r} cannot be selected as <group>={name}; use letters, digits, '_', '-' and '.', "
-            "starting with a letter or digit.")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+:@-]*", name) or name.endswith(".yaml"):
+        return (f"the name {name!r} cannot be selected as {group}={name}; use letters, digits and _ - . + : @, "
+                "starting with a letter, digit or _.")
+    try:
+        float(name)
+        parsed = True
+    except ValueError:
+        parsed = name.lower() in ("true", "false", "null")
+    if parsed:
+        return f"the name {name!r} reads as a value, not a name, in {group}={name}; give it a name with a letter."
+    return None
 
 
 def _raised_at(exc: BaseException, hint: bool = True) -> str:

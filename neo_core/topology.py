@@ -73,8 +73,8 @@ class Topology:
             if key.endswith("_bw") and value < MIN_BW:
                 raise ConfigError(
                     f"topology {self.name!r}: {key}={value!r} bytes/s is under 1 MB/s, surely a slip of units: "
-                    f"Topology's bandwidths are bytes per second ({value:g} GB/s is {value:g} * neo_core.topology.GB "
-                    f"= {value * GB:.3g})."
+                    "Topology's bandwidths are bytes per second, so a figure in GB/s is multiplied by "
+                    "neo_core.topology.GB (25 GB/s is 25 * GB = 2.5e10)."
                 )
         # calibrated figures: seconds per id or collective may be 0, bandwidths must be positive
         optional = {

@@ -124,6 +124,13 @@ def _sweep_job(config: dict) -> dict:
     from neo_core.training.run import check_not_a_dry_run, finished_note, finished_unchanged, train
 
     out, num = Path(config["output_dir"]), HydraConfig.get().job.num
+    from neo_core.training.console import discard_transcript
+    from neo_core.training.interrupt import asked_as_it_finished
+
+    if asked_as_it_finished():  # a Ctrl-C or SIGTERM as the job before finished: this one does not start
+        discard_transcript()  # its folder gets no train.log
+        raise RunInterrupted(f"stopped as job #{num - 1} finished, before job #{num} started",
+                             resume_dir=str(out))
     trainer = config.get("trainer") or {}
     if trainer.get("resume") is True:  # a continued sweep: a job stopped before its first save starts afresh
         try:
@@ -144,10 +151,6 @@ def _sweep_job(config: dict) -> dict:
         out, num, " ".join(_typed_overrides()), passthrough=(RunInterrupted,),
         before=lambda: check_not_a_dry_run(out),  # a dry run's folder (and its error.txt) is left as it is
     )
-    from neo_core.training.interrupt import asked_as_it_finished
-
-    if asked_as_it_finished():  # Ctrl-C or SIGTERM as the job finished: the next jobs do not start
-        raise RunInterrupted(f"stopped as job #{num} finished (its results are in {out})", resume_dir=str(out))
     return {} if metrics is None else metrics
 
 
@@ -176,7 +179,7 @@ def _continue_command(run_dir: str) -> str:
         keep = [o for o in _typed_overrides() if not o.startswith(("trainer.resume=", "output_dir="))]
         args = [*CONFIG_FLAGS, *keep, "trainer.resume=true", f"hydra.run.dir={run_dir}"]
     here = HydraConfig.get().runtime.cwd  # where the command was typed (a job may run elsewhere)
-    launcher = "torchrun <its options> " + script_command(__file__, here).split(" ", 1)[1] if (
+    launcher = f"torchrun <its options> {script_command(__file__, here, python=False)}" if (
         "TORCHELASTIC_RUN_ID" in os.environ) else script_command(__file__, here)
     return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
@@ -300,6 +303,10 @@ if __name__ == "__main__":
     launch_lines_as_typed()
     try:
         main()
+        from neo_core.training.interrupt import asked_as_it_finished
+
+        if asked_as_it_finished():  # the last job of a sweep (a single run says so itself)
+            print("note: the stop request came as the last job was finishing; it finished, and so did the sweep")
         SWEEP.exit()
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself

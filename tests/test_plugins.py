@@ -672,10 +672,10 @@ def test_kernel_and_cache_objects_check_their_fields() -> None:
     # FBGEMM asserts "Only LRU cache policy supports prefetch_pipeline" inside a GPU rank
     with pytest.raises(ConfigError, match=r"cache 'warm': prefetch_pipeline=true needs LRU eviction.*evicts by LFU"):
         CachePolicy("warm", 0.1, algorithm="lfu", prefetch_pipeline=True)
-    with pytest.raises(ConfigError, match=r"Unknown key cache.prefetch_pipeline for cache policy plugin 'lfu'.*"
-                                          r"cache=lru cache.prefetch_pipeline"):
+    with pytest.raises(ConfigError, match=r"cache 'lfu': prefetch_pipeline=true needs LRU eviction.*use cache=lru "
+                                          r"cache.prefetch_pipeline=true"):
         plugins.create("cache", "lfu", {"prefetch_pipeline": True})
-
+    assert plugins.create("cache", "lfu", {"prefetch_pipeline": False}).algorithm == "lfu"  # a sweep's false
 
 def test_replicated_tables_take_the_kernels_eps() -> None:
     # the dense kernel's tables (and the fused kernel's data-parallel ones) train with torch's
@@ -773,7 +773,9 @@ def _policy(load_factor: float = 0.1) -> CachePolicy:
 
 @pytest.mark.parametrize("args, kwargs, said", [
     ((_policy, "clock"), {}, r"'clock' .*arguments are swapped; it takes the name first: registry.register\('clock'"),
-    (("clock/v3", _policy), {}, r"the name 'clock/v3' cannot be selected as <group>=clock/v3"),
+    (("clock/v3", _policy), {}, r"the name 'clock/v3' cannot be selected as cache=clock/v3"),
+    (("1e5", _policy), {}, r"the name '1e5' reads as a value, not a name, in cache=1e5"),
+    (("True", _policy), {}, r"the name 'True' reads as a value"),
     (("clock", CachePolicy("clock", 0.1)), {}, r"'clock' .*its factory is a CachePolicy, not callable"),
     (("clock", _policy), {"options": {"clock_bad": 0.05}}, r"options=\{'clock_bad': 0.05\}: an option is a mapping"),
     (("clock", _policy), {"options": {"clock_small": {"load_factr": 0.05}}},
@@ -794,6 +796,15 @@ def test_a_registration_neo_cannot_use_is_named_and_the_plugin_skipped(args, kwa
         plugins = load_plugins(extra=[Plugin()], autoload=False, strict=False)
     assert re.search(said, plugins.failed["clock_plugin"]), plugins.failed
     assert plugins.registry("cache").names() == ["lfu", "lru", "none"]  # the rest load
+
+
+def test_names_hydra_selects_as_typed_are_taken(register_plugin) -> None:
+    plugins = register_plugin(types.SimpleNamespace(
+        __name__="names_plugin",
+        neo_register_cache_policies=hookimpl(lambda registry: [
+            registry.register(n, _policy) for n in ("clock+v2", "clock:v3", "clock@home", "clock-4.1", "_clock")])))
+    assert {"clock+v2", "clock:v3", "clock@home", "clock-4.1", "_clock"} <= set(plugins.registry("cache").names())
+    assert not plugins.failed
 
 
 def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(register_plugin) -> None:
@@ -821,17 +832,22 @@ def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(re
     with pytest.raises(ConfigError, match=r"^topology=mini \(mini-dist\): topology.intra_node_bw must be a positive"):
         plugins.create("topology", "mini", {"intra_node_bw_gbps": -5})
     with pytest.raises(ConfigError, match=r"^topology=in_gb \(mini-dist\): topology 'in_gb': device_memory_bw=1500.0 "
-                                          r"bytes/s is under 1 MB/s, surely a slip of units.*1500 \* neo_core"):
+                                          r"bytes/s is under 1 MB/s, surely a slip of units.*multiplied by neo_core.topology.GB"):
         plugins.create("topology", "in_gb")
     # Neo's own plugins' messages are as they were: they name what the user typed
     with pytest.raises(ConfigError, match=r"^topology.intra_node_bw_gbps must be a positive number of GB/s"):
         plugins.create("topology", "zionex", {"intra_node_bw_gbps": -5})
+    with pytest.raises(ConfigError, match=r"^topology.inter_node_bw_gbps=0.0005 GB/s is under 1 MB/s \(0.001 GB/s\)"):
+        plugins.create("topology", "zionex", {"inter_node_bw_gbps": 0.0005})
 
 
 def test_a_plugins_own_default_that_its_annotation_refuses_is_the_plugins_fault(register_plugin) -> None:
     # "cache.load_factor must be a number, got None", though nobody had typed it
     def sloppy(load_factor: float = None) -> CachePolicy:  # type: ignore[assignment]
         return CachePolicy("sloppy", load_factor)
+
+    def quoted(load_factor: float = "0.2") -> CachePolicy:  # type: ignore[assignment]
+        return CachePolicy("quoted", float(load_factor))
 
     class Named(CachePolicy):
         """A policy class registered as its own factory: it takes its name."""
@@ -844,10 +860,15 @@ def test_a_plugins_own_default_that_its_annotation_refuses_is_the_plugins_fault(
         def neo_register_cache_policies(self, registry):
             registry.register("sloppy", sloppy)
             registry.register("named", Named)
+            registry.register("quoted", quoted)
 
     plugins = register_plugin(Plugin())
+    with pytest.raises(PluginError, match=r"its own default for load_factor, '0.2', .*; the plugin should change the "
+                                          r"default to one\. Meanwhile give cache.load_factor=<value>\.$"):
+        plugins.create("cache", "quoted", {"load_factor": "0.2"})
     with pytest.raises(PluginError, match=r"cache policy plugin 'sloppy' \(sloppy-dist\): its own default for "
-                                          r"load_factor, None, is not of its annotated kind .*'float \| None'"):
+                                          r"load_factor, None, is not of its annotated kind, float \(cache.load_factor "
+                                          r"must be a number, got None\); the plugin should annotate it 'float \| None'"):
         plugins.create("cache", "sloppy", {"load_factor": None})
     with pytest.raises(ConfigError, match=r"cache.load_factor must be a number, got 'x'"):
         plugins.create("cache", "sloppy", {"load_factor": "x"})  # typed by the user: theirs

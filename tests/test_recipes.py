@@ -763,12 +763,13 @@ def test_a_stop_asked_as_a_sweep_job_finishes_stops_the_sweep(tmp_path: Path) ->
     # then the sweep ran every other job and exited 0
     wrapper = tmp_path / "stopped_sweep.py"
     wrapper.write_text(textwrap.dedent(f"""
-        import runpy, sys
+        import os, runpy, sys
         import neo_core.training.run as run
         from neo_core.training import interrupt
 
         def train(cfg):  # a job that finished as the stop request came
-            interrupt.note_asked_as_it_finished()
+            if cfg["cache"]["name"] == os.environ["ASKED_IN"]:
+                interrupt.note_asked_as_it_finished()
             return {{"steps": 2, "val_auc": 0.5, "val_loss": 0.7, "samples_per_sec": 1.0}}
 
         run.train = train
@@ -777,13 +778,20 @@ def test_a_stop_asked_as_a_sweep_job_finishes_stops_the_sweep(tmp_path: Path) ->
     """))
     sweep = tmp_path / "sweep"
     proc = subprocess.run([sys.executable, str(wrapper), "-m", "cache=none,lru", "trainer=smoke",
-                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=subprocess_env(), capture_output=True,
-                          text=True, timeout=300)
+                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=subprocess_env(ASKED_IN="none"),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 130, proc.stderr[-3000:]
-    assert "#1 : cache=lru" not in proc.stdout + proc.stderr  # the next job did not start
+    assert not (sweep / "1" / "train.log").exists()  # the next job did not start
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"interrupted: stopped as job #0 finished (its results are in {sweep / '0'}); continue with: "
+        f"interrupted: stopped as job #0 finished, before job #1 started; continue with: "
         f"{script_command(RECIPE, ROOT)} -m cache=none,lru trainer=smoke trainer.resume=true hydra.sweep.dir={sweep}")
+    # asked as the last job finished: the sweep is over, and says so with its results
+    proc = subprocess.run([sys.executable, str(wrapper), "-m", "cache=none,lru", "trainer=smoke",
+                           f"hydra.sweep.dir={tmp_path / 'last'}"], cwd=ROOT, env=subprocess_env(ASKED_IN="lru"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: the stop request came as the last job was finishing; it finished, and so did the sweep" in proc.stdout
+    assert (tmp_path / "last" / "summary.csv").is_file()
 
 
 def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, monkeypatch) -> None:
@@ -801,3 +809,9 @@ def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, mo
     assert script_command(RECIPE, tmp_path) == f"python {RECIPE}"  # typed elsewhere: the full path
     monkeypatch.setenv("PATH", "/usr/bin")
     assert script_command(RECIPE, ROOT) == f"{venv_bin / 'python'} recipes/train.py"  # another python on PATH
+    assert script_command(RECIPE, ROOT, python=False) == "recipes/train.py"  # torchrun's
+    spaced = tmp_path / "my env" / "python"
+    spaced.parent.mkdir()
+    spaced.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(spaced))
+    assert script_command(RECIPE, ROOT) == f"'{spaced}' recipes/train.py"

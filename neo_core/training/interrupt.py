@@ -165,8 +165,9 @@ def _nothing(*args: Any) -> None:
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
-def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
-    """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait.
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> bool:
+    """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait;
+    returns whether a Ctrl-C or SIGTERM asked them to stop (they may have finished first).
 
     The ranks start with SIGINT and SIGTERM ignored (they take them over for training,
     ``StopOnInterrupt``). Here the first SIGINT or SIGTERM sets ``stop_event`` and says so; a
@@ -203,8 +204,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> No
             _wait_for_ranks(context)
             while not context.join():
                 pass
-            if stop.is_set():  # noted, but too late for the ranks to stop early: they finished
-                note_asked_as_it_finished()
+            return stop.is_set()
         except KeyboardInterrupt:
             for process in context.processes:
                 if process.is_alive():

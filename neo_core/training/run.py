@@ -614,6 +614,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
     payload = run.to_dict()
     launched = time.time()
+    asked = False  # spawned ranks: the starting process got a Ctrl-C or SIGTERM
     if launch.external:
         rank_main(int(os.environ["RANK"]), launch, payload)
     elif launch.world_size == 1:
@@ -622,7 +623,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     else:
         from neo_core.training.interrupt import run_ranks
 
-        run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size)
+        asked = run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size)
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
         # every rank ended without an error, yet none wrote this run's results (an earlier
@@ -635,6 +636,10 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     for key in ("val_auc", "val_loss"):  # null in the file: not measured
         if key in metrics and metrics[key] is None:
             metrics[key] = math.nan
+    if asked and metrics and not metrics.get("interrupted"):  # asked to stop, too late: it finished
+        from neo_core.training.interrupt import note_asked_as_it_finished
+
+        note_asked_as_it_finished()
     if metrics.get("interrupted"):
         from neo_core.training.checkpoint import latest_checkpoint
 
@@ -847,7 +852,8 @@ def rank_main(
             )
             wall = time.perf_counter() - started
             if rank == 0:
-                _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None)
+                _write_results(out, module, run, launch, wall, interrupted=stop.stopped_at is not None,
+                               cache=parts.cache)
             if stop.asked and stop.stopped_at is None and stop_event is None and not launch.external:
                 from neo_core.training.interrupt import note_asked_as_it_finished
 
@@ -934,7 +940,8 @@ def _no_nan(value: Any) -> Any:
 
 
 def _write_results(
-    out: Path, module: Any, run: RunConfig, launch: Launch, wall: float, interrupted: bool = False
+    out: Path, module: Any, run: RunConfig, launch: Launch, wall: float, interrupted: bool = False,
+    cache: CachePolicy | None = None,
 ) -> None:
     history, val_history = list(module.history), list(module.val_history)
     previous = out / "metrics.json"
@@ -966,7 +973,7 @@ def _write_results(
         "kernel": run.kernel["name"],
         "compression": run.compression["name"],
         "cache": run.cache["name"],
-        "cache_load_factor": run.cache.get("load_factor"),
+        "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
         "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],

@@ -31,10 +31,9 @@ def lru_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> Cach
     return _cached("lru", load_factor, prefetch_pipeline)
 
 
-def lfu_cache(load_factor: float = 0.2) -> CachePolicy:
-    """Host-memory tables behind a device cache of ``load_factor`` of their rows, LFU eviction
-    (FBGEMM prefetches only under LRU: no prefetch_pipeline)."""
-    return _cached("lfu", load_factor, False)
+def lfu_cache(load_factor: float = 0.2, prefetch_pipeline: bool = False) -> CachePolicy:
+    """Host-memory tables behind a device cache of ``load_factor`` of their rows, LFU eviction."""
+    return _cached("lfu", load_factor, prefetch_pipeline)  # prefetch_pipeline=true is refused: LRU only
 
 
 @hookimpl

@@ -12,7 +12,7 @@ import math
 
 from neo_core.checks import is_number
 from neo_core.errors import ConfigError
-from neo_core.topology import GB, GiB, Topology
+from neo_core.topology import GB, MIN_BW, GiB, Topology
 
 PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
 INFOQ = "InfoQ, May 2021: ZionEX node = 4-socket CPUs, 8 GPUs, one RoCE NIC per GPU"
@@ -42,9 +42,11 @@ def zionex_topology(
         "inter_node_bw_gbps": inter_node_bw_gbps,
     }
     for key, value in given.items():  # named as given: the figures below are converted to bytes
+        unit = "GiB" if key.endswith(("_gib", "_gib_per_node")) else "GB/s"
         if not is_number(value) or not 0 < value < math.inf:
-            unit = "GiB" if key.endswith(("_gib", "_gib_per_node")) else "GB/s"
             raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
+        if unit == "GB/s" and value * GB < MIN_BW:  # the Topology's floor, said in the unit typed
+            raise ConfigError(f"topology.{key}={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
     return Topology(
         name="zionex",
         num_nodes=num_nodes,
