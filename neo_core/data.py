@@ -31,5 +31,6 @@ class DataSource(abc.ABC):
         """Yield this rank's part of each global batch of ``split`` ("train" or "val").
 
         ``batch_size`` is per rank; rank ``r`` gets rows ``[r*B, (r+1)*B)`` of every global
-        batch, so any world size sees the same global batches. ``start_step`` resumes.
+        batch of ``B * world_size`` samples, so the same global batch size (2 ranks of 64, 1 of
+        128) sees the same global batches on any world size. ``start_step`` resumes.
         """

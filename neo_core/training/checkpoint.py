@@ -5,10 +5,12 @@ Lightning's own checkpoint of a DMP model keeps only rank 0's shards, so Neo sav
 small ``meta.json`` (step) written by rank 0 once the save has finished on all ranks.
 
 A save never touches the previous checkpoint until the new one is complete: it is written
-to ``checkpoint.tmp``, finished with its ``meta.json``, and only then swapped in
-(``checkpoint`` -> ``checkpoint.old``, ``checkpoint.tmp`` -> ``checkpoint``, the old one
-removed). A crash at any point leaves at least one complete checkpoint, and resuming takes
-the latest complete one of the three folders.
+to ``checkpoint.tmp``, finished with its ``meta.json`` (written whole, flushed to disk), and
+only then swapped in (``checkpoint`` -> ``checkpoint.old``, ``checkpoint.tmp`` ->
+``checkpoint``, the old one removed, its ``meta.json`` first). A crash at any point leaves at
+least one complete checkpoint, and resuming takes the latest complete one of the three
+folders; the next save first moves that one into ``checkpoint`` (``settle``), so a second
+crash cannot lose it.
 
 A resumed run may plan differently (another world size or planner): weights are resharded on
 load. A table that moved between data parallel (a torch optimizer's state) and sharded (the
@@ -57,6 +59,44 @@ def _meta_step(folder: Path) -> int | None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
         raise CheckpointError(f"{meta} names step {step!r}, not a positive whole number; delete {folder}.")
     return step
+
+
+def _remove(folder: Path) -> None:
+    """Delete a checkpoint folder, its ``meta.json`` first: a delete cut short leaves a folder
+    that no longer passes for a finished checkpoint."""
+    (folder / "meta.json").unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary file, flushed to disk, renamed)."""
+    import os
+
+    part = path.with_name(path.name + ".part")
+    with open(part, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    part.replace(path)
+
+
+def settle(path: Path) -> None:
+    """Make ``path`` hold the newest finished checkpoint, where a crash between a save's two
+    renames left it in ``.tmp`` (or in ``.old`` alone): a later save would otherwise delete that
+    ``.tmp`` before its own was finished, and a second crash then lose it. Rank 0's to call."""
+    latest = latest_checkpoint(path)
+    if latest is None or latest[0] == path:
+        return
+    old = _sibling(path, ".old")
+    if latest[0] != old:  # the newest is .tmp, finished but not swapped in
+        _remove(old)
+        if path.exists():
+            path.rename(old)
+        latest[0].rename(path)
+        _remove(old)
+    else:  # only .old is finished: the folder in its place is not
+        _remove(path)
+        old.rename(path)
 
 
 def latest_checkpoint(path: Path) -> tuple[Path, int] | None:
@@ -188,7 +228,8 @@ class DistributedCheckpoint(pl.Callback):
             return
         tmp, old = _sibling(self.path, ".tmp"), _sibling(self.path, ".old")
         if trainer.is_global_zero:
-            shutil.rmtree(tmp, ignore_errors=True)  # an unfinished save of an earlier run
+            settle(self.path)  # a finished .tmp of a save cut short is swapped in, not deleted
+            _remove(tmp)  # an unfinished save of an earlier run
         _barrier()
         dcp.save(_state(trainer, module), checkpoint_id=str(tmp))
         _barrier()
@@ -197,12 +238,12 @@ class DistributedCheckpoint(pl.Callback):
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
             # the record so far, so that metrics.json covers every step after a crash and resume
             (tmp / "history.json").write_text(json.dumps(module.record()) + "\n")
-            (tmp / "meta.json").write_text(json.dumps({"step": step}) + "\n")
-            shutil.rmtree(old, ignore_errors=True)
+            _write_durably(tmp / "meta.json", json.dumps({"step": step}) + "\n")  # the save is finished
+            _remove(old)
             if self.path.exists():
                 self.path.rename(old)
             tmp.rename(self.path)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
         _barrier()
         self._last_saved = step
 

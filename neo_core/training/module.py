@@ -58,6 +58,32 @@ def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
     return plan, differ
 
 
+def _gather_uneven(values: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-d ``values`` in rank order, however many each holds (a data source whose
+    ranks hold different numbers of held-out samples: all_gather needs equal sizes)."""
+    world = dist.get_world_size()
+    count = torch.tensor([values.numel()], device=values.device)
+    counts = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(counts, count)
+    sizes = [int(c) for c in counts]
+    padded = torch.nn.functional.pad(values, (0, max(sizes) - values.numel()))
+    gathered = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(gathered, padded)
+    return torch.cat([g[:n] for g, n in zip(gathered, sizes)])
+
+
+class StepClock(pl.Callback):
+    """Ends each step's timing as soon as the step's training is done: first among the
+    callbacks, before a checkpoint save, the ranks' Ctrl-C agreement or the progress bar (the
+    module's own hook runs after every callback's, and timed them all). On CUDA it waits for
+    the device first, which has work queued when the host gets here."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: Any, outputs: Any, batch: Any, idx: int) -> None:
+        if module.device.type == "cuda":
+            torch.cuda.synchronize(module.device)
+        module.end_step_timing()
+
+
 class OneClosureOptimizer(CombinedOptimizer):
     """TorchRec's ``CombinedOptimizer`` that runs the step's closure once, then steps every part."""
 
@@ -108,7 +134,6 @@ class NeoModule(pl.LightningModule):
         self._val_preds: list[torch.Tensor] = []
         self._val_labels: list[torch.Tensor] = []
         self._said_one_class = False  # the note that the AUC is undefined, said once
-        self._val_losses: list[float] = []
         self.history: list[dict[str, float]] = []  # per logged step, this rank
         self.val_history: list[dict[str, float]] = []
         self.history_restored = False  # the steps before step_offset came with the checkpoint
@@ -195,9 +220,15 @@ class NeoModule(pl.LightningModule):
             )
         return loss
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def end_step_timing(self) -> None:
+        """The step's time, from its start to here (``StepClock``, or this module's hook when
+        no clock runs)."""
         if self._step_started is not None:
             self._step_times.append(time.perf_counter() - self._step_started)
+            self._step_started = None
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.end_step_timing()  # timed already when a StepClock runs
         step = self.global_step + self.step_offset
         loss = self.finite_loss(outputs)
         self.history.append({"step": step, "loss": loss})
@@ -226,25 +257,22 @@ class NeoModule(pl.LightningModule):
 
     # -- validation ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:
-        self._val_preds, self._val_labels, self._val_losses = [], [], []
+        self._val_preds, self._val_labels = [], []
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        logits = self(batch)
-        self._val_losses.append(float(self.loss_fn(logits, batch.labels)))
-        self._val_preds.append(torch.sigmoid(logits).detach().cpu())
-        self._val_labels.append(batch.labels.detach().cpu())
+        # logits, on the device: gathered there (NCCL carries device tensors only), ranked as
+        # logits (sigmoids in float32 saturate into ties past |logit| ~17)
+        self._val_preds.append(self(batch).detach().float())
+        self._val_labels.append(batch.labels.detach().float())
 
     def on_validation_epoch_end(self) -> None:
         if not self._val_preds:
             return
-        preds = torch.cat(self._val_preds)
+        logits = torch.cat(self._val_preds)
         labels = torch.cat(self._val_labels)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            gathered_p = [torch.empty_like(preds) for _ in range(dist.get_world_size())]
-            gathered_l = [torch.empty_like(labels) for _ in range(dist.get_world_size())]
-            dist.all_gather(gathered_p, preds)
-            dist.all_gather(gathered_l, labels)
-            preds, labels = torch.cat(gathered_p), torch.cat(gathered_l)
+            logits, labels = _gather_uneven(logits), _gather_uneven(labels)
+        logits, labels = logits.cpu().double(), labels.cpu()
         classes = labels.long().unique()
         if len(classes) < 2:  # AUC is undefined (torchmetrics gives 0.0): recorded as not measured
             auc = math.nan
@@ -254,8 +282,8 @@ class NeoModule(pl.LightningModule):
                       "validation AUC is undefined (recorded as null); the data's labels have one class "
                       "(data.bias?) or trainer.val_batches x batch is too small", flush=True)
         else:
-            auc = float(binary_auroc(preds, labels.long()))
-        loss = float(torch.nn.functional.binary_cross_entropy(preds.clamp(1e-7, 1 - 1e-7), labels))
+            auc = float(binary_auroc(logits, labels.long()))  # its sigmoid, in float64: no ties made
+        loss = float(torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.double()))
         self.log("val/auc", auc, prog_bar=True, rank_zero_only=True)
         self.log("val/loss", loss, rank_zero_only=True)
         self.val_history.append({"step": self.global_step + self.step_offset, "auc": auc, "loss": loss})

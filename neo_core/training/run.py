@@ -741,7 +741,7 @@ def rank_main(
     from neo_core.training.datasets import RankStream
     from neo_core.training.interrupt import HardStop, StopOnInterrupt
     from neo_core.training.logs import RunLog, keep_rows_before
-    from neo_core.training.module import NeoModule
+    from neo_core.training.module import NeoModule, StepClock
     from neo_core.training.strategy import NeoStrategy
 
     quiet_libraries()
@@ -819,7 +819,7 @@ def rank_main(
         max_steps=remaining,
         max_epochs=1,
         logger=RunLog(out),
-        callbacks=[stop, checkpoint, *([steps_bar()] if cfg.progress_bar and rank == 0 else [])],
+        callbacks=[StepClock(), stop, checkpoint, *([steps_bar()] if cfg.progress_bar and rank == 0 else [])],
         enable_checkpointing=False,
         enable_progress_bar=cfg.progress_bar and rank == 0,
         enable_model_summary=False,

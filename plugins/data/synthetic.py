@@ -6,8 +6,9 @@ table. Ids follow a Zipf law (hot rows at small ids). The label is Bernoulli(sig
 the weights ``w`` and per-row effects are fixed by ``seed``. A model that learns the hot rows'
 effects and the dense weights approaches the Bayes AUC, so the signal is learnable.
 
-Global batch ``g`` of a split is generated from ``(seed, split, g)`` alone; rank ``r`` of
-``world_size`` takes rows ``[r*B, (r+1)*B)``, so any world size sees the same global batches.
+Global batch ``g`` of a split is generated from ``(seed, split, g)`` and its size ``B *
+world_size``; rank ``r`` takes rows ``[r*B, (r+1)*B)``, so runs of one global batch size (2
+ranks of 64, 1 of 128) see the same global batches; another size gives other batches.
 """
 
 from __future__ import annotations

@@ -1,0 +1,41 @@
+"""Held-out results gathered over ranks: every rank's samples once, in rank order, also when
+the ranks hold different numbers of them (all_gather alone needs equal sizes: gloo aborted)."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.distributed.multi_process import MultiProcessRunner
+
+
+def _gather(rank: int, world_size: int) -> torch.Tensor:
+    from neo_core.training.module import _gather_uneven
+
+    mine = torch.arange(rank + 2, dtype=torch.float32) + 10 * rank  # 2, 3 and 4 values
+    return _gather_uneven(mine)
+
+
+def test_uneven_held_out_samples_are_gathered_once_each() -> None:
+    out = MultiProcessRunner().run(_gather, 3)
+    expected = torch.tensor([0, 1, 10, 11, 12, 20, 21, 22, 23], dtype=torch.float32)
+    assert all(torch.equal(o, expected) for o in out)
+
+
+def test_the_auc_ranks_logits_beyond_a_float32_sigmoids_saturation() -> None:
+    # the held-out predictions were float32 sigmoids, which tie at 1.0 past a logit of about 17:
+    # these four ranked as 0.75, not 1.0
+    import math
+    from types import SimpleNamespace
+
+    from neo_core.training.module import NeoModule
+
+    logits = torch.tensor([20.0, 25.0, 30.0, 35.0])
+    labels = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    logged: dict[str, float] = {}
+    module = SimpleNamespace(_val_preds=[logits[:2], logits[2:]], _val_labels=[labels[:2], labels[2:]],
+                             _said_one_class=False, val_history=[], global_step=3, step_offset=0,
+                             log=lambda key, value, **kw: logged.__setitem__(key, value))
+    NeoModule.on_validation_epoch_end(module)  # type: ignore[arg-type]
+    assert module.val_history == [{"step": 3, "auc": 1.0, "loss": logged["val/loss"]}] and logged["val/auc"] == 1.0
+    expected = torch.nn.functional.binary_cross_entropy_with_logits(logits.double(), labels.double())
+    assert math.isclose(logged["val/loss"], float(expected))  # the loss of the logits, no clamped sigmoid
