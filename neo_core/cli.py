@@ -692,6 +692,19 @@ def is_sweep(argv: Sequence[str]) -> bool:
     return any(a in ("-m", "--multirun") or a.lstrip("+").replace(" ", "") == "hydra.mode=MULTIRUN" for a in argv)
 
 
+def check_not_a_sweep_under_torchrun(argv: Sequence[str]) -> None:
+    """A ``-m`` sweep inside torchrun's ranks re-forms the process group from torchrun's settings
+    for each job after the first; a second job on the dense kernel hung there for good."""
+    from neo_core.errors import ConfigError
+
+    if is_sweep(argv) and "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError(
+            "recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew for "
+            "each job, which can hang (a second job on the dense kernel does). Launch each job with its own "
+            "torchrun command, or sweep without torchrun (the recipe starts this machine's ranks itself)."
+        )
+
+
 def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
     """Without ``-m``, an override that lists values (``trainer.max_steps=1,2``) is refused
     naming the flag; Hydra's own message ("Ambiguous value") shows it as rewritten (``++``)."""

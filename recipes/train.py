@@ -27,6 +27,7 @@ from neo_core.cli import (
     as_typed,
     check_command_line,
     check_group_options,
+    check_not_a_sweep_under_torchrun,
     check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
@@ -284,6 +285,7 @@ if __name__ == "__main__":
     try:
         with user_errors():
             check_command_line(sys.argv[1:], "recipes/train.py")
+            check_not_a_sweep_under_torchrun(sys.argv[1:])
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
             for warning in config_dir_shadows(CONF, sys.argv[1:]):
                 print(warning, file=sys.stderr)

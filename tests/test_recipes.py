@@ -815,3 +815,12 @@ def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, mo
     spaced.symlink_to(sys.executable)
     monkeypatch.setattr(sys, "executable", str(spaced))
     assert script_command(RECIPE, ROOT) == f"'{spaced}' recipes/train.py"
+
+
+def test_a_sweep_inside_torchruns_ranks_is_refused() -> None:
+    # its ranks formed the process group anew for each job: a second job on the dense kernel hung
+    env = subprocess_env(TORCHELASTIC_RUN_ID="test", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    proc = run_recipe("-m", "trainer=smoke", "kernel=fused,dense", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew")
