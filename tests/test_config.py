@@ -328,6 +328,18 @@ def test_settings_cpu_ranks_cannot_run_are_refused_before_they_start(hydra_conf,
         resolve_launch(validate(compose_run(override)))
 
 
+def test_ranks_torchrun_started_must_be_as_many_as_the_settings_say(hydra_conf, monkeypatch) -> None:
+    # topology.world_size=1 under 2 torchrun ranks gave each rank the memory of the one rank the
+    # local topology described: the plan counted the machine's RAM twice
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("NEO_SPAWNED", raising=False)
+    assert resolve_launch(validate(compose_run("+topology.world_size=2"))).world_size == 2
+    for override, key in (("+topology.world_size=1", "topology"), ("trainer.world_size=4", "trainer")):
+        with pytest.raises(ConfigError, match=rf"^{key}.world_size=\d but the launcher started 2 ranks"):
+            resolve_launch(validate(compose_run(override)))
+
+
 def test_an_output_folder_that_cannot_take_the_run_is_refused_before_training(tmp_path: Path) -> None:
     from neo_core.training.run import check_output_dir
 

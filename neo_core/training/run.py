@@ -93,6 +93,12 @@ def resolve_launch(run: RunConfig) -> Launch:
                 f"trainer.world_size={run.trainer.world_size} but the launcher started {world} ranks; "
                 "drop trainer.world_size or make them equal."
             )
+        local_ranks = run.topology.get("world_size") if run.topology.get("name") == "local" else None
+        if local_ranks not in (None, world):  # it splits this machine's memory between that many
+            raise ConfigError(
+                f"topology.world_size={local_ranks} but the launcher started {world} ranks; the local topology "
+                "splits the machine's memory between its ranks, so drop topology.world_size or make them equal."
+            )
     elif run.trainer.world_size is not None:
         world = run.trainer.world_size
     elif run.topology.get("name") == "local" and run.topology.get("world_size"):
