@@ -11,6 +11,7 @@ TorchRec's planner with the unfused (dense) kernel; ratios above 1 are faster th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -53,28 +54,50 @@ def run(overrides: list[str], steps: int, out: Path) -> dict[str, Any]:
     return train(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
 
 
+def plan_of(out: Path) -> dict[str, Any]:
+    """What a run's plan.json says of the plan: its types, and where the topology's figures came
+    from (a calibration of this machine changes the plan and so the throughput)."""
+    plan = json.loads((out / "plan.json").read_text())
+    types = next((n for n in plan.get("notes", []) if n.startswith("types: ")), "")
+    measured = sorted({v for v in (plan.get("topology", {}).get("sources") or {}).values() if v.startswith("measured")})
+    return {"plan": types.removeprefix("types: "), "calibration": measured[0] if measured else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=150, help="training steps per configuration (default 150)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each configuration's run folder (plan, metrics, its printed output in run.log) "
+                             "under this folder; by default they go to a temporary folder, removed at the end")
     args = parser.parse_args(argv)
-    if args.steps < 6:  # samples/s is timed after a 5-step warm-up
-        parser.error(f"--steps {args.steps}: must be at least 6 (5 warm-up steps are not timed)")
+    if args.steps < 6:  # samples/s leaves out the first steps
+        parser.error(f"--steps {args.steps}: must be at least 6 (samples/s leaves out the warm-up steps)")
     check_writable(parser, "--json", args.json)
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        parser.error(f"--keep {args.keep}: the folder is not empty; give a new one")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
+        root = args.keep or Path(tmp)
         for i, (name, overrides) in enumerate(CONFIGS.items()):
-            print(f"[{i + 1}/{len(CONFIGS)}] {name}", file=sys.stderr, flush=True)
-            metrics = run(overrides, args.steps, Path(tmp) / str(i))
+            out = root / str(i)
+            out.mkdir(parents=True)
+            print(f"[{i + 1}/{len(CONFIGS)}] {name} ...", file=sys.stderr, flush=True)
+            with open(out / "run.log", "w") as log, contextlib.redirect_stdout(log):  # its plan and notes
+                metrics = run(overrides, args.steps, out)
             results.append({"config": name, "overrides": overrides, **{
                 k: metrics[k] for k in ("samples_per_sec", "val_auc", "steps", "world_size", "global_batch_size")
-            }})
+            }, **plan_of(out)})
+            print(f"    {metrics['samples_per_sec']:,.0f} samples/s, val AUC {metrics['val_auc']:.4f}, plan "
+                  f"{results[-1]['plan']}" + (f" (run folder {out})" if args.keep else ""), file=sys.stderr, flush=True)
     base = results[0]["samples_per_sec"]
     print(f"\n{'configuration':<44} {'samples/s':>10} {'vs baseline':>12} {'val AUC':>8}")
     for r in results:
         r["ratio"] = r["samples_per_sec"] / base
         print(f"{r['config']:<44} {r['samples_per_sec']:>10,.0f} {r['ratio']:>11.2f}x {r['val_auc']:>8.4f}")
     print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
+    calibrations = sorted({r["calibration"] or "none (the local topology's defaults)" for r in results})
+    print(f"calibration: {', '.join(calibrations)}: it changes Neo's plans (the plan column of the JSON)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         chart = train_chart(json.loads(args.json.read_text()), args.json.with_suffix(".png"))

@@ -183,6 +183,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
     ("script", "args", "fragment"),
     [
         ("bench/train.py", ["--steps", "0"], "--steps 0: must be at least 6"),
+        ("bench/train.py", ["--keep", "tests"], "--keep tests: the folder is not empty; give a new one"),
         ("bench/train.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
         ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
@@ -271,3 +272,20 @@ def test_input_dist_bench_times_ids_and_pooled_rows(tmp_path):
     # each rank checks it received every id of the feature it owns (else it fails)
     rows = json.loads(out.read_text())["rows"]
     assert [r["pooling"] for r in rows] == [1, 8, 32, 128]
+
+
+def test_the_training_bench_records_each_plan_and_the_calibration_behind_it(tmp_path) -> None:
+    # a calibration of this machine changes Neo's plans (TW 26 -> DP 6, TW 20) and so the
+    # throughput, and the results said neither
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    (tmp_path / "plan.json").write_text(json.dumps({
+        "notes": ["kernel fused", "types: DP 6, TW 20"],
+        "topology": {"sources": {"intra_node_bw": "measured (/x/cal.json)", "device_memory": "assumed"}}}))
+    assert bench.plan_of(tmp_path) == {"plan": "DP 6, TW 20", "calibration": "measured (/x/cal.json)"}
+    (tmp_path / "plan.json").write_text(json.dumps({"notes": ["types: TW 26"], "topology": {}}))
+    assert bench.plan_of(tmp_path) == {"plan": "TW 26", "calibration": None}
