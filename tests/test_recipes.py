@@ -416,6 +416,7 @@ def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp
                       f"hydra.run.dir={tmp_path}", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Emulating zionex (16 nodes x 8 cuda) on 2 local cpu rank(s)" in proc.stdout
+    assert "note: the predicted step is the embedding tables' share" in proc.stdout  # not the whole step's
     assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["topology"] == "zionex" and metrics["cache"] == "my_policy"

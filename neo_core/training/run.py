@@ -614,6 +614,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
                   "than on a machine with a core per rank")
         print(parts.topology.describe())
         print(plan.format_text(rest="all in plan.json and plan.txt"))
+        print("note: the predicted step is the embedding tables' share (lookups, their optimizer and their "
+              "communication); the dense layers, data loading and the framework add to each measured step")
         plan.save_json(out / "plan.json")
         (out / "plan.png").unlink(missing_ok=True)  # an earlier plan's chart (`neo chart` draws this one's)
         (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
