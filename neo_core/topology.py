@@ -173,6 +173,8 @@ class Topology:
             f"{mark('intra_node_bw')}, inter-node {self.inter_node_bw / GB:.1f} GB/s"
             f"{mark('inter_node_bw')}",
         ]
+        if "calibration" in self.sources:  # the file a local topology's measured figures come from
+            lines.append(f"  calibration: {self.sources['calibration']}")
         if self.assumed:
             local_cpu = self.name == "local" and self.compute_device == "cpu"
             measure = "; `neo calibrate` measures this machine's" if local_cpu else ""

@@ -65,7 +65,7 @@ def calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
 
 def test_stored_figures_are_positive_finite_and_plausible(calibration) -> None:
     path, data, started = calibration
-    assert set(data) == {*PLAUSIBLE, "measured_at"}
+    assert set(data) == {*PLAUSIBLE, "measured_at", "ranks"} and data["ranks"] == 2
     assert set(CALIBRATED_KEYS + CALIBRATED_EXTRAS) <= set(data)  # everything the topology reads
     assert started <= data["measured_at"] <= time.time()
     for key, (low, high) in PLAUSIBLE.items():
@@ -95,10 +95,16 @@ def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pyt
     monkeypatch.setenv("NEO_CALIBRATION", str(path))
     topo = local_topology()
     assert topo.assumed == ()
-    assert set(topo.sources) == {k for k in CALIBRATED_KEYS + CALIBRATED_EXTRAS if data[k]}
+    assert set(topo.sources) == {k for k in CALIBRATED_KEYS + CALIBRATED_EXTRAS if data[k]} | {"calibration"}
     assert all(str(path) in source for source in topo.sources.values())
-    for key in topo.sources:
+    for key in set(topo.sources) - {"calibration"}:
         assert getattr(topo, key) == data[key], key
+    # the description names the file and the ranks it measured with; another count is said
+    assert f"  calibration: {path}, collectives measured with 2 ranks, " in topo.describe()
+    assert "neo calibrate --ranks" not in topo.describe()
+    four = local_topology(world_size=4)
+    assert ("collectives measured with 2 ranks; this topology has 4: `neo calibrate --ranks 4` measures them"
+            in four.describe())
     measured = plan_tables(TABLES, "local", 1024).predicted_step_time
     assert math.isfinite(measured) and measured > 0
     assert measured != baseline

@@ -37,6 +37,7 @@ CALIBRATION_RECORDS = (
     "lookup_rate_ids_per_s",
     "lookup_concurrency_slowdown",
     "measured_at",
+    "ranks",
 )
 CALIBRATED_EXTRAS = (
     "collective_latency_s",
@@ -54,8 +55,9 @@ def calibration_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "neo" / "calibration.json"
 
 
-def load_calibration(path: Path | None = None) -> dict[str, Any]:
-    """Measured bandwidths (bytes/s) keyed by Topology field name; empty if never calibrated."""
+def load_calibration(path: Path | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Measured bandwidths (bytes/s) keyed by Topology field name; empty if never calibrated.
+    ``record``, when given, receives the file's records (``ranks``, ``measured_at``...)."""
     if path is not None and not path.is_file():  # named by topology.calibration: must be there
         raise ConfigError(
             f"topology.calibration={str(path)!r} is not a file; run `neo calibrate --output {path}` "
@@ -88,8 +90,31 @@ def load_calibration(path: Path | None = None) -> dict[str, Any]:
         raise ConfigError(
             f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run `neo calibrate`."
         )
+    if record is not None:
+        record.update({k: data[k] for k in CALIBRATION_RECORDS if k in data})
     # 0 or null: not measured (a fit clamped at zero), so the model's default stands
     return {k: float(v) for k, v in data.items() if k in keep and v}
+
+
+def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | None) -> dict[str, str]:
+    """The ``calibration`` entry of the topology's sources (its description prints it): which
+    file, and whether its collectives were measured with this topology's number of ranks."""
+    if not record:
+        return {}
+    path = calibration or calibration_path()
+    said = f"{path}"
+    measured_with = record.get("ranks")
+    if isinstance(measured_with, int) and not isinstance(measured_with, bool):
+        said += f", collectives measured with {measured_with} ranks"
+        if measured_with != ranks:
+            said += (f"; this topology has {ranks}: `neo calibrate --ranks {ranks}` measures them for it "
+                     "(the all-to-all and collective figures depend on it)")
+    when = record.get("measured_at")
+    if isinstance(when, (int, float)) and not isinstance(when, bool) and when > 0:
+        import time
+
+        said += f", {time.strftime('%Y-%m-%d', time.localtime(when))}"
+    return {"calibration": said}
 
 
 def _total_ram() -> int:
@@ -120,7 +145,8 @@ def local_topology(
             "CUDA devices, whose figures are the GPU defaults."
         )
     # calibration measures the CPU (FBGEMM's CPU kernel, gloo): not the GPUs
-    measured = load_calibration(Path(calibration) if calibration else None) if device == "cpu" else {}
+    record: dict[str, Any] = {}
+    measured = load_calibration(Path(calibration) if calibration else None, record) if device == "cpu" else {}
     if device == "cuda":
         count = torch.cuda.device_count()
         ranks = count if world_size is None else world_size
@@ -165,7 +191,7 @@ def local_topology(
         compute_device=device,
         device_memory=device_memory,
         host_memory=int(ram * memory_fraction / ranks),
-        sources={k: source for k in measured},
+        sources={**{k: source for k in measured}, **_calibration_source(record, ranks, calibration)},
         assumed=assumed,
         memory_fix=None if device == "cuda" else (
             "add memory (the ranks share this machine's RAM, so more ranks add none: "

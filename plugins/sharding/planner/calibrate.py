@@ -363,6 +363,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
         "lookup_rate_ids_per_s": ids,
         "lookup_concurrency_slowdown": conc["together"] / conc["alone"],
         "measured_at": time.time(),
+        "ranks": world,  # the collectives' figures are this many ranks'
     }
 
 
