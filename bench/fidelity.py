@@ -259,16 +259,17 @@ def _load(avg: tuple[float, float, float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calibration", default=None, help="calibration JSON (default: NEO_CALIBRATION or ~/.cache/neo)")
-    parser.add_argument("--rounds", type=int, default=60, help="rounds over the plans, in a new shuffled order each round; a round times each plan --steps times")
-    parser.add_argument("--steps", type=int, default=1, help="steps per plan and round (each timed)")
+    parser.add_argument("--calibration", default=None, help="calibration JSON (default: $NEO_CALIBRATION, else ~/.cache/neo/calibration.json)")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds over the plans, in a new shuffled order each round; a round times each plan --steps times "
+                             "(default 60)")
+    parser.add_argument("--steps", type=int, default=1, help="steps per plan and round (each timed; default 1)")
     parser.add_argument(
         "--quantile", type=float, default=0.1,
-        help="a plan's measured step time: this quantile of its timed steps (0: the fastest)",
+        help="a plan's measured step time: this quantile of its timed steps (0: the fastest; default 0.1)",
     )
     parser.add_argument(
         "--nice", type=int, default=0,
-        help="run the ranks this much above normal priority (needs root): concurrent jobs disturb them less",
+        help="run the ranks this much above normal priority, 0 or more (needs root): concurrent jobs disturb them less",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -277,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{flag} {value}: must be at least 1")
     if not 0.0 <= args.quantile <= 1.0:
         parser.error(f"--quantile {args.quantile}: must lie in [0, 1]")
+    if args.nice < 0:  # as neo calibrate: a negative one would lower the ranks' priority
+        parser.error(f"--nice {args.nice}: give how far above normal priority, 0 or more")
     check_writable(parser, "--json", args.json)
     if args.calibration is not None and not Path(args.calibration).is_file():
         parser.error(f"--calibration {args.calibration}: not a file; write one with "

@@ -228,9 +228,11 @@ def check_ranks(parser: argparse.ArgumentParser, ranks: list[int], flag: str = "
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Reject arguments that would plan a different cluster than asked, or fail after work."""
     check_ranks(parser, args.ranks)
-    for name in ("torchrec_timeout", "torchrec_kill"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be 0 or more seconds")
+    if args.torchrec_timeout < 0:
+        parser.error(f"--torchrec-timeout {args.torchrec_timeout}: must be 0 (none) or more seconds")
+    if args.torchrec_kill <= 0:
+        parser.error(f"--torchrec-kill {args.torchrec_kill}: must be more than 0 seconds (it kills TorchRec's "
+                     "planner after that long)")
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: must be at least 1")
     # the JSON is rewritten after every case: find a bad path before the first one runs
@@ -260,10 +262,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="results JSON (default bench_planner.json; with --rescore, its file)")
     parser.add_argument(
-        "--torchrec-timeout", type=float, default=60.0, help="TorchRec's own timeout_seconds (s); 0: none"
+        "--torchrec-timeout", type=float, default=60.0,
+        help="TorchRec's own timeout_seconds, after which it keeps its best plan (s; default 60; 0: none)"
     )
     parser.add_argument(
-        "--torchrec-kill", type=float, default=600.0, help="kill TorchRec's child process after (s)"
+        "--torchrec-kill", type=float, default=600.0,
+        help="kill TorchRec's child process after this many seconds, for a case it does not finish (default 600; "
+             "more than 0)"
     )
     parser.add_argument("--suites", nargs="+", default=None, choices=list(SUITES),
                         help=f"default: {' '.join(DEFAULT_SUITES)}")
@@ -285,8 +290,16 @@ def main(argv: list[str] | None = None) -> None:
              "kept in it (TorchRec is not run; its scores and times are the kept ones); --out defaults to JSON",
     )
     args = parser.parse_args(argv)
+    if args.no_torchrec and args.torchrec_cached:
+        parser.error("--no-torchrec runs no TorchRec planner, so --torchrec-cached has nothing to add; give one of them")
+    for flag, values in (("--ranks", args.ranks), ("--suites", args.suites)):
+        twice = sorted({v for v in values or () if list(values).count(v) > 1})
+        if twice:
+            parser.error(f"{flag} names {', '.join(map(str, twice))} twice; each case runs once")
     kept: list[dict[str, Any]] | None = None
     if args.rescore is not None:
+        if not args.rescore.is_file():
+            parser.error(f"--rescore {args.rescore}: no such file")
         try:
             kept = json.loads(args.rescore.read_text())
             assert isinstance(kept, list) and all({"suite", "ranks"} <= r.keys() for r in kept)

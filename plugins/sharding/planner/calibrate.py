@@ -376,7 +376,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     flag = "--output" if out is not None else "--out"
     parser = argparse.ArgumentParser(prog="neo calibrate" if out is not None else None,
                                      description=__doc__.splitlines()[0])
-    parser.add_argument(flag, dest="out", default=None, help="calibration JSON path")
+    parser.add_argument(flag, dest="out", default=None, metavar=flag.lstrip("-").upper(), help="calibration JSON path")
     parser.add_argument("--ranks", type=int, default=2, help="gloo ranks that measure the collectives: a power of two, 2 or more (as many as will train)")
     parser.add_argument(
         "--nice", type=int, default=0,
