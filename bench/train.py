@@ -74,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 6:  # samples/s leaves out the first steps
         parser.error(f"--steps {args.steps}: must be at least 6 (samples/s leaves out the warm-up steps)")
     check_writable(parser, "--json", args.json)
-    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
-        parser.error(f"--keep {args.keep}: the folder is not empty; give a new one")
+    if args.keep is not None and args.keep.exists() and (not args.keep.is_dir() or any(args.keep.iterdir())):
+        parser.error(f"--keep {args.keep}: {'the folder is not empty' if args.keep.is_dir() else 'a file'}; "
+                     "give a new folder")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         root = args.keep or Path(tmp)
@@ -83,8 +84,15 @@ def main(argv: list[str] | None = None) -> int:
             out = root / str(i)
             out.mkdir(parents=True)
             print(f"[{i + 1}/{len(CONFIGS)}] {name} ...", file=sys.stderr, flush=True)
-            with open(out / "run.log", "w") as log, contextlib.redirect_stdout(log):  # its plan and notes
-                metrics = run(overrides, args.steps, out)
+            try:
+                with open(out / "run.log", "w") as log, contextlib.redirect_stdout(log):  # its plan and notes
+                    metrics = run(overrides, args.steps, out)
+            except BaseException:  # what it printed is needed to see why: not left in a removed folder
+                print((out / "run.log").read_text(), end="", file=sys.stderr)
+                raise
+            for line in (out / "run.log").read_text().splitlines():  # what bears on the figures
+                if line.startswith("warning:") or (line.startswith("note: ") and "core(s)" in line):
+                    print(f"    {line}", file=sys.stderr)
             results.append({"config": name, "overrides": overrides, **{
                 k: metrics[k] for k in ("samples_per_sec", "val_auc", "steps", "world_size", "global_batch_size")
             }, **plan_of(out)})

@@ -2,7 +2,8 @@
 
 A topology plugin's factory returns a :class:`Topology`. Bandwidths are bytes per second and
 per device; memory capacities are bytes per device (host memory is the share of one rank).
-Every figure may carry its source in ``sources``; figures that are assumptions rather than
+Every figure may carry its source in ``sources`` (keyed by field; a ``calibration`` entry names
+the file a measured topology's figures come from); figures that are assumptions rather than
 measurements or published numbers are listed in ``assumed`` so reports can mark them.
 """
 

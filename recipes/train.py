@@ -262,6 +262,8 @@ def main(cfg: DictConfig) -> float:
             print(note)
         try:
             if HydraConfig.get().mode == RunMode.MULTIRUN:
+                with user_errors():  # a sweep the config asks for (hydra.mode) gets here unchecked
+                    check_not_a_sweep_under_torchrun(["-m"])
                 metrics = _sweep_job(config)
             else:
                 with user_errors():

@@ -188,7 +188,8 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
     ("script", "args", "fragment"),
     [
         ("bench/train.py", ["--steps", "0"], "--steps 0: must be at least 6"),
-        ("bench/train.py", ["--keep", "tests"], "--keep tests: the folder is not empty; give a new one"),
+        ("bench/train.py", ["--keep", "tests"], "--keep tests: the folder is not empty; give a new folder"),
+        ("bench/train.py", ["--keep", "README.md"], "--keep README.md: a file; give a new folder"),
         ("bench/train.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
         ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),

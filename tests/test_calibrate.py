@@ -100,11 +100,18 @@ def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pyt
     for key in set(topo.sources) - {"calibration"}:
         assert getattr(topo, key) == data[key], key
     # the description names the file and the ranks it measured with; another count is said
-    assert f"  calibration: {path}, collectives measured with 2 ranks, " in topo.describe()
+    assert topo.describe().endswith(f"\n  calibration: {path} ({time.strftime('%Y-%m-%d')}), collectives measured with 2 ranks")
     assert "neo calibrate --ranks" not in topo.describe()
     four = local_topology(world_size=4)
     assert ("collectives measured with 2 ranks; this topology has 4: `neo calibrate --ranks 4` measures them"
             in four.describe())
+    assert "this topology has" not in local_topology(world_size=1).describe()  # one rank: no collectives
+    assert "a power of two ranks" in local_topology(world_size=3).describe()  # --ranks 3 is refused
+    odd = path.with_name("odd.json")
+    odd.write_text(json.dumps({**data, "measured_at": 1e300}))  # a hand-edited time: not a traceback
+    monkeypatch.setenv("NEO_CALIBRATION", str(odd))
+    assert local_topology().describe().endswith(f"\n  calibration: {odd}, collectives measured with 2 ranks")
+    monkeypatch.setenv("NEO_CALIBRATION", str(path))
     measured = plan_tables(TABLES, "local", 1024).predicted_step_time
     assert math.isfinite(measured) and measured > 0
     assert measured != baseline

@@ -818,10 +818,17 @@ def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, mo
     assert script_command(RECIPE, ROOT) == f"'{spaced}' recipes/train.py"
 
 
-def test_a_sweep_inside_torchruns_ranks_is_refused() -> None:
+def test_a_sweep_inside_torchruns_ranks_is_refused(tmp_path: Path) -> None:
     # its ranks formed the process group anew for each job: a second job on the dense kernel hung
     env = subprocess_env(TORCHELASTIC_RUN_ID="test", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    said = "error: recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew"
     proc = run_recipe("-m", "trainer=smoke", "kernel=fused,dense", env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "error: recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew")
+    assert proc.stderr.strip().splitlines()[-1].startswith(said)
+    # a sweep its config asks for (hydra.mode), not the command line: refused in the job
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "swept.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
+    proc = run_recipe("--config-dir", str(tmp_path / "conf"), "experiment=swept", "trainer=smoke",
+                      f"hydra.sweep.dir={tmp_path / 'sweep'}", env=env)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "sweep" / "0" / "metrics.json").exists()

@@ -261,17 +261,22 @@ class NeoModule(pl.LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         # logits, on the device: gathered there (NCCL carries device tensors only), ranked as
-        # logits (sigmoids in float32 saturate into ties past |logit| ~17)
+        # logits (sigmoids saturate into ties: past |logit| ~17 in float32)
         self._val_preds.append(self(batch).detach().float())
         self._val_labels.append(batch.labels.detach().float())
 
     def on_validation_epoch_end(self) -> None:
-        if not self._val_preds:
+        gathered = dist.is_initialized() and dist.get_world_size() > 1
+        if not self._val_preds and not gathered:
             return
-        logits = torch.cat(self._val_preds)
-        labels = torch.cat(self._val_labels)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        # a rank without held-out batches still takes part in the gather the others wait in
+        none = torch.empty(0, device=self.device)
+        logits = torch.cat(self._val_preds) if self._val_preds else none
+        labels = torch.cat(self._val_labels) if self._val_labels else none
+        if gathered:
             logits, labels = _gather_uneven(logits), _gather_uneven(labels)
+        if not logits.numel():
+            return
         logits, labels = logits.cpu().double(), labels.cpu()
         classes = labels.long().unique()
         if len(classes) < 2:  # AUC is undefined (torchmetrics gives 0.0): recorded as not measured
@@ -282,7 +287,10 @@ class NeoModule(pl.LightningModule):
                       "validation AUC is undefined (recorded as null); the data's labels have one class "
                       "(data.bias?) or trainer.val_batches x batch is too small", flush=True)
         else:
-            auc = float(binary_auroc(logits, labels.long()))  # its sigmoid, in float64: no ties made
+            # ranked by the logits' order, as scores in [0, 1] (torchmetrics takes values outside
+            # [0, 1] through a sigmoid, which ties them at 1.0 past a logit of ~37 in float64)
+            distinct, order = torch.unique(logits, return_inverse=True)
+            auc = float(binary_auroc(order.double() / max(1, len(distinct) - 1), labels.long()))
         loss = float(torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.double()))
         self.log("val/auc", auc, prog_bar=True, rank_zero_only=True)
         self.log("val/loss", loss, rank_zero_only=True)

@@ -101,19 +101,22 @@ def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | N
     file, and whether its collectives were measured with this topology's number of ranks."""
     if not record:
         return {}
-    path = calibration or calibration_path()
-    said = f"{path}"
-    measured_with = record.get("ranks")
-    if isinstance(measured_with, int) and not isinstance(measured_with, bool):
-        said += f", collectives measured with {measured_with} ranks"
-        if measured_with != ranks:
-            said += (f"; this topology has {ranks}: `neo calibrate --ranks {ranks}` measures them for it "
-                     "(the all-to-all and collective figures depend on it)")
+    said = f"{calibration or calibration_path()}"
     when = record.get("measured_at")
     if isinstance(when, (int, float)) and not isinstance(when, bool) and when > 0:
         import time
 
-        said += f", {time.strftime('%Y-%m-%d', time.localtime(when))}"
+        try:
+            said += f" ({time.strftime('%Y-%m-%d', time.localtime(when))})"
+        except (OverflowError, OSError, ValueError):  # a hand-edited time: only the record's
+            pass
+    measured_with = record.get("ranks")
+    if isinstance(measured_with, int) and not isinstance(measured_with, bool):
+        said += f", collectives measured with {measured_with} ranks"
+        if measured_with != ranks and ranks > 1:  # one rank runs no collectives
+            fix = (f"`neo calibrate --ranks {ranks}` measures them for it" if ranks & (ranks - 1) == 0
+                   else "`neo calibrate --ranks` measures them with a power of two ranks, the nearest is closest")
+            said += f"; this topology has {ranks}: {fix} (the all-to-all and collective figures depend on it)"
     return {"calibration": said}
 
 
