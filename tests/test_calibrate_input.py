@@ -103,5 +103,5 @@ def test_neo_calibrate_names_itself_and_its_flags(capsys) -> None:
         neo_main(["calibrate", "--ranks", "3", "--output", "/tmp/unused.json"])
     assert exit_.value.code == 2
     usage, error = capsys.readouterr().err.splitlines()[-2:]
-    assert usage.startswith("usage: neo calibrate [-h] [--output OUT] [--ranks RANKS]"), usage
+    assert usage.startswith("usage: neo calibrate [-h] [--output OUTPUT] [--ranks RANKS]"), usage
     assert error.startswith("neo calibrate: error: --ranks 3: use a power of two"), error
