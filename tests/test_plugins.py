@@ -604,6 +604,17 @@ def test_the_readme_plugin_example_loads_and_runs() -> None:
     assert isinstance(policy, CachePolicy) and policy.load_factor == 0.1
 
 
+def _imported_plugin(site: Path, name: str, monkeypatch: pytest.MonkeyPatch, register_plugin: Any) -> Any:
+    """The module ``site/<name>.py``, imported afresh and registered as a plugin."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    module = importlib.import_module(name)
+    register_plugin(module)
+    return module
+
+
 def test_a_plugins_bug_is_named_by_the_files_of_its_traceback(tmp_path, register_plugin, monkeypatch) -> None:
     """An error that is no Neo error keeps its traceback; the third-party plugin it passed
     through is named, also when it arrives as text from a spawned rank."""
@@ -625,11 +636,7 @@ def test_a_plugins_bug_is_named_by_the_files_of_its_traceback(tmp_path, register
         def neo_register_cache_policies(registry):
             registry.register("buggy", buggy)
     """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "buggy_plugin", raising=False)
-    import buggy_plugin
-
-    register_plugin(buggy_plugin)
+    buggy_plugin = _imported_plugin(tmp_path, "buggy_plugin", monkeypatch, register_plugin)
     with pytest.raises(ZeroDivisionError) as err:
         buggy_plugin.explode()
     blame = plugin_blame(err.value)
@@ -807,6 +814,16 @@ def test_names_hydra_selects_as_typed_are_taken(register_plugin) -> None:
     assert not plugins.failed
 
 
+def _registering(hook: str, provider: str, **factories: Any) -> Any:
+    """A plugin of distribution ``provider`` whose ``hook`` registers ``factories`` by name."""
+
+    def register(registry: Registry) -> None:
+        for name, factory in factories.items():
+            registry.register(name, factory)
+
+    return types.SimpleNamespace(__name__=f"{provider}_plugin", __neo_provider__=provider, **{hook: hookimpl(register)})
+
+
 def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(register_plugin) -> None:
     # Topology's own check named its field in bytes/s, which the user had not typed, and no plugin
     from neo_core.topology import GB, Topology
@@ -819,16 +836,7 @@ def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(re
         return Topology("in_gb", 2, 4, "cuda", 40 * 2**30, 100 * 2**30, device_memory_bw_gbps, 100.0, 32.0,
                         300.0, 25.0)
 
-    class Plugin:
-        __name__ = "mini_plugin"
-        __neo_provider__ = "mini-dist"
-
-        @hookimpl
-        def neo_register_topologies(self, registry):
-            registry.register("mini", mini)
-            registry.register("in_gb", in_gb)
-
-    plugins = register_plugin(Plugin())
+    plugins = register_plugin(_registering("neo_register_topologies", "mini-dist", mini=mini, in_gb=in_gb))
     with pytest.raises(ConfigError, match=r"^topology=mini \(mini-dist\): topology.intra_node_bw must be a positive"):
         plugins.create("topology", "mini", {"intra_node_bw_gbps": -5})
     with pytest.raises(ConfigError, match=r"^topology=in_gb \(mini-dist\): topology 'in_gb': device_memory_bw=1500.0 "
@@ -852,17 +860,8 @@ def test_a_plugins_own_default_that_its_annotation_refuses_is_the_plugins_fault(
     class Named(CachePolicy):
         """A policy class registered as its own factory: it takes its name."""
 
-    class Plugin:
-        __name__ = "sloppy_plugin"
-        __neo_provider__ = "sloppy-dist"
-
-        @hookimpl
-        def neo_register_cache_policies(self, registry):
-            registry.register("sloppy", sloppy)
-            registry.register("named", Named)
-            registry.register("quoted", quoted)
-
-    plugins = register_plugin(Plugin())
+    plugins = register_plugin(_registering("neo_register_cache_policies", "sloppy-dist", sloppy=sloppy, named=Named,
+                                           quoted=quoted))
     with pytest.raises(PluginError, match=r"its own default for load_factor, '0.2', .*; the plugin should change the "
                                           r"default to one\. Meanwhile give cache.load_factor=<value>\.$"):
         plugins.create("cache", "quoted", {"load_factor": "0.2"})
@@ -923,11 +922,7 @@ def test_a_bug_in_one_of_a_packages_plugins_is_not_blamed_on_another(tmp_path, r
         def neo_register_compressors(registry):
             registry.register("codec", Codec)
     """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "two_plugins", raising=False)
-    import two_plugins
-
-    register_plugin(two_plugins)
+    two_plugins = _imported_plugin(tmp_path, "two_plugins", monkeypatch, register_plugin)
     with pytest.raises(RuntimeError) as err:
         two_plugins.Codec("codec").qcomm_codecs_registry()
     assert plugin_blame(err.value) == "compressor plugin 'codec' (two_plugins)"
