@@ -159,10 +159,9 @@ class Registry(Generic[T]):
             return
         if not isinstance(options, Mapping):
             raise PluginError(f"{where}{options!r} is not a mapping; give {{option name: {{key: value}}}}.")
+        probe = Entry(name, factory, self.kind, self._provider)
         try:
-            keys = {p.name for p in inspect.signature(factory).parameters.values()
-                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-            any_key = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(factory).parameters.values())
+            keys, any_key = set(probe.parameters()), probe.accepts_any_keyword()
         except (TypeError, ValueError):  # no signature to read (a builtin): the keys are left to create()
             keys, any_key = set(), True
         for option, params in options.items():
