@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.json}: not JSON ({exc})")
     out = args.out or args.json.with_suffix(".png")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)  # a folder not there yet is made, as for --json
         written = chart(data, out)
     except ValueError as exc:
         parser.error(f"{args.json}: {exc}")

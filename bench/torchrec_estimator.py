@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from args import check_writable  # noqa: E402
 from planner import RANKS, SUITES, _context, check_ranks  # noqa: E402
 
 from neo_plugins.sharding.planner import NeoPlanner, torchrec_score  # noqa: E402
@@ -53,8 +54,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
     check_ranks(parser, args.ranks)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        parser.error(f"--json {args.json}: its folder does not exist")
+    check_writable(parser, "--json", Path(args.json) if args.json else None)
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     plan_timed(SUITES["mlperf_dcnv2"][0](), _context(8, {}), True)  # imports and first-call costs

@@ -96,7 +96,7 @@ def _neo_plan_mlperf_8() -> list[dict]:
 def test_charts_are_drawn_from_kept_results(result, tmp_path):
     import matplotlib.image
 
-    out = tmp_path / "chart.png"
+    out = tmp_path / "charts" / "chart.png"  # a folder not there yet is made
     proc = subprocess.run(
         [sys.executable, "bench/charts.py", f"docs/results/{result}", "--out", str(out)],
         cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
@@ -190,7 +190,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/train.py", ["--steps", "0"], "--steps 0: must be at least 6"),
         ("bench/train.py", ["--keep", "tests"], "--keep tests: the folder is not empty; give a new folder"),
         ("bench/train.py", ["--keep", "README.md"], "--keep README.md: a file; give a new folder"),
-        ("bench/train.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
+        ("bench/train.py", ["--json", "{file}/x.json"], "/file/x.json: cannot be written (its folder"),
         ("bench/fidelity.py", ["--rounds", "0"], "--rounds 0: must be at least 1"),
         ("bench/fidelity.py", ["--quantile", "1.5"], "--quantile 1.5: must lie in [0, 1]"),
         ("bench/fidelity.py", ["--nice", "-3"], "--nice -3: give how far above normal priority, 0 or more"),
@@ -198,13 +198,17 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
         ("bench/flag_broadcast.py", ["--calls", "0"], "--calls 0 must be at least 1"),
         ("bench/alltoall_share.py", ["--mib", "0"], "--mib 0: must be at least 1"),
         ("bench/input_dist.py", ["--dim", "0"], "--dim 0: must be at least 1"),
-        ("bench/alltoall_share.py", ["--json", "/no/such/folder/x.json"], "--json /no/such/folder/x.json: cannot be written"),
+        ("bench/alltoall_share.py", ["--json", "{file}/x.json"], "/file/x.json: cannot be written (its folder"),
+        ("bench/torchrec_estimator.py", ["--json", "{file}/x.json"], "/file/x.json: cannot be written (its folder"),
+        ("bench/fidelity.py", ["--json", "{tmp}"], "a folder; give a file name in it"),
         ("bench/gpu_lookup.py", [], "give --raw FILE (measure) or --report FILE"),
         ("bench/gpu_lookup.py", ["--raw", "x.json", "--dtypes", "bf16"], "--dtypes takes fp32 and fp16"),
         ("bench/gpu_lookup.py", ["--raw", "x.json"], "no CUDA device here"),
     ],
 )
-def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment):
+def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment, tmp_path):
+    (tmp_path / "file").write_text("")  # a results folder under a file cannot be made
+    args = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in args]
     proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=subprocess_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr[-2000:]
@@ -262,7 +266,7 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
 
 
 def test_alltoall_share_bench_times_every_share(tmp_path):
-    out = tmp_path / "share.json"
+    out = tmp_path / "results" / "share.json"  # a folder not there yet is made before the run
     proc = subprocess.run([sys.executable, "bench/alltoall_share.py", "--mib", "1", "--repeats", "1", "--json", str(out)],
                           cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
