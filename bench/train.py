@@ -59,8 +59,11 @@ def plan_of(out: Path) -> dict[str, Any]:
     from (a calibration of this machine changes the plan and so the throughput)."""
     plan = json.loads((out / "plan.json").read_text())
     types = next((n for n in plan.get("notes", []) if n.startswith("types: ")), "")
-    measured = sorted({v for v in (plan.get("topology", {}).get("sources") or {}).values() if v.startswith("measured")})
-    return {"plan": types.removeprefix("types: "), "calibration": measured[0] if measured else None}
+    sources = plan.get("topology", {}).get("sources") or {}
+    # the file, its date and the ranks that measured it; a plan.json of before that entry names the file only
+    measured = sorted(v for v in sources.values() if v.startswith("measured"))
+    said = sources.get("calibration") or (measured[0] if measured else None)
+    return {"plan": types.removeprefix("types: "), "calibration": said}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -298,5 +298,10 @@ def test_the_training_bench_records_each_plan_and_the_calibration_behind_it(tmp_
         "notes": ["kernel fused", "types: DP 6, TW 20"],
         "topology": {"sources": {"intra_node_bw": "measured (/x/cal.json)", "device_memory": "assumed"}}}))
     assert bench.plan_of(tmp_path) == {"plan": "DP 6, TW 20", "calibration": "measured (/x/cal.json)"}
+    said = "/x/cal.json (2026-12-01), collectives measured with 2 ranks"  # the topology's own entry, when it has one
+    (tmp_path / "plan.json").write_text(json.dumps({
+        "notes": ["types: DP 6, TW 20"],
+        "topology": {"sources": {"intra_node_bw": "measured (/x/cal.json)", "calibration": said}}}))
+    assert bench.plan_of(tmp_path)["calibration"] == said
     (tmp_path / "plan.json").write_text(json.dumps({"notes": ["types: TW 26"], "topology": {}}))
     assert bench.plan_of(tmp_path) == {"plan": "TW 26", "calibration": None}
