@@ -17,36 +17,10 @@ from neo_core.cli import main as neo_main
 from neo_core.errors import ConfigError
 from neo_core.sharding import TableSpec
 from neo_plugins.sharding.planner import calibrate
-from neo_plugins.topology.local import CALIBRATED_EXTRAS, CALIBRATED_KEYS, local_topology
+from neo_plugins.topology.local import CALIBRATED_EXTRAS, CALIBRATED_KEYS, PLAUSIBLE, local_topology
 
 pytestmark = pytest.mark.slow  # spawns gloo ranks three times (about 15 s on 2 cores)
 
-# Plausible ranges for a CPU machine running 2 gloo ranks; a figure outside one is a unit or
-# formula mistake (bytes vs bits, seconds vs milliseconds, a time where a rate belongs).
-# One thread's memory traffic: 0.5 to 80 GB/s (this 2-core VM: 6-14 GB/s), so a figure in bits
-# (8x) or per element instead of per byte (4x) of a typical machine falls outside.
-MEMORY = (5e8, 8e10)
-BANDWIDTH = (1e7, 1e11)  # gloo collectives between local processes: 10 MB/s to 100 GB/s
-PER_ID = (0.0, 1e-5)  # seconds per id; fitted intercepts are clamped at zero on a noisy machine
-PLAUSIBLE: dict[str, tuple[float, float]] = {
-    "device_memory_bw": MEMORY,
-    "host_memory_bw": MEMORY,
-    "host_to_device_bw": MEMORY,
-    "intra_node_bw": BANDWIDTH,
-    "inter_node_bw": BANDWIDTH,
-    "allreduce_bw": BANDWIDTH,
-    "reduce_scatter_bw": BANDWIDTH,
-    "all_gather_bw": BANDWIDTH,
-    "lookup_fwd_id_s": PER_ID,
-    "lookup_bwd_id_s": PER_ID,
-    "bucketize_id_s": (0.0, 1e-5),  # fitted overheads may come out as zero
-    "collective_latency_s": (0.0, 1.0),
-    "gloo_latency_s": (1e-7, 1.0),
-    "torchrec_step_small_s": (1e-5, 10.0),
-    "torchrec_step_large_s": (1e-5, 10.0),
-    "lookup_rate_ids_per_s": (1e5, 1e11),
-    "lookup_concurrency_slowdown": (0.2, 50.0),
-}
 TABLES = [TableSpec(f"t{i}", 200_000 * (i + 1), 64, 8.0) for i in range(6)]
 
 

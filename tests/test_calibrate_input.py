@@ -105,3 +105,23 @@ def test_neo_calibrate_names_itself_and_its_flags(capsys) -> None:
     usage, error = capsys.readouterr().err.splitlines()[-2:]
     assert usage.startswith("usage: neo calibrate [-h] [--output OUTPUT] [--ranks RANKS]"), usage
     assert error.startswith("neo calibrate: error: --ranks 3: use a power of two"), error
+
+
+def test_a_figure_no_cpu_gives_is_warned_of_with_its_plausible_range(tmp_path, capsys) -> None:
+    # a hand edit in other units (ms per id, GB/s) plans as given, but not without a word
+    from neo_plugins.topology.local import PLAUSIBLE, local_topology
+
+    path = tmp_path / "calibration.json"
+    path.write_text('{"device_memory_bw": 9e9, "lookup_bwd_id_s": 0.43, "intra_node_bw": 2e9, "inter_node_bw": 2e9}')
+    topo = local_topology(compute_device="cpu", calibration=str(path))
+    assert topo.lookup_bwd_id_s == 0.43  # planned with as given
+    err = capsys.readouterr().err
+    assert f"warning: calibration file {path}: lookup_bwd_id_s=0.43 s (plausible: 0 s to 1e-05 s)" in err, err
+    assert "device_memory_bw" not in err and err.count("warning") == 1  # in range: not named
+    # a figure of each kind at its range's ends passes; 0 means not measured, never warned of
+    path.write_text(str({k: high for k, (_, high) in PLAUSIBLE.items()}).replace("'", '"'))
+    local_topology(compute_device="cpu", calibration=str(path))
+    path.write_text('{"device_memory_bw": 0, "host_memory_bw": 4e12}')  # 4 TB/s: a figure in bits/s?
+    local_topology(compute_device="cpu", calibration=str(path))
+    err = capsys.readouterr().err
+    assert err.count("warning") == 1 and "host_memory_bw=4e+03 GB/s (plausible: 0.5 GB/s to 80 GB/s)" in err, err

@@ -49,6 +49,55 @@ CALIBRATED_EXTRAS = (
     "allreduce_bw",
 )
 
+# Plausible ranges of the figures `neo calibrate` writes, for a CPU machine running gloo ranks; a
+# figure outside one is a unit or formula slip (bytes vs bits, seconds vs milliseconds, a time
+# where a rate belongs) or a measurement that a busy machine spoilt. One thread's memory
+# traffic is 0.5 to 80 GB/s (a 2-core VM: 6-14 GB/s), so a figure in bits (8x) or per element
+# instead of per byte (4x) of a typical machine falls outside.
+_MEMORY = (5e8, 8e10)
+_GLOO = (1e7, 1e11)  # collectives between local processes: 10 MB/s to 100 GB/s
+_PER_ID = (0.0, 1e-5)  # seconds per id; fitted intercepts are clamped at zero on a noisy machine
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "device_memory_bw": _MEMORY,
+    "host_memory_bw": _MEMORY,
+    "host_to_device_bw": _MEMORY,
+    "intra_node_bw": _GLOO,
+    "inter_node_bw": _GLOO,
+    "allreduce_bw": _GLOO,
+    "reduce_scatter_bw": _GLOO,
+    "all_gather_bw": _GLOO,
+    "lookup_fwd_id_s": _PER_ID,
+    "lookup_bwd_id_s": _PER_ID,
+    "bucketize_id_s": _PER_ID,
+    "collective_latency_s": (0.0, 1.0),
+    "gloo_latency_s": (1e-7, 1.0),
+    "torchrec_step_small_s": (1e-5, 10.0),
+    "torchrec_step_large_s": (1e-5, 10.0),
+    "lookup_rate_ids_per_s": (1e5, 1e11),
+    "lookup_concurrency_slowdown": (0.2, 50.0),
+}
+
+
+def _in_units(key: str, value: float) -> str:
+    if key.endswith("_bw"):
+        return f"{value / GB:.3g} GB/s"
+    if key.endswith("_s"):
+        return f"{value:.3g} s"
+    return f"{value:.3g}" + (" ids/s" if key.endswith("_per_s") else "")
+
+
+def implausible(data: dict[str, Any]) -> list[str]:
+    """Figures of a calibration record that lie outside the ranges a CPU machine gives, each as
+    ``key=value (plausible: low-high)``; numbers only (other entries are checked elsewhere)."""
+    out = []
+    for key, (low, high) in PLAUSIBLE.items():
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value:
+            continue  # 0 or null: not measured
+        if not low <= value <= high:
+            out.append(f"{key}={_in_units(key, value)} (plausible: {_in_units(key, low)} to {_in_units(key, high)})")
+    return out
+
 
 def calibration_path() -> Path:
     env = os.environ.get("NEO_CALIBRATION")
@@ -89,6 +138,13 @@ def load_calibration(path: Path | None = None, record: dict[str, Any] | None = N
     if bad:
         raise ConfigError(
             f"Calibration file {path} has a non-numeric {bad[0]} ({data[bad[0]]!r}); re-run `neo calibrate`."
+        )
+    odd = implausible(data)
+    if odd:  # planned with as given (the machine may be unusual), but not without a word
+        print(
+            f"warning: calibration file {path}: {'; '.join(odd)}. Figures are bytes/s and seconds; "
+            "re-run `neo calibrate` on an otherwise idle machine if these are not this machine's.",
+            file=sys.stderr,
         )
     if record is not None:
         record.update({k: data[k] for k in CALIBRATION_RECORDS if k in data})
