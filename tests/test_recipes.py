@@ -407,6 +407,19 @@ def test_installed_plugin_is_selectable_by_option_and_by_name(plugin_site) -> No
     }
 
 
+def test_both_recipes_help_lists_an_installed_plugins_options(plugin_site) -> None:
+    # a plugin's options are selected like conf/'s; --help listed conf/'s YAML files only
+    env = subprocess_env(plugin_site["neo_example_plugin"])
+    for recipe in (PLAN_RECIPE, RECIPE):
+        proc = subprocess.run([sys.executable, str(recipe), "--help"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+        lines = {line.split(":")[0].lstrip("+"): line for line in groups.splitlines() if ": " in line}
+        assert "my_policy, my_policy_half, none" in lines["cache"], (recipe.name, lines["cache"])
+        assert "tiny_cluster" in lines["topology"] and "zionex" in lines["topology"], (recipe.name, lines)
+
+
 @pytest.mark.slow
 def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp_path: Path) -> None:
     """One real run: ZionEX emulated on the local ranks, the third-party cache policy selected by

@@ -270,7 +270,7 @@ class NeoPlanner(Planner):
             names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
             result.notes.append(
-                f"fewer sharding types ({subsets} subsets solved): {names} only, without {dropped}; "
+                f"fewer sharding types ({counted(subsets, 'subset')} solved): {names} only, without {dropped}; "
                 f"load {refined * 1e3:.3f} -> {float(search.loads.max()) * 1e3:.3f} ms, collective latency "
                 f"{model.latency_time(types) * 1e3:.3f} -> {model.latency_time(search.types_used()) * 1e3:.3f} ms, "
                 f"step {step * 1e3:.3f} -> {search.step() * 1e3:.3f} ms; the why-lines' alternatives include "
