@@ -120,6 +120,7 @@ class NeoModule(pl.LightningModule):
         trainer_cfg: TrainerConfig,
         global_batch_size: int,
         step_offset: int = 0,
+        on_plan: Callable[[PlanResult], None] | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -129,6 +130,7 @@ class NeoModule(pl.LightningModule):
         self.trainer_cfg = trainer_cfg
         self.global_batch_size = global_batch_size
         self.step_offset = step_offset
+        self.on_plan = on_plan  # told the plan the ranks agreed on, before it is run
         self.plan: PlanResult | None = None
         self.loss_fn = nn.BCEWithLogitsLoss()
         self._val_preds: list[torch.Tensor] = []
@@ -155,10 +157,13 @@ class NeoModule(pl.LightningModule):
         self.plan, differ = agree_on_plan(self.planner_fn(self.model))
         if differ and dist.get_rank() == 0:
             print(
-                f"warning: the planner gave rank(s) {', '.join(map(str, differ))} another plan than rank 0 "
-                "(a planner that depends on the rank, or on time); every rank runs rank 0's plan",
+                f"warning: rank(s) {', '.join(map(str, differ))} built another plan than rank 0 (a plugin whose "
+                "result depends on the rank or the time: the planner, or a topology, model, kernel or other "
+                "factory the plan reads); every rank runs rank 0's plan",
                 flush=True,
             )
+        if self.on_plan is not None:
+            self.on_plan(self.plan)
         pg = dist.group.WORLD if dist.is_initialized() else None
         env = ShardingEnv.from_process_group(pg) if pg is not None else ShardingEnv.from_local(1, 0)
         self.model = DistributedModelParallel(

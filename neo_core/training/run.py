@@ -25,7 +25,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ class Launch:
     device_type: str  # "cpu" | "cuda"
     backend: str  # "gloo" | "nccl"
     external: bool  # True when torchrun (or another launcher) started this process as a rank
+    plan_digest: str | None = None  # the plan printed and saved before the ranks start (plan_digest)
 
 
 def resolve_launch(run: RunConfig) -> Launch:
@@ -620,6 +621,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         (out / "plan.png").unlink(missing_ok=True)  # an earlier plan's chart (`neo chart` draws this one's)
         (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
+    from neo_core.training.module import plan_digest
+
+    launch = replace(launch, plan_digest=plan_digest(plan))  # the ranks' plan is checked against it
     payload = run.to_dict()
     launched = time.time()
     asked = False  # spawned ranks: the starting process got a Ctrl-C or SIGTERM
@@ -672,6 +676,25 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
             f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
         )
     return metrics
+
+
+def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
+    """Rank 0, once the ranks agree on a plan: where it is not the plan printed and saved before
+    they started (a plugin whose result depends on the process: the rank, the time or the
+    environment), plan.json and plan.txt are made the plan run, and the run says so."""
+    from neo_core.training.module import plan_digest
+
+    if launch.plan_digest in (None, plan_digest(plan)):
+        return
+    plan.save_json(out / "plan.json")
+    (out / "plan.png").unlink(missing_ok=True)
+    (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
+    print(
+        "warning: the ranks built another plan than the one printed above (a plugin whose result depends on "
+        "the process: its rank, the time or its environment); they run rank 0's, which plan.json and plan.txt "
+        f"now hold:\n{plan.format_text(rest='all in plan.json and plan.txt')}",
+        flush=True,
+    )
 
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, stop: Any) -> None:
@@ -794,6 +817,7 @@ def rank_main(
     module = NeoModule(
         model,
         planner_fn=lambda m: checked_plan(parts, m),
+        on_plan=(lambda plan: _record_plan_run(plan, launch, out)) if rank == 0 else None,
         sharders_fn=lambda: parts.planner.sharders(parts.context),
         kernel=parts.kernel,
         trainer_cfg=cfg,
