@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-_PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+# bytes an element takes on the wire; FBGEMM's int8 is row-wise over rows of 32 elements, each
+# with an fp32 scale and bias (QuantizedCommCodec.calc_quantized_size: 32 + 8 bytes per 32)
+_PRECISION_BYTES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1.25}
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,11 @@ class Compressor:
                 )
 
     @property
-    def forward_bytes(self) -> int:
+    def forward_bytes(self) -> float:
         return _PRECISION_BYTES[self.forward_precision]
 
     @property
-    def backward_bytes(self) -> int:
+    def backward_bytes(self) -> float:
         return _PRECISION_BYTES[self.backward_precision]
 
     # TorchRec has no fp8 reduce-scatter: its codec registry (get_qcomm_codecs_registry) sends
@@ -50,11 +52,11 @@ class Compressor:
         return "bf16" if self.backward_precision == "fp8" else self.backward_precision
 
     @property
-    def reduce_scatter_forward_bytes(self) -> int:
+    def reduce_scatter_forward_bytes(self) -> float:
         return _PRECISION_BYTES[self.reduce_scatter_forward_precision]
 
     @property
-    def reduce_scatter_backward_bytes(self) -> int:
+    def reduce_scatter_backward_bytes(self) -> float:
         return _PRECISION_BYTES[self.reduce_scatter_backward_precision]
 
     def qcomms_config(self) -> Any:

@@ -505,7 +505,15 @@ def test_compressor_precisions_are_checked() -> None:
 
     with pytest.raises(ConfigError, match=r"compression 'fp16': compression.backward='fp12' is not a precision"):
         fp16_compression(backward="fp12")
-    assert fp16_compression(backward="int8").backward_bytes == 1  # over gloo: checked against the plan
+    assert fp16_compression(backward="int8").backward_bytes == 1.25  # over gloo: checked against the plan
+    # FBGEMM's own count: int8 rows of 32 elements carry an fp32 scale and bias, fp8 (table-wise) none
+    from fbgemm_gpu.quantize_comm import QuantizedCommCodec
+    from fbgemm_gpu.split_embedding_configs import SparseType
+
+    for precision in ("int8", "fp8", "fp16", "bf16", "fp32"):
+        codec = QuantizedCommCodec(SparseType(precision))
+        wire = codec.calc_quantized_size(32 * 1024, codec.create_context()) * codec.quantized_dtype.itemsize
+        assert Compressor("x", precision, precision).forward_bytes == wire / (32 * 1024), precision
 
 
 def test_a_plugin_failing_part_way_leaves_nothing_registered(capsys) -> None:
