@@ -857,6 +857,20 @@ def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(re
         plugins.create("topology", "zionex", {"inter_node_bw_gbps": 0.0005})
 
 
+def test_a_zionex_nic_faster_than_any_made_is_taken_with_a_warning_in_bits(capsys) -> None:
+    # the NIC is sold as 200 Gb/s; typed as inter_node_bw_gbps=200 it modelled a link 8x too fast, silently
+    from neo_plugins.topology.zionex import zionex_topology
+
+    topo = zionex_topology(inter_node_bw_gbps=200)
+    assert topo.inter_node_bw == 200e9  # planned as given
+    assert capsys.readouterr().err == (
+        "warning: topology.inter_node_bw_gbps=200 is GB/s (bytes) per rank, 1,600 Gb/s: faster than any "
+        "scale-out NIC; a NIC of 200 Gb/s is inter_node_bw_gbps=25.\n")
+    zionex_topology(inter_node_bw_gbps=100)  # an 800 Gb/s NIC: no warning
+    zionex_topology()
+    assert capsys.readouterr().err == ""
+
+
 def test_a_plugins_own_default_that_its_annotation_refuses_is_the_plugins_fault(register_plugin) -> None:
     # "cache.load_factor must be a number, got None", though nobody had typed it
     def sloppy(load_factor: float = None) -> CachePolicy:  # type: ignore[assignment]

@@ -426,9 +426,11 @@ def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp
     name, and the broken plugin skipped with a message naming it."""
     env = subprocess_env(*plugin_site.values())
     proc = run_recipe("+topology=zionex", "cache.name=my_policy", "trainer=smoke", "trainer.max_steps=2",
-                      f"hydra.run.dir={tmp_path}", env=env)
+                      "topology.inter_node_bw_gbps=200", f"hydra.run.dir={tmp_path}", env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Emulating zionex (16 nodes x 8 cuda) on 2 local cpu rank(s)" in proc.stdout
+    # what a plugin says as it is built is said once, not again by each rank that builds it
+    assert proc.stderr.count("warning: topology.inter_node_bw_gbps=200 is GB/s") == 1, proc.stderr[-3000:]
     assert "note: the predicted step is the embedding tables' share" in proc.stdout  # not the whole step's
     assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -16,6 +16,7 @@ that says processes are created externally.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import math
@@ -799,7 +800,11 @@ def rank_main(
     # of the machine's ranks every core (samples/s fell 10-25x)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     pl.seed_everything(run.seed, verbose=False)
-    parts = build_parts(run, launch)
+    # the process that started the run (this one, under torchrun or on one rank) built the same
+    # plugins and showed what they print (a warning of a calibration file, a topology figure):
+    # the ranks' copies would repeat it once per rank
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        parts = build_parts(run, launch)
     local_world = _emulate_nodes(parts.topology, launch, rank, local_world)
     out = Path(run.output_dir)
     ckpt_dir = out / "checkpoint"

@@ -9,11 +9,13 @@ body: they are commonly reported values and are marked as assumed.
 from __future__ import annotations
 
 import math
+import sys
 
 from neo_core.checks import is_number
 from neo_core.errors import ConfigError
 from neo_core.topology import GB, MIN_BW, GiB, Topology
 
+FASTEST_NIC_GBPS = 100.0  # GB/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
 PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
 INFOQ = "InfoQ, May 2021: ZionEX node = 4-socket CPUs, 8 GPUs, one RoCE NIC per GPU"
 
@@ -47,6 +49,13 @@ def zionex_topology(
             raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
         if unit == "GB/s" and value * GB < MIN_BW:  # the Topology's floor, said in the unit typed
             raise ConfigError(f"topology.{key}={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
+    if inter_node_bw_gbps > FASTEST_NIC_GBPS:  # most often a NIC's Gb/s typed where GB/s belongs
+        print(
+            f"warning: topology.inter_node_bw_gbps={inter_node_bw_gbps:g} is GB/s (bytes) per rank, "
+            f"{inter_node_bw_gbps * 8:,.0f} Gb/s: faster than any scale-out NIC; a NIC of "
+            f"{inter_node_bw_gbps:g} Gb/s is inter_node_bw_gbps={inter_node_bw_gbps / 8:g}.",
+            file=sys.stderr,
+        )
     return Topology(
         name="zionex",
         num_nodes=num_nodes,
@@ -68,7 +77,7 @@ def zionex_topology(
             "intra_node_bw": "NVLink 3, 300 GB/s per direction per GPU, assumed",
             "host_memory": "1.5 TiB DDR per node assumed",
             "host_memory_bw": "4 sockets x ~100 GB/s per node assumed",
-            "host_to_device_bw": "PCIe Gen4 x16, 32 GB/s assumed (TorchRec's default)",
+            "host_to_device_bw": "PCIe Gen4 x16, 32 GB/s assumed (TorchRec's default is 32 GiB/s, 7% more)",
         },
         assumed=(
             "device_memory",
