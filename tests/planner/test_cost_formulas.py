@@ -15,12 +15,14 @@ import pytest
 
 from neo_core.api import make_context
 from neo_core.cache import CachePolicy
+from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import ShardingType, TableSpec
 from neo_core.topology import Topology
 from neo_plugins.sharding.planner.cost import CACHED, CostModel, TableArrays
 
 A = 5.375e-11  # all-to-all seconds per byte sent
 INTRA = 0.75 / 1e11  # (L-1)/(L X): the intra-node stage of TWRW and GRID
+CROSS = 0.5 / 1e10  # (N-1)/(N I): their cross-node stage, among the ranks of one local rank
 COPY = 2.455 / 1e12  # batched copy of gathered gradients (GPU row-split types)
 
 
@@ -34,9 +36,9 @@ def topology(device: str = "cuda", **calibrated) -> Topology:
 
 
 def costs(stype, table=("t", 1000, 128, 10.0, None), k=1, placement="device", device="cuda",
-          compressor=None, cache=None, **calibrated) -> dict[str, float]:
+          compressor=None, cache=None, kernel=None, **calibrated) -> dict[str, float]:
     name, rows, dim, pooling, hot = table
-    ctx = make_context(topology(device, **calibrated), 100, compressor=compressor, cache=cache)
+    ctx = make_context(topology(device, **calibrated), 100, kernel=kernel, compressor=compressor, cache=cache)
     model = CostModel(ctx)
     arrays = TableArrays.from_specs([TableSpec(name, rows, dim, pooling, hot_fraction=hot)])
     c = model.costs(arrays, ShardingType(stype), k, placement)
@@ -98,14 +100,15 @@ def test_row_wise_on_gpu():
 
 
 def test_table_row_wise_and_grid_reduce_inside_the_node_first():
-    # TWRW: n = G P / L = 2000 ids per shard, 250 rows; intra-node stage then a2a of 1/L
+    # TWRW: n = G P / L = 2000 ids per shard, 250 rows; intra-node stage, then 1/L of the
+    # samples to the same local rank of the other node (none of it stays inside this node)
     check(
         costs("table_row_wise"),
         compute_fwd=(2000 * (8 + 512) + 800 * 128 * 4) / 1e12,
         compute_bwd=(800 * 128 * 4 + 2 * 2000 * (512 + 4)) / 1e12,
         comm_input=2000 * 8 * A,
-        comm_fwd=800 * 128 * 4 * (INTRA + A / 4),
-        comm_bwd=800 * 128 * 4 * (INTRA + A / 4 + COPY),
+        comm_fwd=800 * 128 * 4 * (INTRA + CROSS / 4),
+        comm_bwd=800 * 128 * 4 * (INTRA + CROSS / 4 + COPY),
         device=250 * 128 * 4 + 250 * 4,
     )
     # GRID x2: c = 64 at its plain width (no block terms for row-split shards): rb = 256
@@ -113,7 +116,7 @@ def test_table_row_wise_and_grid_reduce_inside_the_node_first():
         costs("grid_shard", k=2),
         compute_fwd=(2000 * (8 + 256) + 800 * 64 * 4) / 1e12,
         compute_bwd=(800 * 64 * 4 + 2 * 2000 * (256 + 4)) / 1e12,
-        comm_fwd=800 * 64 * 4 * (INTRA + A / 4),
+        comm_fwd=800 * 64 * 4 * (INTRA + CROSS / 4),
         device=250 * 64 * 4 + 250 * 4,
     )
 
@@ -135,15 +138,17 @@ def test_data_parallel_on_gpu():
 
 
 def test_cached_table_wise_reads_misses_over_the_host_link():
-    # 10% of rows cached, uniform access: h = 0.1; spb = h/M + (1-h)(1/H + 1/M)
+    # 10% of rows cached, uniform access: h = 0.1; the rows' bytes at spb = h/M + (1-h)(1/H + 1/M);
+    # ids, pooled rows, their gradients, the backward's update of the cached rows and the
+    # row-wise state in device memory at 1/M; each miss's evicted row written back at 1/H
     spb = 0.1 / 1e12 + 0.9 * (1 / 1e10 + 1 / 1e12)
     got = costs("table_wise", placement=CACHED, cache=CachePolicy("lru", load_factor=0.1))
-    slots = 100
+    slots = 128  # 100 rows, rounded up to sets of 32 slots
     state = 4 * 1000 + 8 * slots + 8 * slots  # table map per row, cache state and LRU per slot
     check(
         got,
-        compute_fwd=(8000 * (8 + 512) + 800 * 128 * 4) * spb,
-        compute_bwd=(800 * 128 * 4 + 2 * 8000 * (512 + 4)) * spb,
+        compute_fwd=(8000 * 8 + 800 * 128 * 4) / 1e12 + 8000 * 512 * spb,
+        compute_bwd=(800 * 128 * 4 + 2 * 8000 * (512 + 4)) / 1e12 + 8000 * 0.9 * 512 / 1e10,
         device=slots * 128 * 4 + state + 1000 * 4,  # cache + its state + row-wise state
         host=1000 * 128 * 4,  # the weights
     )
@@ -151,10 +156,16 @@ def test_cached_table_wise_reads_misses_over_the_host_link():
     h = 0.5 + 0.5 * 0.09 / 0.99
     skewed = costs("table_wise", table=("t", 1000, 128, 10.0, 0.5), placement=CACHED,
                    cache=CachePolicy("lru", load_factor=0.1))
-    check(skewed, compute_fwd=(8000 * 520 + 800 * 512) * (h / 1e12 + (1 - h) * (1 / 1e10 + 1 / 1e12)))
-    # LFU keeps its 8-byte counter per row, not per slot
+    check(skewed, compute_fwd=(8000 * 8 + 800 * 512) / 1e12 + 8000 * 512 * (h / 1e12 + (1 - h) * (1 / 1e10 + 1 / 1e12)))
+    # element-wise state (Adagrad: 4 bytes per element) stays in host memory, uncached: its read
+    # and write cross the host link on every id
+    adagrad = costs("table_wise", placement=CACHED, cache=CachePolicy("lru", load_factor=0.1),
+                    kernel=EmbeddingKernel("f", "fused", SparseOptimizer.ADAGRAD))
+    check(adagrad, compute_bwd=(800 * 128 * 4 + 2 * 8000 * 512) / 1e12 + 2 * 8000 * 512 * (1 / 1e10 + 1 / 1e12)
+          + 8000 * 0.9 * 512 / 1e10)
+    # LFU keeps its 8-byte counter per row (and one more), not per slot
     lfu = costs("table_wise", placement=CACHED, cache=CachePolicy("lfu", load_factor=0.1))
-    check(lfu, device=slots * 128 * 4 + (4 * 1000 + 8 * slots + 8 * 1000) + 1000 * 4)
+    check(lfu, device=slots * 128 * 4 + (4 * 1000 + 8 * slots + 8 * 1001) + 1000 * 4)
 
 
 def test_cpu_terms():
@@ -195,7 +206,8 @@ def test_latency_and_bytes_sent():
     tw = 8000 * 8 + 800 * 128 * 8  # ids, pooled outputs and their gradients (fp32)
     assert sent("table_wise") == pytest.approx((tw * 3 / 8, tw * 4 / 8))
     out = 800 * 128 * 8
-    across = 2000 * 8 + out / 4
-    assert sent("table_row_wise") == pytest.approx((across * 3 / 8 + out * 3 / 4, across * 4 / 8))
+    ids = 2000 * 8  # a flat all-to-all to the table's node; then 1/L of the pooled rows goes to the
+    # same local rank of the other node: all of it across, none inside this node
+    assert sent("table_row_wise") == pytest.approx((ids * 3 / 8 + out * 3 / 4, ids * 4 / 8 + out / 4 / 2))
     S = 4 * 1000 * 128
     assert sent("data_parallel") == pytest.approx((2 * S * 3 / 4, 2 * S / 2 / 4))

@@ -225,13 +225,44 @@ def shard_memory(
     state = state_bytes(kernel.optimizer, rows, cols)
     if cached:
         assert load_factor is not None
-        slots = math.ceil(load_factor * rows)
-        cache_state = 4 * rows + 8 * slots + (8 * rows if algorithm == "lfu" else 8 * slots)
+        slots = math.ceil(math.ceil(load_factor * rows) / 32) * 32  # each shard rounded up to sets of 32
+        cache_state = 4 * rows + 8 * slots + (8 * (rows + (rows > 0)) if algorithm == "lfu" else 8 * slots)
         device = slots * cols * kernel.weight_bytes + cache_state
         if kernel.optimizer in (SparseOptimizer.ROWWISE_ADAGRAD, SparseOptimizer.SGD):
             return device + state, weights  # row-wise state (or none) in device memory
         return device, weights + state
     return weights + state, 0
+
+
+def fbgemm_cache_bytes(result, ctx) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank: the device bytes of the plan's UVM caches as FBGEMM allocates them, and as the
+    shards' own figures (``shard_memory``) count them.
+
+    TorchRec batches a rank's cached shards of one sharding type and one width (each table's
+    cache parameters carry its width: ``neo_core/torchrec_plan.py``); FBGEMM gives each batch
+    one cache of ``ceil(int(f * rows) / 32)`` sets of 32 slots (at least one set), as wide as the
+    batch, with 8 bytes of state per slot, a 4-byte table map per row, and the LRU's 8 bytes per
+    slot or the LFU's 8 bytes per row and one more (``split_table_batched_embeddings_ops_training``,
+    ``_apply_cache_state``); a prefetch pipeline adds a 4-byte lock counter per slot."""
+    W, f, e = ctx.topology.world_size, ctx.cache.load_factor, ctx.kernel.weight_bytes
+    lfu, prefetch = ctx.cache.algorithm == "lfu", bool(ctx.cache.prefetch_pipeline)
+    batches: dict[tuple[int, str, int], int] = {}
+    shards = np.zeros(W)
+    for a in result.tables:
+        if a.compute_kernel != CACHED_KERNEL:
+            continue
+        for r, (rows, cols) in zip(a.ranks, a.shard_shapes):
+            key = (r, a.sharding_type, cols)
+            batches[key] = batches.get(key, 0) + rows
+            slots = math.ceil(math.ceil(f * rows) / 32) * 32
+            shards[r] += slots * cols * e + 4 * rows + 8 * slots + (8 * (rows + (rows > 0)) if lfu else 8 * slots)
+            shards[r] += 4 * slots if prefetch else 0
+    fbgemm = np.zeros(W)
+    for (r, _, cols), rows in batches.items():
+        slots = max(1, (int(rows * f) + 31) // 32) * 32
+        fbgemm[r] += slots * cols * e + 4 * rows + 8 * slots + (8 * (rows + 1) if lfu else 8 * slots)
+        fbgemm[r] += 4 * slots if prefetch else 0
+    return fbgemm, shards
 
 
 def replica_memory(spec: TableSpec, kernel: EmbeddingKernel) -> int:
@@ -431,6 +462,11 @@ def test_every_rank_fits_recomputed_from_the_plan(case):
             case.label, name, "recomputed", mine + uplift, "reported", theirs, "gap", theirs - mine - uplift
         )
         assert (uplift <= ROUNDING * usable_dev).all(), (case.label, name, uplift)
+
+    # the caches as FBGEMM sizes them, one per batch of a rank's cached shards, fit in what
+    # the shards' own figures count (rounded up to sets of 32 slots each)
+    fbgemm, counted = fbgemm_cache_bytes(result, ctx)
+    assert (fbgemm <= counted).all(), (case.label, "FBGEMM's caches", fbgemm, "counted", counted)
 
     # every case uses the cache where it can and must, and near-capacity cases do bind
     cached = [a for a in result.tables if a.compute_kernel == CACHED_KERNEL]

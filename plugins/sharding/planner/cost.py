@@ -46,6 +46,7 @@ HALF_BLOCK_PENALTY = 1.15  # 64 <= cols < 128
 QUARTER_BLOCK_PENALTY = 1.75  # cols < 64
 DENSE_KERNEL_BW_FACTOR = 0.5
 MIN_LOOKUP_COLS = 32  # rows narrower than this cost as much as 32 columns to read
+CACHE_ASSOC = 32  # slots per set of FBGEMM's UVM cache (DEFAULT_ASSOC, CUDA)
 # Data-parallel optimizer step on GPUs: torch.optim's default (multi-tensor) optimizers run
 # several unfused elementwise kernels over the table; passes over its weight bytes at device
 # bandwidth, measured on one H200 (torch 2.11, 4M rows of 32 and 128 columns; the mean of the
@@ -219,26 +220,45 @@ class CostModel:
         ``block_terms``: apply the GPU block penalty and the 32-column minimum read (TorchRec
         applies them to the table-wise family TW/CW/TWCW only; see ``FULL_BLOCK_COLS``).
         """
-        spb = self.seconds_per_byte(placement, t.hot)
+        spb = self.seconds_per_byte(placement, t.hot)  # the rows' bytes, where they live
+        dev = np.full(spb.shape, 1.0 / self.dev_bw)  # bytes in device memory
         cuda = self.context.topology.compute_device == "cuda"
         if cuda and block_terms:
-            spb = spb * self.block_penalty(cols)
+            spb, dev = spb * self.block_penalty(cols), dev * self.block_penalty(cols)
         if cuda and not fused:
-            spb = spb / DENSE_KERNEL_BW_FACTOR
+            spb, dev = spb / DENSE_KERNEL_BW_FACTOR, dev / DENSE_KERNEL_BW_FACTOR
         rb = self.row_bytes(cols)
         if cuda and block_terms:  # a warp reads at least 32 columns
             rb = self.row_bytes(np.maximum(cols, MIN_LOOKUP_COLS))
-        fwd = (n_ids * (self.ib + rb) + n_out * cols * self.ob) * spb
-        if fused:  # read output grads; read+write each touched row and its optimizer state
-            bwd = (n_out * cols * self.ob + n_ids * 2.0 * (rb + self.opt_row_bytes(cols))) * spb
-        elif cuda:  # dense kernel: read the ids again, scatter-add (read+write) each row's gradient
-            bwd = (n_out * cols * self.ob + n_ids * (self.ib + 2.0 * rb)) * spb
-        else:  # dense kernel on CPU (calibrated as is): scatter gradients into a dense buffer
-            bwd = (n_out * cols * self.ob + n_ids * rb) * spb
+        if fused and placement == CACHED and self.cache_load_factor is not None:
+            # FBGEMM's UVM cache: the forward's prefetch brings missed rows into the device cache
+            # (spb: hit or miss) and writes the rows it evicts back over the host link. The ids,
+            # pooled rows, their gradients, the backward's update of the cached rows and row-wise
+            # optimizer state are device memory; element-wise state stays in host memory, uncached
+            miss = 1.0 - cache_hit_rate(self.cache_load_factor, t.hot)
+            state = self.opt_row_bytes(cols)
+            on_device = state if self._rowwise_state() else np.zeros_like(state)
+            host = (1.0 / self.h2d_bw + 1.0 / self.dev_bw) * dev * self.dev_bw  # with the block penalty
+            fwd = (n_ids * self.ib + n_out * cols * self.ob) * dev + n_ids * rb * spb
+            bwd = ((n_out * cols * self.ob + 2.0 * n_ids * (rb + on_device)) * dev
+                   + 2.0 * n_ids * (state - on_device) * host + n_ids * miss * rb / self.h2d_bw)
+        else:
+            fwd = (n_ids * (self.ib + rb) + n_out * cols * self.ob) * spb
+            if fused:  # read output grads; read+write each touched row and its optimizer state
+                bwd = (n_out * cols * self.ob + n_ids * 2.0 * (rb + self.opt_row_bytes(cols))) * spb
+            elif cuda:  # dense kernel: read the ids again, scatter-add (read+write) each row's gradient
+                bwd = (n_out * cols * self.ob + n_ids * (self.ib + 2.0 * rb)) * spb
+            else:  # dense kernel on CPU (calibrated as is): scatter gradients into a dense buffer
+                bwd = (n_out * cols * self.ob + n_ids * rb) * spb
         if self.id_fwd or self.id_bwd:  # calibrated per-id costs (CPU calibration)
             fwd = fwd + n_ids * self.id_fwd
             bwd = bwd + n_ids * (self.id_bwd if fused else self.id_fwd)
         return fwd, bwd
+
+    def _rowwise_state(self) -> bool:
+        """The optimizer keeps one state per row, not per element (row-wise Adagrad, SGD)."""
+        kernel = self.context.kernel
+        return kernel.optimizer_state_bytes(1, 2) == kernel.optimizer_state_bytes(1, 1)
 
     def _memory(
         self, rows: np.ndarray, cols: np.ndarray, placement: str
@@ -251,17 +271,19 @@ class CostModel:
             # FBGEMM's UVM cache (split_table_batched_embeddings_ops_training): the cached rows,
             # and its state in device memory: a 4-byte table map per row, 8 bytes of cache
             # state per slot, the LRU's 8 bytes per slot or the LFU's 8-byte counter per row,
-            # and with a prefetch pipeline a 4-byte lock counter per slot
-            slots = np.ceil(rows_f * self.cache_load_factor)
-            state = rows_f * 4 + slots * 8 + (rows_f * 8 if self.cache_algorithm == "lfu" else slots * 8)
+            # and with a prefetch pipeline a 4-byte lock counter per slot. FBGEMM sizes a table
+            # batch's cache in sets of 32 slots (at least one set) and its LFU counters for one
+            # more row than the batch has: rounding each shard up holds any batch of them
+            slots = np.ceil(np.ceil(rows_f * self.cache_load_factor) / CACHE_ASSOC) * CACHE_ASSOC
+            lfu = rows_f * 8 + np.where(rows_f > 0, 8.0, 0.0)
+            state = rows_f * 4 + slots * 8 + (lfu if self.cache_algorithm == "lfu" else slots * 8)
             if self.cache_prefetch:
                 state = state + slots * 4
             cache = slots * cols * self.e + state
             # row-wise optimizer state stays in device memory (construct_split_state: "if
             # optimizer state is rowwise, optimizer is on device"); element-wise state goes to
             # host memory with the weights
-            rowwise = self.context.kernel.optimizer_state_bytes(1, 2) == self.context.kernel.optimizer_state_bytes(1, 1)
-            if rowwise:
+            if self._rowwise_state():
                 return cache + opt, weights, weights, opt, zero, cache
             return cache, weights + opt, weights, opt, zero, cache
         return weights + opt, zero, weights, opt, zero, zero
@@ -335,9 +357,11 @@ class CostModel:
             buckets = G * P / L * self.id_bucketize / (1.0 if st is ShardingType.TABLE_ROW_WISE else k)
             time[:, CIN] = G * P / L * self.ib * self.a2a + buckets
             intra = (L - 1) / L / topo.intra_node_bw
-            # reduce-scatter inside the node, then all-to-all of each rank's 1/L of samples
-            time[:, CMF] = G * cols * (self.fs * intra * self.rs_factor + self.fb * self.a2a / L)
-            time[:, CMB] = G * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * self.a2a / L)
+            # reduce-scatter inside the node, then each rank's 1/L of the samples goes to the ranks
+            # of its local rank on the other nodes (TorchRec's cross-node group): (N-1)/N of it leaves
+            cross = (self.N - 1) / self.N / topo.inter_node_bw
+            time[:, CMF] = G * cols * (self.fs * intra * self.rs_factor + self.fb * cross / L)
+            time[:, CMB] = G * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * cross / L)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
@@ -350,8 +374,9 @@ class CostModel:
         all-reduce), split into (intra-node, inter-node), as the time formulas charge them.
 
         An all-to-all spread evenly over all ranks keeps ``(L-1)/W`` of its bytes inside the
-        node; TWRW/GRID reduce-scatter inside the node first and send ``1/L`` across; data
-        parallel all-reduces hierarchically.
+        node; TWRW/GRID reduce-scatter inside the node first and send ``1/L`` to the ranks of the
+        same local rank on the other nodes (``(N-1)/N`` of it across); data parallel
+        all-reduces hierarchically.
         """
         d = t.dims.astype(np.float64)
         P, G, W, L, N = t.pooling, self.G, float(self.W), float(self.L), float(self.N)
@@ -371,8 +396,9 @@ class CostModel:
         if st is ShardingType.ROW_WISE:
             sent = G * P / W * self.ib + scattered
             return sent * a2a_in, sent * a2a_out
-        sent = G * P / L * self.ib + out / L  # TWRW, GRID: the across-node part
-        return sent * a2a_in + scattered * (L - 1) / L, sent * a2a_out
+        ids = G * P / L * self.ib  # TWRW, GRID: ids to the table's node over every rank,
+        across = out / L * (N - 1) / N  # pooled rows to the same local rank of the other nodes
+        return ids * a2a_in + scattered * (L - 1) / L, ids * a2a_out + across
 
     def latency_time(self, types_used: set[str]) -> float:
         """Fixed collective latency per step: three all-to-alls per sharding type, one all-reduce."""
