@@ -61,7 +61,7 @@ def test_table_wise_on_gpu():
         compute_bwd=(800 * 128 * 4 + 2 * 8000 * (512 + 4)) / 1e12,  # grads read, rows + state r/w
         comm_input=8000 * 8 * A, comm_fwd=800 * 128 * 4 * A, comm_bwd=800 * 128 * 4 * A,
         optimizer=0.0, comm_allreduce=0.0,
-        device=1000 * 128 * 4 + 1000 * 4, host=0.0,
+        device=1000 * 128 * 4 + 1000 * 4 + 8000 * 8 + 800 * 128 * 4, host=0.0,  # + one batch's ids and rows
     )
 
 
@@ -82,7 +82,7 @@ def test_column_wise_on_gpu_pays_the_block_terms(dim, k, rb, penalty):
         compute_fwd=(8000 * (8 + rb) + 800 * c * 4) * penalty / 1e12,
         compute_bwd=(800 * c * 4 + 2 * 8000 * (rb + 4)) * penalty / 1e12,
         comm_fwd=800 * c * 4 * A,
-        device=1000 * c * 4 + 1000 * 4,
+        device=1000 * c * 4 + 1000 * 4 + 8000 * 8 + 800 * c * 4,
     )
 
 
@@ -95,7 +95,7 @@ def test_row_wise_on_gpu():
         comm_input=1000 * 8 * A,
         comm_fwd=800 * 128 * 4 * A,  # reduce-scatter, at the all-to-all rate on GPUs
         comm_bwd=800 * 128 * 4 * (A + COPY),  # all-gather + batched copy
-        device=125 * 128 * 4 + 125 * 4,
+        device=125 * 128 * 4 + 125 * 4 + 1000 * 8 + 800 * 128 * 4,
     )
 
 
@@ -109,7 +109,7 @@ def test_table_row_wise_and_grid_reduce_inside_the_node_first():
         comm_input=2000 * 8 * A,
         comm_fwd=800 * 128 * 4 * (INTRA + CROSS / 4),
         comm_bwd=800 * 128 * 4 * (INTRA + CROSS / 4 + COPY),
-        device=250 * 128 * 4 + 250 * 4,
+        device=250 * 128 * 4 + 250 * 4 + 2000 * 8 + 800 * 128 * 4,
     )
     # GRID x2: c = 64 at its plain width (no block terms for row-split shards): rb = 256
     check(
@@ -117,7 +117,7 @@ def test_table_row_wise_and_grid_reduce_inside_the_node_first():
         compute_fwd=(2000 * (8 + 256) + 800 * 64 * 4) / 1e12,
         compute_bwd=(800 * 64 * 4 + 2 * 2000 * (256 + 4)) / 1e12,
         comm_fwd=800 * 64 * 4 * (INTRA + CROSS / 4),
-        device=250 * 64 * 4 + 250 * 4,
+        device=250 * 64 * 4 + 250 * 4 + 2000 * 8 + 800 * 64 * 4,
     )
 
 
@@ -133,7 +133,7 @@ def test_data_parallel_on_gpu():
         optimizer=max((S + 2 * 512_000 + 2 * 512_000) / 1e12, 14.8 * 512_000 / 1e12),
         comm_allreduce=S * (2 * 3 / 4 / 1e11 + 2 * 1 / 2 / 4 / 1e10),
         comm_input=0.0, comm_fwd=0.0, comm_bwd=0.0,
-        device=512_000 + 512_000 + S,
+        device=512_000 + 512_000 + S + 1000 * 8 + 100 * 128 * 4,  # + a replica's batch: B P ids, B rows
     )
 
 
@@ -149,7 +149,7 @@ def test_cached_table_wise_reads_misses_over_the_host_link():
         got,
         compute_fwd=(8000 * 8 + 800 * 128 * 4) / 1e12 + 8000 * 512 * spb,
         compute_bwd=(800 * 128 * 4 + 2 * 8000 * (512 + 4)) / 1e12 + 8000 * 0.9 * 512 / 1e10,
-        device=slots * 128 * 4 + state + 1000 * 4,  # cache + its state + row-wise state
+        device=slots * 128 * 4 + state + 1000 * 4 + 8000 * 8 + 800 * 128 * 4,  # cache, its state, row-wise state, batch
         host=1000 * 128 * 4,  # the weights
     )
     # 50% of lookups on the hottest 1% of rows: h = 0.5 + 0.5 (0.1 - 0.01) / 0.99
@@ -165,7 +165,7 @@ def test_cached_table_wise_reads_misses_over_the_host_link():
           + 8000 * 0.9 * 512 / 1e10)
     # LFU keeps its 8-byte counter per row (and one more), not per slot
     lfu = costs("table_wise", placement=CACHED, cache=CachePolicy("lfu", load_factor=0.1))
-    check(lfu, device=slots * 128 * 4 + (4 * 1000 + 8 * slots + 8 * 1001) + 1000 * 4)
+    check(lfu, device=slots * 128 * 4 + (4 * 1000 + 8 * slots + 8 * 1001) + 1000 * 4 + 8000 * 8 + 800 * 128 * 4)
 
 
 def test_cpu_terms():

@@ -234,6 +234,18 @@ def shard_memory(
     return weights + state, 0
 
 
+def batch_bytes(st: ShardingType, spec: TableSpec, cols: int, ctx) -> float:
+    """One batch's ids (int64) and pooled fp32 rows on a shard's rank: TorchRec's input and
+    output sizes of a shard (``_calculate_shard_io_sizes``; ``test_batch_bytes_hold_torchrecs``)."""
+    B, W, L = ctx.batch_size_per_rank, ctx.topology.world_size, ctx.topology.devices_per_node
+    G, P = B * W, spec.pooling_factor
+    if st is ShardingType.DATA_PARALLEL:
+        return B * P * 8 + B * cols * 4
+    ids = {ShardingType.ROW_WISE: G * P / W, ShardingType.TABLE_ROW_WISE: G * P / L,
+           ShardingType.GRID_SHARD: G * P / L}.get(st, G * P)
+    return ids * 8 + G * cols * 4
+
+
 def fbgemm_cache_bytes(result, ctx) -> tuple[np.ndarray, np.ndarray]:
     """Per rank: the device bytes of the plan's UVM caches as FBGEMM allocates them, and as the
     shards' own figures (``shard_memory``) count them.
@@ -290,7 +302,7 @@ def memory_from_assignments(result, tables, ctx) -> tuple[np.ndarray, np.ndarray
             assert st is not ShardingType.DATA_PARALLEL, a
         if st is ShardingType.DATA_PARALLEL:
             assert a.ranks == list(range(W)), a
-            dev += replica_memory(spec, kernel)
+            dev += replica_memory(spec, kernel) + batch_bytes(st, spec, d, ctx)
             continue
         ranks, shapes = list(a.ranks), [tuple(s) for s in a.shard_shapes]
         assert ranks and len(ranks) == len(shapes), a
@@ -328,7 +340,7 @@ def memory_from_assignments(result, tables, ctx) -> tuple[np.ndarray, np.ndarray
         check_shards_tile(a.name, R, d, tiles)
         for r, (_, _, nr, nc) in zip(ranks, tiles):
             dd, hh = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
-            dev[r] += dd
+            dev[r] += dd + batch_bytes(st, spec, nc, ctx)
             host[r] += hh
     return dev, host
 
@@ -345,9 +357,10 @@ def memory_from_torchrec(plan, tables, ctx, load_factor_of) -> tuple[np.ndarray,
     assert sorted(params) == sorted(specs)
     for name, ps in params.items():
         spec = specs[name]
-        if ps.sharding_type == ShardingType.DATA_PARALLEL.value:
+        st = ShardingType(ps.sharding_type)
+        if st is ShardingType.DATA_PARALLEL:
             assert ps.sharding_spec is None and ps.compute_kernel == "dense", (name, ps)
-            dev += replica_memory(spec, kernel)
+            dev += replica_memory(spec, kernel) + batch_bytes(st, spec, spec.embedding_dim, ctx)
             continue
         cached = ps.compute_kernel == CACHED_KERNEL
         shards = ps.sharding_spec.shards
@@ -358,7 +371,7 @@ def memory_from_torchrec(plan, tables, ctx, load_factor_of) -> tuple[np.ndarray,
             assert 0 <= r < W, (name, m)
             dd, hh = shard_memory(*m.shard_sizes, cached, load_factor_of(ps) if cached else None, kernel,
                                   ctx.cache.algorithm)
-            dev[r] += dd
+            dev[r] += dd + batch_bytes(st, spec, m.shard_sizes[1], ctx)
             host[r] += hh
     return dev, host
 
@@ -555,6 +568,29 @@ def test_cached_tables_of_one_width_share_an_fbgemm_batch_and_no_other():
 
     assert batches(one_width=False) == [["a", "b", "c"]]  # one cache, 128 wide for all three
     assert batches(one_width=True) == [["a", "c"], ["b"]]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.label)
+def test_batch_bytes_hold_torchrecs(case):
+    """A shard's batch of ids and pooled rows, as counted here, holds what TorchRec's storage
+    estimate gives the same shard (it gives empty row shards none; here they count in full)."""
+    from torchrec.distributed.planner.shard_estimators import _calculate_shard_io_sizes
+
+    tables, ctx, _, result = plan_case(case)
+    specs = {t.name: t for t in tables}
+    W, L, B = ctx.topology.world_size, ctx.topology.devices_per_node, ctx.batch_size_per_rank
+    for a in result.tables:
+        spec, st = specs[a.name], ShardingType(a.sharding_type)
+        shapes = [[spec.num_embeddings, spec.embedding_dim]] * W if st is ShardingType.DATA_PARALLEL else a.shard_shapes
+        inputs, outputs = _calculate_shard_io_sizes(
+            sharding_type=st.value, batch_sizes=[B], world_size=W, local_world_size=L,
+            input_lengths=[spec.pooling_factor], emb_dim=spec.embedding_dim, shard_sizes=[list(x) for x in shapes],
+            input_data_type_size=8, output_data_type_size=4, num_poolings=[1.0], is_pooled=True,
+        )
+        for (rows, cols), i, o in zip(shapes, inputs, outputs):
+            counted = batch_bytes(st, spec, cols, ctx)
+            assert counted >= i + o - 2, (case.label, a.name, st, rows, cols, counted, i + o)  # TorchRec rounds each up
+            assert rows == 0 or counted <= i + o, (case.label, a.name, st, counted, i + o)
 
 
 def test_random_cases_bind_memory_and_use_the_cache():

@@ -108,6 +108,9 @@ class ShardCosts:
     optimizer: np.ndarray  # (T,) bytes of optimizer state per shard
     gradients: np.ndarray  # (T,) bytes of dense gradient buffer per shard (DP only)
     cache: np.ndarray  # (T,) bytes of device cache per shard (cached placement only)
+    # (T,) bytes of one batch's ids and pooled rows on the shard's rank (device memory; TorchRec's
+    # storage estimate counts the same input and output sizes per shard)
+    batch: np.ndarray
 
 
 def cache_hit_rate(load_factor: float, hot: np.ndarray) -> np.ndarray:
@@ -331,11 +334,13 @@ class CostModel:
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
             )
             zero = np.zeros(n)
-            return ShardCosts(time, weights + opt + table_bytes, zero, weights, opt, table_bytes, zero)
+            batch = B * P * self.ib + B * d * self.ob
+            return ShardCosts(time, weights + opt + table_bytes + batch, zero, weights, opt, table_bytes, zero, batch)
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
             cols = d if st is ShardingType.TABLE_WISE else d / k
             rows = t.rows
-            fwd, bwd = self._lookup(t, G * P, np.full(n, G), cols, placement, block_terms=True)
+            ids = G * P
+            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement, block_terms=True)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P * self.ib * self.a2a
             time[:, CMF] = G * cols * self.fb * self.a2a
@@ -343,7 +348,8 @@ class CostModel:
         elif st is ShardingType.ROW_WISE:
             cols = d
             rows = np.ceil(t.rows / W).astype(np.int64)
-            fwd, bwd = self._lookup(t, G * P / W, np.full(n, G), cols, placement)
+            ids = G * P / W
+            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
             # reduce-scatter of pooled partial sums; all-gather of their gradients
@@ -352,7 +358,8 @@ class CostModel:
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
-            fwd, bwd = self._lookup(t, G * P / L, np.full(n, G), cols, placement)
+            ids = G * P / L
+            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
             buckets = G * P / L * self.id_bucketize / (1.0 if st is ShardingType.TABLE_ROW_WISE else k)
             time[:, CIN] = G * P / L * self.ib * self.a2a + buckets
@@ -365,7 +372,8 @@ class CostModel:
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
-        return ShardCosts(time, mem_dev, mem_host, weights, opt, grads, cache)
+        batch = ids * self.ib + G * cols * self.ob  # the ids it looks up, the pooled rows it writes
+        return ShardCosts(time, mem_dev + batch, mem_host, weights, opt, grads, cache, batch)
 
     def comm_bytes(
         self, t: TableArrays, sharding_type: ShardingType, num_col_shards: int = 1

@@ -585,7 +585,7 @@ def build_result(
     W, L = search.W, search.L
     kinds = len(TIME_KINDS)
     time_by_kind = np.zeros((W, kinds))
-    mem = {k: np.zeros(W) for k in ("weights", "optimizer", "gradients", "cache")}
+    mem = {k: np.zeros(W) for k in ("weights", "optimizer", "gradients", "cache", "batch")}
     host = {k: np.zeros(W) for k in ("weights", "optimizer")}
     sent = np.zeros((W, 2))  # bytes sent per step: intra-node, inter-node
     option_bytes: dict[int, np.ndarray] = {}
@@ -603,13 +603,14 @@ def build_result(
             np.add.at(sent, ranks, option_bytes[o][i])
         if opt.placement == CACHED:  # optimizer state: row-wise on the device, else on the host
             np.add.at(mem["cache"], ranks, c.cache[i])
-            np.add.at(mem["optimizer"], ranks, c.mem_device[i] - c.cache[i])
+            np.add.at(mem["optimizer"], ranks, c.mem_device[i] - c.cache[i] - c.batch[i])
             np.add.at(host["weights"], ranks, c.weights[i])
             np.add.at(host["optimizer"], ranks, c.mem_host[i] - c.weights[i])
         else:
             np.add.at(mem["weights"], ranks, c.weights[i])
             np.add.at(mem["optimizer"], ranks, c.optimizer[i])
             np.add.at(mem["gradients"], ranks, c.gradients[i])
+        np.add.at(mem["batch"], ranks, c.batch[i])
         st = opt.sharding_type
         types_used.add(st.value)
         rows, dim = spec.num_embeddings, spec.embedding_dim
