@@ -124,7 +124,7 @@ def _check_planner_params(params: Mapping[str, Any], planner: Any) -> None:
 def plan_tables(
     tables: Sequence[TableSpec],
     topology: Topology | str | Mapping[str, Any],
-    batch_size_per_rank: int,
+    batch_size_per_rank: int | None = None,
     kernel: EmbeddingKernel | str | Mapping[str, Any] | None = None,
     compressor: Compressor | str | Mapping[str, Any] | None = None,
     cache: CachePolicy | str | Mapping[str, Any] | None = None,
@@ -137,6 +137,9 @@ def plan_tables(
     ``reserve_fraction=0.2``). Raises :class:`~neo_core.errors.NeoError` subclasses with a
     one-sentence message for bad input or a model that cannot fit.
     """
+    if batch_size_per_rank is None:  # required; a default of None lets batch_size= be named as a slip
+        _check_planner_params(params, planner)
+        raise ConfigError("plan_tables() needs batch_size_per_rank: the samples each rank trains on per step.")
     if isinstance(tables, TableSpec):
         raise ConfigError(f"tables must be a list of TableSpec objects; wrap the single table {tables.name!r} in a list.")
     if isinstance(tables, (str, bytes, Mapping)) or not isinstance(tables, Sequence | Iterable):

@@ -905,9 +905,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "2 or more (as many as will train; default 2)")
     calibrate.add_argument("--nice", default=None, help="measure this much above normal priority (needs root)")
     chart = sub.add_parser("chart", help="print a plan.json's plan and draw its chart (plan.png beside it)")
-    chart.add_argument("plan", help="the plan.json of a training run or of recipes/plan.py")
+    chart.add_argument("plan", help="the plan.json of a training run or of recipes/plan.py, or the run's folder")
     chart.add_argument("--out", default=None, help="where to draw the chart (default: plan.png beside the plan)")
-    chart.add_argument("--all", action="store_true", help="print every table and rank, not the first and slowest")
+    chart.add_argument("--all", action="store_true",
+                       help="print every table and rank, not only the first tables and the slowest ranks")
     args = parser.parse_args(argv)
     with user_errors():
         if args.command == "plugins":
@@ -919,9 +920,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from neo_core.sharding import PlanResult
             from neo_plugins.sharding.planner.report import save_chart
 
-            plan = PlanResult.load_json(args.plan)
+            given = Path(args.plan)
+            if given.is_dir():  # a run's folder: its plan
+                if not (given / "plan.json").is_file():
+                    raise ConfigError(f"{args.plan} is a folder without a plan.json; give a run's folder or its plan.json.")
+                given = given / "plan.json"
+            plan = PlanResult.load_json(given)
             print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text(rest="all in plan.json; --all prints them"))
-            out = args.out or Path(args.plan).with_name("plan.png")  # as given: a trailing / names a folder
+            out = args.out or given.with_name("plan.png")
             try:
                 print(f"wrote {save_chart(plan, out)}")
             except OSError as exc:

@@ -8,6 +8,7 @@ A sharding plugin's factory returns a :class:`Planner`. The planner turns table 
 from __future__ import annotations
 
 import abc
+import difflib
 import enum
 import json
 import math
@@ -179,8 +180,10 @@ def settings_note(context: PlanningContext) -> str:
         share = f" ({evicts}load factor {cache.load_factor})"
     elif cache.name != "none" and context.topology.compute_device == "cuda" and not context.kernel.data_parallel_only:
         share = " (no load_factor: nothing is cached; give one, e.g. 0.2)"
+    weights = {4: "fp32", 2: "fp16", 1: "int8"}.get(context.kernel.weight_bytes, f"{context.kernel.weight_bytes}-byte")
     return (
-        f"kernel {context.kernel.name} ({context.kernel.optimizer.value}), compression {context.compressor.name} "
+        f"kernel {context.kernel.name} ({context.kernel.optimizer.value}, {weights} weights), "
+        f"compression {context.compressor.name} "
         f"({context.compressor.forward_precision}/{context.compressor.backward_precision}), cache {cache.name}{share}"
     )
 
@@ -234,6 +237,27 @@ class PlanResult:
     # whose cost model gave the predicted times ("Neo's cost model", "TorchRec's estimator"); plans
     # are compared on one scale only. Empty: the planner plugin did not say.
     times_from: str = ""
+
+    def __repr__(self) -> str:  # the dataclass's own ran to hundreds of KB on a large plan
+        return (
+            f"PlanResult(planner={self.planner!r}, {counted(len(self.tables), 'table')}, "
+            f"{counted(len(self.ranks), 'rank')}, predicted step {self.predicted_step_time * 1e3:.3f} ms, "
+            f"{self.types_note()}; .format_text() or print() shows it)"
+        )
+
+    def __str__(self) -> str:
+        return self.format_text()
+
+    def table(self, name: str) -> TableAssignment:
+        """The assignment of the table called ``name``."""
+        for t in self.tables:
+            if t.name == name:
+                return t
+        from neo_core.errors import ConfigError
+
+        close = difflib.get_close_matches(name, [t.name for t in self.tables], n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"The plan has no table {name!r}.{hint} It has {counted(len(self.tables), 'table')}.")
 
     @property
     def predicted_step_time(self) -> float:
@@ -359,6 +383,7 @@ class PlanResult:
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
             "device's size" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise)" if has_host else "")
+            + ("; 'intra-node'/'inter-node' are the bytes the rank sends per step" if has_bytes else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)
@@ -406,7 +431,8 @@ class PlanResult:
             )
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "
-            f"{self.predicted_samples_per_second:,.0f} samples/s, imbalance {self.imbalance:.2f}"
+            f"{self.predicted_samples_per_second:,.0f} samples/s, imbalance {self.imbalance:.2f} "
+            "(slowest rank over the mean)"
             + (f" (times from {self.times_from})" if self.times_from else "")
         )
         lines.extend(f"  note: {n}" for n in self.notes)

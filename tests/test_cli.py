@@ -517,6 +517,14 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
     err = capsys.readouterr().err
     assert "cannot draw a chart as x.txt: .txt is not an image format here; choose one of" in err and ".svg" in err
     assert "Traceback" not in err and not (tmp_path / "x.txt").exists()
+    # the run's folder names its plan ("cannot read ...: Is a directory" before)
+    (tmp_path / "plan.png").unlink()
+    assert neo_main(["chart", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.endswith(f"wrote {tmp_path / 'plan.png'}\n") and (tmp_path / "plan.png").is_file()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit):
+        neo_main(["chart", str(tmp_path / "empty")])
+    assert "empty is a folder without a plan.json; give a run's folder or its plan.json." in capsys.readouterr().err
     (tmp_path / "charts").mkdir()  # a folder: plan.png in it (it wrote charts.png beside it)
     for out, written in (("charts", "charts/plan.png"), ("new/", "new/plan.png"), ("y.", "y.png")):
         assert neo_main(["chart", str(tmp_path / "plan.json"), "--out", f"{tmp_path}/{out}"]) == 0

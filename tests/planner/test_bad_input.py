@@ -524,6 +524,11 @@ def test_the_api_names_its_own_parameter_where_a_keyword_would_be_taken_for_the_
                                           r"\{'name': <plugin>, 'learning_rate': ...\}"):
         plan_tables(one, cluster(), 256, kernel={"learning_rate": 0.1})
     assert plan_tables(one, cluster(), 256, kernel={"name": "fused", "learning_rate": 0.1}, reserve_fraction=0.2)
+    # batch_size= in place of the batch size: a bare "missing 1 required positional argument" before
+    with pytest.raises(ConfigError, match=r"has no parameter 'batch_size'; did you mean batch_size_per_rank=\?"):
+        plan_tables(one, cluster(), batch_size=256)
+    with pytest.raises(ConfigError, match=r"^plan_tables\(\) needs batch_size_per_rank: the samples each rank"):
+        plan_tables(one, cluster())
 
 
 def test_a_planner_plugin_that_takes_such_a_keyword_gets_it(register_plugin) -> None:

@@ -732,3 +732,21 @@ def test_why_lines_do_not_round_a_shards_time_to_zero():
     result = plan_tables([TableSpec("small", 100, 8), TableSpec("b", 10**7, 64)], "zionex", 512)
     why = result.tables[0].why
     assert "x 0.000 ms" not in why and re.search(r"DP 128 x \d+\.\d{3} µs = 0\.\d{3} ms", why), why
+
+
+def test_a_plan_is_short_to_print_and_looked_up_by_table_name():
+    # repr was the dataclass dump: 260 KB for 500 tables; no way to find one table's assignment
+    result = plan_tables(mixed_tables(), cluster(), 1024, kernel=EmbeddingKernel("f", "fused", weight_bytes=2))
+    text = repr(result)
+    assert text.startswith(f"PlanResult(planner='neo', {len(result.tables)} tables, {len(result.ranks)} ranks, "
+                           f"predicted step {result.predicted_step_time * 1e3:.3f} ms, types: ") and len(text) < 300
+    assert str(result) == result.format_text()
+    first = result.tables[0]
+    assert result.table(first.name) is first
+    with pytest.raises(ConfigError, match=rf"The plan has no table '{first.name}x'. Did you mean '{first.name}'\?"):
+        result.table(first.name + "x")
+    # what a reader needs to check the plan's sizes: the weights' precision, the host memory on offer
+    assert any("kernel f (rowwise_adagrad, fp16 weights), compression" in n for n in result.notes), result.notes
+    assert "imbalance" in str(result) and "(slowest rank over the mean)" in str(result)
+    host = cluster().host_memory
+    assert all(r.host_memory_capacity == host for r in result.ranks)  # nothing cached, still on offer

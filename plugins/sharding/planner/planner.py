@@ -651,11 +651,11 @@ def build_result(
         memory["reserve"] = model.reserve
         rep = RankReport(rank=r, memory=memory, memory_capacity=model.capacity_device, time=timed)
         rep.comm_bytes = {"intra_node": float(sent[r, 0]), "inter_node": float(sent[r, 1])}
+        rep.host_memory_capacity = model.capacity_host  # what cached tables could use, used or not
         if host["weights"].any():
             rep.host_memory = {k: float(v[r]) for k, v in host.items()}
             if model.host_reserve:
                 rep.host_memory["reserve"] = model.host_reserve
-            rep.host_memory_capacity = model.capacity_host
         reports.append(rep)
     topo = context.topology.to_dict()
     result = PlanResult(
