@@ -100,6 +100,17 @@ def test_a_table_row_wise_types_could_not_split_is_not_told_to_allow_them():
     msg = str(err.value)
     assert "is larger than the whole cluster allows" in msg and "on its 1 rank" in msg and "add ranks" in msg
     assert "row-wise sharding type" not in msg
+    # the others that do not fit are named, not only counted
+    many = [TableSpec(f"big{i}", 4_000_000_000, 128, 5.0) for i in range(11)] + [TableSpec("small", 10, 8)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(many, one, 64)
+    msg = str(err.value)
+    assert msg.startswith("Table 'big0' (4,000,000,000 rows x 128) is larger than the whole cluster allows"), msg
+    assert ("(10 more tables also do not fit: 'big1', 'big2', 'big3', 'big4', 'big5', 'big6', 'big7', 'big8' "
+            "and 2 more)") in msg
+    with pytest.raises(PlanningError) as err:
+        plan_tables(many[:2], one, 64)
+    assert "(1 more table also does not fit: 'big1')" in str(err.value)
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("odd", 1_000_000_000, 130, 5.0)], "zionex", 512)
     assert "pad its dim to 132" in str(err.value) and "row-wise sharding type" not in str(err.value)

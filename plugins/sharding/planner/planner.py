@@ -408,8 +408,9 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only else None
     if never.any():
         i = int(np.flatnonzero(never)[0])
-        others = int(never.sum()) - 1
-        more = f" ({others} more tables also do not fit)" if others > 0 else ""
+        rest = [t.names[j] for j in np.flatnonzero(never)[1:]]
+        named = ", ".join(map(repr, rest[:8])) + (f" and {len(rest) - 8} more" if len(rest) > 8 else "")
+        more = f" ({counted(len(rest), 'more table')} also do{'es' if len(rest) == 1 else ''} not fit: {named})" if rest else ""
         size = f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])})"
         if kernel.compute_kernel == "fused" and int(t.dims[i]) % 4:
             size += " (a dim that is not a multiple of 4: the fused kernel cannot shard it, so it is replicated)"
