@@ -750,3 +750,15 @@ def test_a_plan_is_short_to_print_and_looked_up_by_table_name():
     assert "imbalance" in str(result) and "(slowest rank over the mean)" in str(result)
     host = cluster().host_memory
     assert all(r.host_memory_capacity == host for r in result.ranks)  # nothing cached, still on offer
+
+
+def test_a_why_line_says_when_the_fewer_types_pass_left_its_alternative_out():
+    # the 640-byte table's line read "least total would be DP ..., more device memory per shard"
+    tables = [TableSpec("big", 50_000_000, 128, 30.0), TableSpec("mid", 2_000_000, 64, 5.0),
+              TableSpec("small", 1000, 32, 1.0), TableSpec("tiny", 10, 16, 1.0)]
+    result = plan_tables(tables, {"name": "zionex", "num_nodes": 2}, 512)
+    [note] = [n for n in result.notes if n.startswith("fewer sharding types")]
+    assert "without DP" in note
+    why = result.table("tiny").why
+    assert "least total would be DP " in why and why.endswith(", DP left out of the plan to save its collectives' latency")
+    assert all("left out of the plan" not in t.why or "least total would be DP" in t.why for t in result.tables)

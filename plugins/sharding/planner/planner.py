@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -223,7 +223,7 @@ class NeoPlanner(Planner):
             min(3, 600 // len(tables)), self.refine, self.time_budget_s, fit_targets=self.packing_targets
         )
         self.last_search = search
-        result = build_result(self.name, search, tables, context)
+        result = build_result(self.name, search, tables, context, left_out=types - search.types_used())
         result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
         result.notes.extend(context_notes(result, context))
         # on the fused kernel, where a type besides DP was allowed
@@ -529,7 +529,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e6:.3f} µs"
 
 
-def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
+def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Collection[str] = ()) -> str:
     """One line that says why this option won, from the figures the search used."""
     t, model = search.t, search.model
     rows, dim = int(t.rows[i]), int(t.dims[i])
@@ -553,6 +553,8 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
             other = search.opts[j]
             label = other.label + (" on device" if opt.placement == CACHED and other.placement != CACHED else "")
             why_not = []
+            if other.sharding_type.value in left_out:  # the fewer-types pass, not this table's figures
+                why_not.append(f"{other.sharding_type.short} left out of the plan to save its collectives' latency")
             if other.shard_time[i] > opt.shard_time[i]:
                 why_not.append("larger shards")
             if other.cost.mem_device[i] > opt.cost.mem_device[i] * 1.01:  # what memory-tight plans give up
@@ -579,9 +581,11 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True) -> str:
 
 
 def build_result(
-    planner: str, search: Search, tables: Sequence[TableSpec], context: PlanningContext
+    planner: str, search: Search, tables: Sequence[TableSpec], context: PlanningContext,
+    left_out: Collection[str] = (),
 ) -> PlanResult:
-    """Table assignments and per-rank report from the search state."""
+    """Table assignments and per-rank report from the search state. ``left_out``: sharding
+    types the fewer-types pass dropped to save their collectives' latency."""
     model = search.model
     W, L = search.W, search.L
     kinds = len(TIME_KINDS)
@@ -639,7 +643,7 @@ def build_result(
                 compute_kernel=kernel,
                 ranks=[int(r) for r in ranks],
                 shard_shapes=shapes,
-                why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused"),
+                why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused", left_out=left_out),
             )
         )
     latency = model.latency_time(types_used)
