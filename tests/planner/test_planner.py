@@ -728,10 +728,16 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
 
 
 def test_why_lines_do_not_round_a_shards_time_to_zero():
-    # a small data-parallel table's 128th share read "DP 128 x 0.000 ms = 0.025 ms"
+    # a small data-parallel table's 128th share read "DP 128 x 0.000 ms = 0.025 ms", then
+    # "0.195 µs" beside neighbours in ms, and "128 x 0.002 ms = 0.222 ms" did not multiply out
     result = plan_tables([TableSpec("small", 100, 8), TableSpec("b", 10**7, 64)], "zionex", 512)
     why = result.tables[0].why
-    assert "x 0.000 ms" not in why and re.search(r"DP 128 x \d+\.\d{3} µs = 0\.\d{3} ms", why), why
+    m = re.search(r"128 x (0\.0+[1-9]\d\d) ms = (\d+\.\d+) ms", why)
+    assert m and "x 0.000 ms" not in why and "µs" not in why, why
+    assert float(m.group(1)) * 128 == pytest.approx(float(m.group(2)), rel=0.01), why
+    for t in plan_tables(mlperf_dcnv2(), "zionex", 512).tables:  # every line, every table
+        for shards, each, total in re.findall(r"(\d+) x ([\d.]+) ms = ([\d.]+) ms", t.why):
+            assert int(shards) * float(each) == pytest.approx(float(total), rel=0.01, abs=0.0015), t.why
 
 
 def test_a_plan_is_short_to_print_and_looked_up_by_table_name():
