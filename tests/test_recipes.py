@@ -505,6 +505,19 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
     # an option in neither folder is still named, with the added one's choices
     proc = run_plan(f"--config-dir={user}", "topology=my_clustr", f"hydra.run.dir={run_dir}")
     assert_one_sentence(proc, "Unknown topology option 'my_clustr' (did you mean 'my_cluster'?)", "local")
+    # tables of one's own, listed ("Unknown key plan_model.tables" before: only the generators)
+    listed = ("generator: listed\nparams:\n  tables:\n"
+              "    - {name: user_id, num_embeddings: 5000000, embedding_dim: 64, pooling_factor: 1.0}\n"
+              "    - {name: item_id, num_embeddings: 2000000, embedding_dim: 32, pooling_factor: 20.0}\n")
+    (user / "plan_model" / "my_tables.yaml").write_text(listed)
+    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_tables", f"hydra.run.dir={tmp_path / 'own'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = json.loads((tmp_path / "own" / "plan.json").read_text())["tables"]
+    assert [t["name"] for t in tables] == ["user_id", "item_id"]
+    (user / "plan_model" / "my_tables.yaml").write_text(listed.replace("num_embeddings: 2000000", "num_embedings: 2000000"))
+    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_tables", f"hydra.run.dir={tmp_path / 'own'}")
+    assert_one_sentence(proc, "plan_model.params (table set 'listed'): tables[1] ('item_id') has an unknown field "
+                              "'num_embedings'. Did you mean 'num_embeddings'?")
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,38 @@ def zionex_12t(num_tables: int = 800, seed: int = 1) -> list[TableSpec]:
     )
 
 
-GENERATORS = {"mlperf_dcnv2": mlperf_dcnv2, "production_like": production_like, "zionex_12t": zionex_12t}
+def listed(tables: list | None = None) -> list[TableSpec]:  # type: ignore[type-arg]
+    """Your own tables, as listed: each a mapping of ``TableSpec``'s fields (``name``,
+    ``num_embeddings``, ``embedding_dim``, ``pooling_factor``, ``hot_fraction``,
+    ``feature_names``), e.g. in a ``plan_model`` file of a ``--config-dir``."""
+    fields = [f for f in inspect.signature(TableSpec).parameters]
+    required = [n for n, p in inspect.signature(TableSpec).parameters.items() if p.default is inspect.Parameter.empty]
+    example = "[{name: user_id, num_embeddings: 10000000, embedding_dim: 128, pooling_factor: 1.0}, ...]"
+    if not tables or isinstance(tables, (str, bytes)) or not isinstance(tables, (list, tuple)):
+        raise ConfigError(f"tables must be a list of tables, each a mapping of its fields, e.g. tables: {example}; "
+                          f"got {tables!r}.")
+    out = []
+    for n, item in enumerate(tables):
+        where = f"tables[{n}]" + (f" ({item.get('name')!r})" if isinstance(item, dict) and "name" in item else "")
+        if not isinstance(item, dict):
+            raise ConfigError(f"{where} must be a mapping of a table's fields ({', '.join(fields)}), got {item!r}.")
+        for key in item:
+            if key not in fields:
+                close = difflib.get_close_matches(str(key), fields, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{where} has an unknown field {key!r}.{hint} A table's fields: {', '.join(fields)}.")
+        missing = [f for f in required if f not in item]
+        if missing:
+            raise ConfigError(f"{where} lacks {', '.join(missing)}; a table needs {', '.join(required)}.")
+        spec = dict(item)
+        if isinstance(spec.get("feature_names"), list):
+            spec["feature_names"] = tuple(spec["feature_names"])
+        out.append(TableSpec(**spec))  # its own checks name the table and the field
+    return out
+
+
+GENERATORS = {"mlperf_dcnv2": mlperf_dcnv2, "production_like": production_like, "zionex_12t": zionex_12t,
+              "listed": listed}
 
 
 def make_tables(generator: str, **params: object) -> list[TableSpec]:
