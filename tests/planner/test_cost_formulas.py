@@ -86,6 +86,12 @@ def test_column_wise_on_gpu_pays_the_block_terms(dim, k, rb, penalty):
     )
 
 
+def test_table_column_wise_costs_as_column_wise():
+    # TorchRec's TWCW is CW with every column shard in one node: the same flat all-to-all
+    assert costs("table_column_wise", k=2) == costs("column_wise", k=2)
+    check(costs("table_column_wise", k=2), comm_fwd=800 * 64 * 4 * A, comm_input=8000 * 8 * A)
+
+
 def test_row_wise_on_gpu():
     # n = G P / W = 1000 ids per shard, still G = 800 pooled (partial) rows; 125 rows per shard
     check(

@@ -331,6 +331,11 @@ def test_plugins_change_the_estimate():
     adam = plan_tables(tables, cluster(), 1024, kernel=EmbeddingKernel("f", "fused", SparseOptimizer.ADAM))
     mem = lambda r: sum(x.memory.get("optimizer", 0.0) for x in r.ranks)  # noqa: E731
     assert mem(adam) > 10 * mem(base)
+    # the kernel: the dense kernel replicates every table (DP at half the bandwidth), a slower step
+    fits = [t for t in tables if t.num_embeddings * t.embedding_dim * 4 < 2**30]  # each rank holds all
+    fused, dense = (plan_tables(fits, cluster(), 1024, kernel=k) for k in ("fused", "dense"))
+    assert {a.sharding_type for a in dense.tables} == {"data_parallel"} != {a.sharding_type for a in fused.tables}
+    assert dense.predicted_step_time > fused.predicted_step_time
     # the topology: the same cluster with 10x slower links across nodes predicts a slower step
     slow = plan_tables(tables, cluster(inter_gbps=2.5), 1024)
     assert slow.predicted_step_time > 1.2 * base.predicted_step_time

@@ -326,8 +326,8 @@ class CostModel:
             passes = DP_OPTIMIZER_PASSES[self.context.kernel.replica_optimizer.value]
             copy_bw = self.dev_bw if topo.compute_device == "cuda" else self.host_bw
             time[:, OPT] = np.maximum((table_bytes + 2 * weights + 2 * opt) / self.dev_bw, passes * weights / copy_bw)
-            if topo.compute_device == "cpu":  # CPU calibration: zero-fill the dense gradient,
-                # copy it into DDP's all-reduce bucket and back (5 passes at copy bandwidth)
+            if topo.compute_device == "cpu":  # an effective 5 passes over the dense gradient at
+                # copy bandwidth, which the fidelity runs' DP layouts check (docs/cost_model.md)
                 time[:, OPT] += 5.0 * table_bytes / self.host_bw
             time[:, CAR] = table_bytes * (
                 2 * (L - 1) / L / self.allreduce_bw
