@@ -305,3 +305,21 @@ def test_the_training_bench_records_each_plan_and_the_calibration_behind_it(tmp_
     assert bench.plan_of(tmp_path)["calibration"] == said
     (tmp_path / "plan.json").write_text(json.dumps({"notes": ["types: TW 26"], "topology": {}}))
     assert bench.plan_of(tmp_path) == {"plan": "TW 26", "calibration": None}
+
+
+def _large_result(suite, world, timeout, queue) -> None:
+    queue.put({"plan": "x" * 1_000_000, "time_s": 0.0})  # more than a pipe's buffer holds
+
+
+def test_a_torchrec_child_with_a_large_result_is_read_not_waited_out(monkeypatch) -> None:
+    # TorchRec's plan of 500 tables on 16 ranks is about 150 KB: its child could not exit until
+    # the result was read, and the bench joined it first, so a finished run was "killed after 600 s"
+    import time
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import planner
+
+    monkeypatch.setattr(planner, "_torchrec_child", _large_result)
+    start = time.monotonic()
+    out = planner.run_torchrec("mlperf_dcnv2", 8, 60.0, kill_after=60.0)
+    assert len(out["plan"]) == 1_000_000 and time.monotonic() - start < 30  # not the 60 s kill
