@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from neo_core.errors import CalibrationError
+from neo_core.errors import CalibrationError, ConfigError
 from neo_plugins.sharding.planner import calibrate
 from tests.conftest import ROOT, subprocess_env
 
@@ -125,3 +125,30 @@ def test_a_figure_no_cpu_gives_is_warned_of_with_its_plausible_range(tmp_path, c
     local_topology(compute_device="cpu", calibration=str(path))
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and "host_memory_bw=4e+03 GB/s (plausible: 0.5 GB/s to 80 GB/s)" in err, err
+
+
+def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
+    from neo_plugins.topology.local import local_topology
+
+    bad = tmp_path / "calibration.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json holds a JSON list, not the object"):
+        local_topology(compute_device="cpu", calibration=str(bad))
+    bad.write_text('{"device_memory_bw": -5}')
+    with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json gives device_memory_bw=-5.0, a negative"):
+        local_topology(compute_device="cpu", calibration=str(bad))
+    # a misspelt key would leave the assumed figure in place without a word
+    bad.write_text('{"devce_memory_bw": 1e10}')
+    with pytest.raises(ConfigError, match=r"unknown key 'devce_memory_bw'. Did you mean 'device_memory_bw'\?"):
+        local_topology(compute_device="cpu", calibration=str(bad))
+
+
+def test_a_calibration_key_the_planner_does_not_read_is_said_and_ignored(tmp_path, capsys) -> None:
+    from neo_plugins.topology.local import local_topology
+
+    # a note, or a record a newer `neo calibrate` writes, must not stop every CPU plan
+    path = tmp_path / "calibration.json"
+    path.write_text('{"device_memory_bw": 7e9, "note": "after the BIOS update"}')
+    topo = local_topology(compute_device="cpu", calibration=str(path))
+    assert topo.device_memory_bw == 7e9
+    assert "key 'note' is not one the planner reads; ignored" in capsys.readouterr().err

@@ -194,7 +194,9 @@ def test_wrong_hook_arguments_are_rejected() -> None:
         def neo_register_kernels(self, reg):  # the spec's argument is "registry"
             pass
 
-    with pytest.raises(Exception, match="reg"):
+    import pluggy
+
+    with pytest.raises(pluggy.PluginValidationError, match=r"Argument\(s\) \{'reg'\} are declared in the hookimpl"):
         load_plugins(extra=[WrongArgs()], autoload=False)
 
 
@@ -971,3 +973,28 @@ def test_neo_plugins_says_a_plugin_that_failed_to_load_once(tmp_path: Path, monk
     out, err = capsys.readouterr()
     assert "failed to load: broken_once: ImportError: no such thing" in out
     assert "broken_once" not in err and QUIET_ENV not in __import__("os").environ
+
+
+def test_a_topology_reaches_torchrecs_planner_figure_by_figure() -> None:
+    # every bandwidth distinct, so a swapped pair shows; TorchRec's figures are bytes per ms
+    from neo_core.topology import GB, GiB, Topology
+
+    topo = Topology("t", 2, 4, "cuda", 40 * GiB, 100 * GiB, 1500 * GB, 90 * GB, 30 * GB, 300 * GB, 25 * GB)
+    tr = topo.to_torchrec()
+    assert (tr.world_size, tr.local_world_size, tr.compute_device) == (8, 4, "cuda")
+    assert (tr.hbm_mem_bw, tr.ddr_mem_bw, tr.hbm_to_ddr_mem_bw) == (1500e6, 90e6, 30e6)
+    assert (tr.intra_host_bw, tr.inter_host_bw) == (300e6, 25e6)
+    assert tr.devices[0].storage.hbm == 40 * GiB and tr.devices[0].storage.ddr == 100 * GiB
+
+
+@pytest.mark.parametrize(("shape", "ranks", "emulated"), [
+    ((16, 8), 2, (2, 1)), ((16, 8), 4, (4, 1)), ((2, 4), 8, (2, 4)), ((3, 2), 4, (2, 2)), ((16, 8), 6, (6, 1)),
+])
+def test_an_emulated_cluster_keeps_as_many_nodes_as_its_ranks_allow(shape, ranks, emulated) -> None:
+    # the inter-node terms of the plan need nodes; one node of every rank would drop them
+    from neo_plugins.topology.zionex import zionex_topology
+
+    topo = zionex_topology(num_nodes=shape[0], devices_per_node=shape[1]).emulated_on(ranks, "cpu")
+    assert (topo.num_nodes, topo.devices_per_node, topo.compute_device) == (*emulated, "cpu")
+    assert topo.world_size == ranks and topo.emulated_from == f"zionex ({shape[0]}x{shape[1]})"
+    assert topo.device_memory == 40 * 2**30  # a device's memory model is the cluster's

@@ -31,6 +31,26 @@ def test_rank_parts_concatenate_to_the_global_batch() -> None:
         assert torch.equal(torch.cat([p.sparse_features[key].lengths() for p in parts]), whole.lengths())
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_the_ranks_streams_are_one_runs_batches_split_between_them(split: str) -> None:
+    # what each rank trains and validates on (the stream Lightning reads): together, step by
+    # step, the batches of one rank at the global batch size; none of them the same as another's
+    from neo_core.training.datasets import RankStream
+
+    data = synthetic(num_sparse=2)
+    whole = list(RankStream(data, split, 0, 1, 3 * 8, start_step=4, length=3))
+    ranks = [list(RankStream(data, split, r, 3, 8, start_step=4, length=3)) for r in range(3)]
+    assert len(whole) == 3 and all(len(r) == 3 for r in ranks)
+    for step, full in enumerate(whole):
+        parts = [r[step] for r in ranks]
+        assert torch.equal(torch.cat([p.labels for p in parts]), full.labels)
+        assert torch.equal(torch.cat([p.dense_features for p in parts]), full.dense_features)
+        assert not torch.equal(parts[0].dense_features, parts[1].dense_features)
+        for key in data.feature_names():
+            assert torch.equal(torch.cat([p.sparse_features[key].values() for p in parts]),
+                               full.sparse_features[key].values())
+
+
 def test_ids_are_zipf_skewed_and_in_range() -> None:
     data = synthetic(num_sparse=1, rows=10_000, pooling=3)
     ids = data.global_batch("train", 0, 4096).sparse_features.values()

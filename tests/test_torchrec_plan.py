@@ -150,14 +150,17 @@ def test_bad_assignments(assignment: TableAssignment, message: str) -> None:
 
 
 def test_sharder_offers_every_type_on_cpu() -> None:
-    context = cpu_context(1, 2, Compressor(name="fp16", forward_precision="fp16", backward_precision="fp16"))
+    context = cpu_context(1, 2, Compressor(name="fp16", forward_precision="fp16", backward_precision="bf16"))
     (sharder,) = make_sharders(context)
     assert isinstance(sharder, NeoEmbeddingBagCollectionSharder)
     assert set(sharder.sharding_types("cpu")) == {t.value for t in ShardingType}
     assert sharder.compute_kernels("data_parallel", "cpu") == ["dense"]
     assert sharder.compute_kernels("row_wise", "cpu") == ["fused"]
     assert sharder.fused_params["learning_rate"] == context.kernel.learning_rate
-    assert sharder.qcomm_codecs_registry
+    # the codecs TorchRec sends with: the compressor's precision each way, on every pooled collective
+    codecs = {str(k).split(".")[-1]: (str(v.forward._comm_precision), str(v.backward._comm_precision))
+              for k, v in sharder.qcomm_codecs_registry.items()}
+    assert codecs["POOLED_EMBEDDINGS_ALL_TO_ALL"] == codecs["POOLED_EMBEDDINGS_REDUCE_SCATTER"] == ("fp16", "bf16")
 
 
 def test_torchrec_planner_report_rebuilds_its_own_plan() -> None:
@@ -233,3 +236,26 @@ def test_torchrec_planning_counts_its_seconds_on_a_terminal() -> None:
     with elapsed_bar("x", file=brief, tick_s=0.05, delay_s=0.5, disable=False):  # over before the delay
         time.sleep(0.2)
     assert brief.getvalue() == ""
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adagrad"])  # FBGEMM has no Adam on CPU
+def test_fbgemm_builds_the_optimizer_the_planner_budgets(optimizer: str) -> None:
+    # the kernel's fused settings, as the sharders pass them, make FBGEMM's table batch: its
+    # optimizer state must be what the plan's memory counts, with the kernel's rate and eps
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+
+    kernel = EmbeddingKernel("fused", "fused", SparseOptimizer(optimizer), learning_rate=0.03, eps=1e-5)
+    params = kernel.fused_params()
+    tbe = SplitTableBatchedEmbeddingBagsCodegen(
+        [(100, 16, EmbeddingLocation.HOST, ComputeDevice.CPU)], **params)
+    state = sum(t.numel() * t.element_size() for table in tbe.split_optimizer_states() for t in table)
+    assert state == kernel.optimizer_state_bytes(100, 16)
+    assert tbe.get_learning_rate() == pytest.approx(0.03)
+    if optimizer != "sgd":
+        assert tbe.optimizer_args.eps == pytest.approx(1e-5)

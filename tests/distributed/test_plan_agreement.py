@@ -20,6 +20,7 @@ def _agree(rank: int, world_size: int, rank_dependent: bool) -> dict[str, Any]:
     return {"ranks": agreed.tables[0].ranks, "differ": differ, "digest": plan_digest(agreed)}
 
 
+@pytest.mark.slow  # spawns 3 gloo ranks
 @pytest.mark.parametrize("rank_dependent", [False, True])
 def test_every_rank_runs_rank_zeros_plan(rank_dependent: bool) -> None:
     out = MultiProcessRunner().run(_agree, 3, rank_dependent)

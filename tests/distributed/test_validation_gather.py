@@ -22,6 +22,7 @@ def _gather_with_an_empty_rank(rank: int, world_size: int) -> torch.Tensor:
     return _gather_uneven(torch.arange(rank, dtype=torch.float32) + 10 * rank)  # rank 0 holds none
 
 
+@pytest.mark.slow  # spawns 3 gloo ranks twice
 def test_uneven_held_out_samples_are_gathered_once_each() -> None:
     out = MultiProcessRunner().run(_gather, 3)
     expected = torch.tensor([0, 1, 10, 11, 12, 20, 21, 22, 23], dtype=torch.float32)

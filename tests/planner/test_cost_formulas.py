@@ -15,6 +15,7 @@ import pytest
 
 from neo_core.api import make_context
 from neo_core.cache import CachePolicy
+from neo_core.compression import Compressor
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
 from neo_core.sharding import ShardingType, TableSpec
 from neo_core.topology import Topology
@@ -68,6 +69,22 @@ def test_table_wise_on_gpu():
 def test_fp16_comms_halve_only_the_pooled_all_to_alls():
     check(costs("table_wise", compressor="fp16"),
           comm_fwd=800 * 128 * 2 * A, comm_bwd=800 * 128 * 2 * A, comm_input=8000 * 8 * A)
+
+
+def test_fp8_sends_its_bytes_where_torchrec_can_and_fp16_or_bf16_in_reduce_scatters():
+    # TorchRec has no fp8 reduce-scatter: forward fp8 goes as fp16 there, backward fp8 as bf16
+    fp8 = Compressor("x", "fp8", "fp8")
+    check(costs("row_wise", compressor=fp8), comm_fwd=800 * 128 * 2 * A, comm_bwd=800 * 128 * 2 * (A + COPY))
+    check(costs("table_row_wise", compressor=fp8),
+          comm_fwd=800 * 128 * (2 * INTRA + 1 * CROSS / 4), comm_bwd=800 * 128 * (2 * (INTRA + COPY) + 1 * CROSS / 4))
+    check(costs("table_wise", compressor=fp8), comm_fwd=800 * 128 * 1 * A, comm_bwd=800 * 128 * 1 * A)
+    # the bytes the report says a rank sends follow the same precisions
+    model = CostModel(make_context(topology(), 100, compressor=Compressor("h", "fp16", "bf16")))
+    arrays = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])
+    tw = 8000 * 8 + 800 * 128 * (2 + 2)
+    assert [float(x[0]) for x in model.comm_bytes(arrays, ShardingType.TABLE_WISE)] == pytest.approx([tw * 3 / 8, tw * 4 / 8])
+    rw = 1000 * 8 + 800 * 128 * (2 + 2)
+    assert [float(x[0]) for x in model.comm_bytes(arrays, ShardingType.ROW_WISE)] == pytest.approx([rw * 3 / 8, rw * 4 / 8])
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,7 @@ class Case:
     host_gib_per_node: float = 1536.0  # zionex only
     tight: str = ""  # "device" / "host": that memory must end up nearly full
     algorithm: str = "lru"  # the cache's eviction (the LFU keeps a counter per row on the device)
+    prefetch: bool = False  # the cache built for a prefetching pipeline (a lock counter per slot)
 
     @property
     def label(self) -> str:
@@ -101,7 +102,7 @@ class Case:
         if self.dense:
             parts.append("dense")
         if self.load_factor is not None:
-            parts.append(f"lf{self.load_factor}{self.algorithm}")
+            parts.append(f"lf{self.load_factor}{self.algorithm}" + ("+prefetch" if self.prefetch else ""))
         return "-".join(parts + [f"fill{self.fill}"])
 
 
@@ -116,7 +117,7 @@ CASES = [
     Case(7, "zionex", 1, fill=0.92, tight="device"),
     Case(8, "zionex", 2, SparseOptimizer.ADAM, weight_bytes=2, fill=0.9, tight="device"),
     # more than the devices hold: tables must go to host memory behind the cache
-    Case(9, "zionex", 2, load_factor=0.05, fill=2.5),
+    Case(9, "zionex", 2, load_factor=0.05, fill=2.5, prefetch=True),
     Case(10, "zionex", 4, SparseOptimizer.ADAGRAD, load_factor=0.2, fill=1.6, tight="device"),
     Case(11, "zionex", 2, weight_bytes=2, load_factor=0.5, fill=1.3, tight="device"),
     Case(12, "zionex", 16, load_factor=0.1, fill=1.5, tables=40, tight="device", algorithm="lfu"),
@@ -180,7 +181,8 @@ def plan_case(case: Case, module: bool = False):
     """Tables, context, planner and plan of ``case`` (planned once per session)."""
     topo = make_topology(case)
     tables = random_tables(case, topo)
-    cache = CachePolicy(case.algorithm, load_factor=case.load_factor, algorithm=case.algorithm) if case.load_factor else None
+    cache = CachePolicy(case.algorithm, load_factor=case.load_factor, algorithm=case.algorithm,
+                        prefetch_pipeline=case.prefetch) if case.load_factor else None
     ctx = make_context(topo, 512, kernel=make_kernel(case), cache=cache)
     planner = NeoPlanner(time_budget_s=1.0)
     if not module:
@@ -218,7 +220,8 @@ def check_shards_tile(name: str, rows: int, dim: int, shards: list[tuple[int, in
 
 
 def shard_memory(
-    rows: int, cols: int, cached: bool, load_factor: float | None, kernel: EmbeddingKernel, algorithm: str = "lru"
+    rows: int, cols: int, cached: bool, load_factor: float | None, kernel: EmbeddingKernel, algorithm: str = "lru",
+    prefetch: bool = False,
 ) -> tuple[int, int]:
     """(device, host) bytes of one sharded (not replicated) shard."""
     weights = rows * cols * kernel.weight_bytes
@@ -227,6 +230,7 @@ def shard_memory(
         assert load_factor is not None
         slots = math.ceil(math.ceil(load_factor * rows) / 32) * 32  # each shard rounded up to sets of 32
         cache_state = 4 * rows + 8 * slots + (8 * (rows + (rows > 0)) if algorithm == "lfu" else 8 * slots)
+        cache_state += 4 * slots if prefetch else 0  # the prefetch pipeline's lock counter per slot
         device = slots * cols * kernel.weight_bytes + cache_state
         if kernel.optimizer in (SparseOptimizer.ROWWISE_ADAGRAD, SparseOptimizer.SGD):
             return device + state, weights  # row-wise state (or none) in device memory
@@ -339,7 +343,7 @@ def memory_from_assignments(result, tables, ctx) -> tuple[np.ndarray, np.ndarray
                 c0 += bshapes[0][1]
         check_shards_tile(a.name, R, d, tiles)
         for r, (_, _, nr, nc) in zip(ranks, tiles):
-            dd, hh = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
+            dd, hh = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm, bool(ctx.cache.prefetch_pipeline))
             dev[r] += dd + batch_bytes(st, spec, nc, ctx)
             host[r] += hh
     return dev, host
@@ -370,7 +374,7 @@ def memory_from_torchrec(plan, tables, ctx, load_factor_of) -> tuple[np.ndarray,
             r = m.placement.rank()
             assert 0 <= r < W, (name, m)
             dd, hh = shard_memory(*m.shard_sizes, cached, load_factor_of(ps) if cached else None, kernel,
-                                  ctx.cache.algorithm)
+                                  ctx.cache.algorithm, bool(ctx.cache.prefetch_pipeline))
             dev[r] += dd + batch_bytes(st, spec, m.shard_sizes[1], ctx)
             host[r] += hh
     return dev, host
@@ -391,8 +395,8 @@ def even_split_uplift(result, tables, ctx) -> tuple[np.ndarray, np.ndarray]:
             split = a.shard_shapes[start : start + n]
             largest = max(nr for nr, _ in split)
             for r, (nr, nc) in zip(a.ranks[start : start + n], split):
-                full = shard_memory(largest, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
-                own = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm)
+                full = shard_memory(largest, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm, bool(ctx.cache.prefetch_pipeline))
+                own = shard_memory(nr, nc, cached, ctx.cache.load_factor, kernel, ctx.cache.algorithm, bool(ctx.cache.prefetch_pipeline))
                 dev[r] += full[0] - own[0]
                 host[r] += full[1] - own[1]
     return dev, host
@@ -537,6 +541,10 @@ def test_torchrec_plan_builds_caches_of_the_planned_size(case):
     for name in cached:
         widths = {int(size[1]) for size in (s.shard_sizes for s in params[name].sharding_spec.shards)}
         assert len(widths) == 1 and params[name].cache_params.reserved_memory == float(widths.pop()), name
+        # the eviction and prefetch the plan's memory was counted for (LFU's counters are per row)
+        built = params[name].cache_params
+        assert str(built.algorithm.name).lower() == ctx.cache.algorithm.lower(), (name, built)
+        assert bool(built.prefetch_pipeline) == bool(ctx.cache.prefetch_pipeline), (name, built)
 
 
 def test_cached_tables_of_one_width_share_an_fbgemm_batch_and_no_other():

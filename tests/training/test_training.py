@@ -55,7 +55,9 @@ def test_two_rank_training_learns_the_hidden_signal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_hierarchical_types_train_on_a_topology_of_several_nodes_on_this_machine(tmp_path: Path) -> None:
+def test_hierarchical_types_run_on_a_topology_of_several_nodes_on_this_machine(tmp_path: Path) -> None:
+    # (runs and keeps to the nodes; their numbers against one process are checked in
+    # tests/distributed/test_sharding_equivalence.py and test_planned_training.py)
     # 4 spawned ranks planned as 2 nodes x 2: TorchRec forms the node groups of TWRW and GRID
     # from LOCAL_WORLD_SIZE, which used to say 4 (one node): GRID failed with "Shard offset
     # 2000 and length 1000 exceeds tensor dim", TWRW with an IndexError, in every rank
@@ -155,7 +157,8 @@ class NeoPlannerLike:
 
 
 @pytest.mark.slow
-def test_int8_gradients_train_where_the_plan_is_table_wise(tmp_path: Path) -> None:
+def test_int8_gradients_run_where_the_plan_is_table_wise(tmp_path: Path) -> None:
+    # runs over gloo (int8 is refused for the row-split types, above); a finite, sane loss only
     from neo_core.training.run import train
 
     metrics = train(composed(["trainer=smoke", "compression=fp16", "compression.backward=int8",
