@@ -243,9 +243,10 @@ def test_gpu_lookup_report_uses_the_planners_formula():
     M, n, m = raw["device_memory_bw"], 65_536 * 8, 65_536
     assert cases["device", "fp32", 128, 8]["predicted_s"] == pytest.approx((n * (8 + 512) + m * 128 * 4) / M)
     assert cases["device", "fp32", 64, 8]["predicted_s"] == pytest.approx(1.15 * (n * (8 + 256) + m * 64 * 4) / M)
-    # rows in host memory are cache misses: each byte crosses the bus and is written to the device
+    # rows in host memory are cache misses: each row's bytes cross the bus and are written to the
+    # device; the ids and the pooled rows are device memory
     H = raw["host_to_device_bw"]
-    expected = (n * (8 + 1024) + m * 256 * 4) * (1 / H + 1 / M)
+    expected = (n * 8 + m * 256 * 4) / M + n * 1024 * (1 / H + 1 / M)
     assert cases["host", "fp32", 256, 8]["predicted_s"] == pytest.approx(expected, rel=1e-6)
 
 
