@@ -618,9 +618,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         print(plan.format_text(rest="all in plan.json and plan.txt"))
         print("note: the predicted step is the embedding tables' share (lookups, their optimizer and their "
               "communication); the dense layers, data loading and the framework add to each measured step")
-        plan.save_json(out / "plan.json")
-        (out / "plan.png").unlink(missing_ok=True)  # an earlier plan's chart (`neo chart` draws this one's)
-        (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
+        _save_plan(plan, out)
         (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2) + "\n")
     from neo_core.training.module import plan_digest
 
@@ -679,6 +677,14 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     return metrics
 
 
+def _save_plan(plan: PlanResult, out: Path) -> None:
+    """The run's plan.json and plan.txt (every table and rank); an earlier plan's chart goes
+    (`neo chart` draws this one's)."""
+    plan.save_json(out / "plan.json")
+    (out / "plan.png").unlink(missing_ok=True)
+    (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
+
+
 def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
     """Rank 0, once the ranks agree on a plan: where it is not the plan printed and saved before
     they started (a plugin whose result depends on the process: the rank, the time or the
@@ -687,9 +693,7 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
 
     if launch.plan_digest in (None, plan_digest(plan)):
         return
-    plan.save_json(out / "plan.json")
-    (out / "plan.png").unlink(missing_ok=True)
-    (out / "plan.txt").write_text(plan.format_text(max_tables=None, max_ranks=None) + "\n")
+    _save_plan(plan, out)
     print(
         "warning: the ranks built another plan than the one printed above (a plugin whose result depends on "
         "the process: its rank, the time or its environment); they run rank 0's, which plan.json and plan.txt "
