@@ -43,6 +43,10 @@ class Topology:
     # how to give the ranks more memory where more ranks add none (CPU ranks splitting one
     # machine's RAM); None: add ranks or memory
     memory_fix: str | None = None
+    # the settings that size this cluster, for messages that say what to change: a field
+    # ("num_nodes", "device_memory", "host_memory") -> (its config key, what one unit of that
+    # key gives: ranks for num_nodes, bytes per rank for the memories)
+    config_keys: dict[str, tuple[str, float]] = field(default_factory=dict)
     # Optional calibrated figures (CPU topologies; see docs/cost_model.md, "CPU calibration"):
     collective_latency_s: float | None = None  # fixed seconds per collective; None: model default
     lookup_fwd_id_s: float = 0.0  # seconds per looked-up id beyond its bytes (forward)
@@ -106,10 +110,26 @@ class Topology:
         return rank // self.devices_per_node
 
     def replace(self, **changes: Any) -> Topology:
-        if "memory_fix" not in changes and changes.keys() & {"num_nodes", "devices_per_node", "compute_device",
-                                                             "device_memory", "host_memory"}:
-            changes["memory_fix"] = None  # advice for the topology as its plugin made it
+        if changes.keys() & {"num_nodes", "devices_per_node", "compute_device", "device_memory", "host_memory"}:
+            # advice for the topology as its plugin made it
+            changes.setdefault("memory_fix", None)
+            changes.setdefault("config_keys", {})
         return dataclasses.replace(self, **changes)
+
+    def setting_for(self, what: str, need: float) -> str | None:
+        """The setting that gives ``need``: ranks in all when ``what`` is "num_nodes", else bytes
+        per rank of that memory; e.g. "topology.device_memory_gib=47.5 or more, now 40". None
+        where the topology names no key for it."""
+        if what not in self.config_keys:
+            return None
+        key, unit = self.config_keys[what]
+        if what == "num_nodes":
+            value: float = math.ceil(need / unit - 1e-9)
+            now: float = self.num_nodes
+        else:
+            value = math.ceil(need / unit * 10 - 1e-9) / 10  # one decimal, rounded up
+            now = round(getattr(self, what) / unit, 3)
+        return f"{key}={value:g} or more, now {now:g}"
 
     def emulated_on(self, world_size: int, compute_device: str) -> Topology:
         """This topology's per-device memory and bandwidth model on ``world_size`` ranks.
@@ -184,7 +204,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["memory_fix"]  # advice for messages, not a figure of the cluster
+        del d["memory_fix"], d["config_keys"]  # advice for messages, not figures of the cluster
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d

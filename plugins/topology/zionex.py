@@ -68,6 +68,11 @@ def zionex_topology(
         host_to_device_bw=host_to_device_bw_gbps * GB,
         intra_node_bw=intra_node_bw_gbps * GB,
         inter_node_bw=inter_node_bw_gbps * GB,
+        config_keys={
+            "num_nodes": ("topology.num_nodes", devices_per_node),
+            "device_memory": ("topology.device_memory_gib", GiB),
+            "host_memory": ("topology.host_memory_gib_per_node", GiB / devices_per_node),
+        },
         sources={
             "num_nodes": PAPER + " (128 GPUs in 16 ZionEX nodes)",
             "devices_per_node": INFOQ,

@@ -590,3 +590,68 @@ def test_column_shard_counts_that_split_no_table_are_noted() -> None:
         "sharding.min_col_width=16"]
     assert notes(min_col_width=1000)[0].startswith("sharding.col_shard_counts 2, 4, 8 split no table")
     assert notes() == [] and notes(col_shard_counts=[3], sharding_types=["TW", "RW"]) == []
+
+
+def _setting(message: str, key: str) -> tuple[float, float]:
+    """The value a capacity message asks of ``key``, and the value it says is set now."""
+    found = re.search(rf"topology\.{key}=([\d.]+) or more, now ([\d.]+)", message)
+    assert found, f"no topology.{key} in: {message}"
+    return float(found.group(1)), float(found.group(2))
+
+
+def test_a_short_cluster_is_told_which_topology_settings_would_hold_the_tables() -> None:
+    # 40 tables of 50M x 128 fp32 (about 24 GiB each, 960 GiB) on 2 ZionEX nodes (16 x 34 GiB
+    # usable): the fewest nodes whose memory holds them is 4, and a device of 70.7 GiB
+    tables = [TableSpec(f"t{i}", 50_000_000, 128, 1.0) for i in range(40)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=2), 512)
+    msg = str(err.value)
+    assert msg.startswith("Device memory is short")
+    nodes, now = _setting(msg, "num_nodes")
+    assert (nodes, now) == (4, 2)
+    gib, now = _setting(msg, "device_memory_gib")
+    assert now == 40 and 70 < gib < 72
+    # the settings named are the least that do: one node fewer, or 5% less memory, still fails
+    with pytest.raises(PlanningError, match="Device memory is short"):
+        plan_tables(tables, zionex_topology(num_nodes=int(nodes) - 1), 512)
+    with pytest.raises(PlanningError, match="Device memory is short"):
+        plan_tables(tables, zionex_topology(num_nodes=2, device_memory_gib=gib * 0.95), 512)
+    assert plan_tables(tables, zionex_topology(num_nodes=int(nodes)), 512).ranks
+    assert plan_tables(tables, zionex_topology(num_nodes=2, device_memory_gib=gib * 1.1), 512).ranks
+
+
+def test_short_host_memory_is_told_its_topology_settings() -> None:
+    # 16 cached tables of 400M x 128 fp32 (190 GiB each, 3 TiB) behind a 1% cache on one
+    # ZionEX node (8 x 192 GiB of host memory, 1.5 TiB): host memory is short, not device memory
+    tables = [TableSpec(f"h{i}", 400_000_000, 128, 1.0) for i in range(16)]
+    lru = CachePolicy("lru", load_factor=0.01)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1), 512, cache=lru)
+    msg = str(err.value)
+    assert msg.startswith("Host memory is short")
+    nodes, now = _setting(msg, "num_nodes")
+    assert now == 1 and nodes >= 2
+    gib, now = _setting(msg, "host_memory_gib_per_node")
+    assert now == 1536 and gib > 1536
+    with pytest.raises(PlanningError, match="memory is short"):
+        plan_tables(tables, zionex_topology(num_nodes=int(nodes) - 1), 512, cache=lru)
+    assert plan_tables(tables, zionex_topology(num_nodes=int(nodes)), 512, cache=lru).ranks
+    assert plan_tables(tables, zionex_topology(num_nodes=1, host_memory_gib_per_node=gib * 1.1), 512,
+                       cache=lru).ranks
+
+
+def test_a_table_too_large_for_a_rank_is_told_the_memory_that_would_hold_its_shard() -> None:
+    # 4e9 x 128 fp32 behind a cache, row-wise over one node: a shard of about 238 GiB of host
+    # memory against 192 GiB a rank (1.5 TiB a node)
+    huge = TableSpec("huge", 4_000_000_000, 128, 1.0)
+    lru = CachePolicy("lru", load_factor=0.01)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([huge], zionex_topology(num_nodes=1), 512, cache=lru)
+    msg = str(err.value)
+    assert msg.startswith("Table 'huge'") and "over the 192.00 GiB of host memory" in msg
+    # the row-wise shard, the smallest (row-wise state and a 1% cache of its 5e8 rows on the
+    # device), not a column shard as short of host memory with 4e9 rows' state on the device
+    assert float(re.search(r"needs ([\d.]+) GiB of device memory", msg).group(1)) < 8
+    gib, now = _setting(msg, "host_memory_gib_per_node")
+    assert now == 1536 and 8 * 4e9 * 128 * 4 / 8 / 2**30 < gib < 1.05 * 8 * 4e9 * 128 * 4 / 8 / 2**30
+    assert plan_tables([huge], zionex_topology(num_nodes=1, host_memory_gib_per_node=gib), 512, cache=lru).ranks

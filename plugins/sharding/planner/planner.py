@@ -374,6 +374,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     ``allowed_types(i)``: the sharding types the settings allow table ``i``)."""
     W = search.W
     cap_dev, cap_host = search.cap_dev, search.cap_host
+    params = search.model.params
     # smallest whole-table footprint per table over its valid options
     dev = np.stack([np.where(o.valid, o.cost.mem_device * o.num_shards, np.inf) for o in search.opts])
     host = np.stack([np.where(o.valid, o.cost.mem_host * o.num_shards, np.inf) for o in search.opts])
@@ -430,9 +431,9 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         def over(o: Option) -> tuple[float, float]:
             return max(0.0, float(o.cost.mem_device[i]) - cap_dev), max(0.0, float(o.cost.mem_host[i]) - cap_host)
 
-        def closeness(o: Option) -> tuple[float, float]:  # relative overshoot, then bytes
+        def closeness(o: Option) -> tuple[float, float, float]:  # relative overshoot, bytes over, bytes
             d, h = over(o)
-            return max(d / max(cap_dev, 1.0), h / max(cap_host, 1.0)), d + h
+            return max(d / max(cap_dev, 1.0), h / max(cap_host, 1.0)), d + h, float(o.cost.mem_device[i] + o.cost.mem_host[i])
 
         best = min(opts, key=closeness)
         short_dev, short_host = over(best)
@@ -454,6 +455,10 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             )
             fixes.append("host memory")
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
+        fix += _settings_note([
+            topology.setting_for("device_memory", shard_dev / (1 - params.reserve_fraction)) if short_dev > 0 else None,
+            topology.setting_for("host_memory", shard_host / (1 - params.host_reserve_fraction)) if short_host > 0 else None,
+        ])
         if cache_fix == to_host and shard_dev > cap_host:  # the shard would not fit host memory either
             cache_fix = ""
         if short_dev > 0 and cache_fix:
@@ -487,8 +492,28 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             f"Kernel {kernel.name} replicates every table on every rank: each rank needs "
             f"{human_bytes(per_rank)} of {mem} for them, but has {human_bytes(cap_dev)} usable: "
             f"{per_rank - cap_dev:,.0f} bytes ({human_bytes(per_rank - cap_dev)}) short; largest: {names}; "
-            f"{cache_fix}, or shrink the tables (more ranks do not help)."
+            f"{cache_fix}, "
+            + (f"give each rank more memory ({more}), " if (more := topology.setting_for(
+                "device_memory", per_rank / (1 - params.reserve_fraction))) else "")
+            + "or shrink the tables (more ranks do not help)."
         )
+    finite = np.isfinite(host) & np.isfinite(dev)
+    host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
+    # sum_t min_o (h_o + mu d_o) for each mu, the host bound's terms (below)
+    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0).sum()))
+             for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25)))]
+
+    def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
+        return max(total - mu * device for mu, total in terms)
+
+    def more_nodes() -> str | None:  # the fewest nodes these whole-cluster bounds allow
+        per_node = topology.config_keys.get("num_nodes", ("", 0.0))[1]
+        for nodes in range(topology.num_nodes + 1, 64 * topology.num_nodes + 1) if per_node else ():
+            ranks = nodes * per_node
+            if total_dev <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
+                return topology.setting_for("num_nodes", ranks)
+        return None
+
     if total_dev > D:
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
@@ -499,16 +524,18 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}, "
+            f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}"
+            + _settings_note([
+                more_nodes(),
+                # more device memory alone, where the host memory then holds the rest
+                topology.setting_for("device_memory", total_dev / W / (1 - params.reserve_fraction))
+                if host_needed(total_dev) <= H else None,
+            ])
+            + ", "
             + (f"{cache_fix}, " if cache_fix else "")
             + "or shrink the tables."
         )
-    host_need = 0.0
-    finite = np.isfinite(host) & np.isfinite(dev)
-    host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
-    for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25))):
-        score = np.where(finite, host0 + mu * dev0, np.inf)
-        host_need = max(host_need, float(score.min(axis=0).sum()) - mu * D)
+    host_need = host_needed(D)
     if host_need > H:
         short = host_need - H
         biggest = np.argsort(-need_host, kind="stable")[:5]  # host bytes when held behind a cache
@@ -518,8 +545,16 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             f"), the tables still need at least {human_bytes(host_need)} of host memory, but "
             f"{counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(H)}{host_usable}: {short:,.0f} bytes "
             f"({human_bytes(short)}) short; "
-            f"largest in host memory: {names}; add ranks or host memory, or shrink the tables."
+            f"largest in host memory: {names}; add ranks or host memory"
+            + _settings_note([more_nodes(), topology.setting_for("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
+            + ", or shrink the tables."
         )
+
+
+def _settings_note(settings: Sequence[str | None]) -> str:
+    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names."""
+    named = [s for s in settings if s]
+    return f" ({'; or '.join(named)})" if named else ""
 
 
 def _ms(seconds: float) -> str:
