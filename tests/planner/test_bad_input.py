@@ -655,3 +655,30 @@ def test_a_table_too_large_for_a_rank_is_told_the_memory_that_would_hold_its_sha
     gib, now = _setting(msg, "host_memory_gib_per_node")
     assert now == 1536 and 8 * 4e9 * 128 * 4 / 8 / 2**30 < gib < 1.05 * 8 * 4e9 * 128 * 4 / 8 / 2**30
     assert plan_tables([huge], zionex_topology(num_nodes=1, host_memory_gib_per_node=gib), 512, cache=lru).ranks
+
+
+def test_a_table_the_packing_leaves_out_names_the_memory_and_the_levers() -> None:
+    # nine table-wise tables, one a rank at most, on eight ranks: the cluster holds them in
+    # sum (no whole-cluster shortage), the ninth fits on no rank once eight are placed
+    tables = [TableSpec(f"t{i}", 15_000_000, 128, 1.0) for i in range(9)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256, sharding_types=["TW"])
+    msg = str(err.value)
+    assert "fits on no rank once the larger tables are placed" in msg
+    assert "more device memory than the ranks have left" in msg and "use a cache" in msg
+    assert "add ranks or device memory" in msg
+    assert "host_reserve_fraction" not in msg
+    # on CPU ranks: no device, and no cache (it applies on GPUs only)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, replace(cluster(), compute_device="cpu"), 256, sharding_types=["TW"])
+    msg = str(err.value)
+    assert "more memory than the ranks have left" in msg and "cache" not in msg and "device" not in msg
+    # cached tables held back by a host reserve: the reserve is named as a lever
+    cached = [TableSpec(f"h{i}", 80_000_000, 128, 1.0) for i in range(9)]
+    lru = CachePolicy("lru", load_factor=0.01)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(cached, cluster(), 256, cache=lru, sharding_types=["TW"], host_reserve_fraction=0.1)
+    msg = str(err.value)
+    assert "more host memory than the ranks have left" in msg
+    assert "add ranks or host memory" in msg and "lower sharding.host_reserve_fraction (now 0.1)" in msg
+    assert "load_factor" not in msg  # a smaller cache frees device memory, not host memory

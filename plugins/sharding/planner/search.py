@@ -1232,28 +1232,36 @@ class Search:
         name = self.t.names[i]
         free_dev = np.sort(self.cap_dev - self.mem_dev)[::-1]  # most free first
         free_host = np.sort(self.cap_host - self.mem_host)[::-1]
-        best: tuple[float, str] | None = None
+        best: tuple[float, str, str] | None = None
         for opt in self.opts:
             if not opt.valid[i]:
                 continue
             k = min(opt.num_shards, self.W)  # the k-th freest rank must hold a shard
-            short = opt.cost.mem_device[i] - free_dev[k - 1]
-            if opt.cost.mem_host[i] > 0:
-                short = max(short, opt.cost.mem_host[i] - free_host[k - 1])
+            short, where = opt.cost.mem_device[i] - free_dev[k - 1], "device"
+            if opt.cost.mem_host[i] > 0 and opt.cost.mem_host[i] - free_host[k - 1] > short:
+                short, where = opt.cost.mem_host[i] - free_host[k - 1], "host"
             if best is None or short < best[0]:
-                best = (float(short), opt.label)
-        short, label = best if best else (0.0, "?")
+                best = (float(short), opt.label, where)
+        short, label, where = best if best else (0.0, "?", "device")
         rows, dim = int(self.t.rows[i]), int(self.t.dims[i])
-        cache = "lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache"
+        topology = self.model.context.topology
+        on_gpu = topology.compute_device == "cuda"
+        memory = f"{where} memory" if on_gpu else "memory"
         if short > 0:
-            why = f"even as {label} a shard needs {short:,.0f} bytes ({human_bytes(short)}) more than the ranks have left"
+            why = (f"even as {label} a shard needs {short:,.0f} bytes ({human_bytes(short)}) more {memory} "
+                   "than the ranks have left")
         else:  # enough room on enough ranks, but not on ranks a shard pattern can take together
             why = (
                 f"even as {label} its shards would fit on the freest ranks, but not on ranks it can take "
                 "together (TWRW and TWCW keep a table in one node; GRID row-splits each column block "
                 "within one node)"
             )
+        fixes = [topology.memory_fix or f"add ranks or {memory if short > 0 else 'memory'}"]
+        if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
+            fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
+        if self.model.host_reserve and (where == "host" or short <= 0):
+            fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
         return (
             f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank once the larger tables are "
-            f"placed: {why}; add ranks or memory, {cache}, or shrink the tables."
+            f"placed: {why}; {', '.join(fixes)}, or shrink the tables."
         )
