@@ -248,6 +248,17 @@ class PlanResult:
     def __str__(self) -> str:
         return self.format_text()
 
+    def node_host_memory(self) -> tuple[dict[int, float], dict[int, float]]:
+        """Host memory used and offered per node (a node's ranks share it): two dicts by node."""
+        per_node = int(self.topology.get("devices_per_node") or 1)
+        used: dict[int, float] = {}
+        cap: dict[int, float] = {}
+        for r in self.ranks:
+            n = int(r.rank) // per_node
+            used[n] = used.get(n, 0.0) + sum(r.host_memory.values())
+            cap[n] = cap.get(n, 0.0) + r.host_memory_capacity
+        return used, cap
+
     def table(self, name: str) -> TableAssignment:
         """The assignment of the table called ``name``."""
         for t in self.tables:
@@ -382,7 +393,9 @@ class PlanResult:
         has_host = any(r.host_memory for r in self.ranks)
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
-            "device's size" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise)" if has_host else "")
+            "device's size" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
+                               "'host cap' the rank's share of its node's, which a rank may pass while its node's sum fits"
+                               if has_host else "")
             + ("; 'intra-node'/'inter-node' are the bytes the rank sends per step" if has_bytes else "")
         )
         lines.append(
@@ -421,6 +434,13 @@ class PlanResult:
                 f"total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "
                 f"max {totals[-1] * 1e3:.3f}ms; fullest device memory: rank {fullest.rank}, "
                 f"{_bytes(fullest.memory_total)} of {_bytes(fullest.memory_capacity)}"
+            )
+        if has_host:
+            used, cap = self.node_host_memory()
+            node = max(used, key=lambda n: (used[n] / cap[n] if cap[n] else 0.0, -n))
+            lines.append(
+                f"  host memory is a node's, shared by its ranks: fullest node {node}, {_bytes(used[node])} "
+                f"of {_bytes(cap[node])}"
             )
         if has_bytes:
             intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)
@@ -542,10 +562,17 @@ def check_plan(
         if r.memory_capacity and r.memory_total > r.memory_capacity * (1 + 1e-9):
             problems.append(f"fills rank {r.rank}'s memory with {_bytes(r.memory_total)} of {_bytes(r.memory_capacity)}")
             break
+    # host memory is a node's, shared by its ranks (each reports its share as its capacity)
+    per_node = context.topology.devices_per_node if context is not None else 1
+    nodes: dict[int, list[RankReport]] = {}
     for r in result.ranks:
-        host = sum(r.host_memory.values())
-        if r.host_memory_capacity and host > r.host_memory_capacity * (1 + 1e-9):
-            problems.append(f"fills rank {r.rank}'s host memory with {_bytes(host)} of {_bytes(r.host_memory_capacity)}")
+        nodes.setdefault(int(r.rank) // per_node, []).append(r)
+    for node, ranks in sorted(nodes.items()):
+        host = sum(sum(r.host_memory.values()) for r in ranks)
+        cap = sum(r.host_memory_capacity for r in ranks)
+        if cap and host > cap * (1 + 1e-9):
+            where = f"rank {ranks[0].rank}'s" if per_node == 1 else f"node {node}'s (ranks {_compact_ranks([int(r.rank) for r in ranks])})"
+            problems.append(f"fills {where} host memory with {_bytes(host)} of {_bytes(cap)}")
             break
     if problems:
         raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")

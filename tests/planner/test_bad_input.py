@@ -34,7 +34,7 @@ def test_cached_huge_table_blames_host_memory_with_a_positive_shortfall():
         plan_tables([huge], cluster(), 256, cache=CachePolicy("lru", load_factor=0.01))
     msg = str(err.value)
     assert "'huge'" in msg and "2,000,000,000 rows" in msg
-    assert "over the 64.00 GiB of host memory" in msg
+    assert "over the 256.00 GiB of host memory on each of 2 nodes (4 shards, host memory being a node" in msg
     assert "of device memory usable" not in msg  # the device holds its cache share
     short = shortfalls(msg)
     assert len(short) == 1 and short[0] > 0
@@ -461,6 +461,9 @@ def test_sizes_in_messages_keep_their_scale():
         ("big_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
         ("nan_capacity", "fills rank 0's memory with 20.0GiB of 16.0GiB"),
         ("nan_memory", "reports memory that is not a number of bytes, 0 or more (rank 0)"),
+        # host memory is a node's: rank 0 past its 64 GiB share is fine while node 0 (ranks 0-3) fits
+        ("host_share", None),
+        ("host_node", "fills node 0's (ranks 0-3) host memory with 257.0GiB of 256.0GiB"),
         ("narrow", "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))"),
     ],
 )
@@ -497,12 +500,20 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                                               "nan_capacity": float("nan")}.get(fault, 16 * 2**30)
             if fault == "nan_memory":
                 reports[0].memory["weights"] = float("nan")
+            if fault in ("host_share", "host_node"):
+                for r in reports:
+                    r.host_memory_capacity = 64 * 2**30
+                reports[0].host_memory["weights"] = 100 * 2**30
+                reports[1].host_memory["weights"] = (157 if fault == "host_node" else 100) * 2**30
             return PlanResult("faulty", assignments, reports, context.batch_size_per_rank, {})
 
         def sharders(self, context):
             return []
 
     tables = [TableSpec("a", 1000, 16, 1.0), TableSpec("b", 1000, 16, 1.0)]
+    if fragment is None:
+        assert plan_tables(tables, cluster(), 256, planner=Faulty()).ranks
+        return
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(), 256, planner=Faulty())
     assert str(err.value).startswith("Sharding planner 'faulty' gave a plan that cannot run: it") or \
@@ -648,7 +659,7 @@ def test_a_table_too_large_for_a_rank_is_told_the_memory_that_would_hold_its_sha
     with pytest.raises(PlanningError) as err:
         plan_tables([huge], zionex_topology(num_nodes=1), 512, cache=lru)
     msg = str(err.value)
-    assert msg.startswith("Table 'huge'") and "over the 192.00 GiB of host memory" in msg
+    assert msg.startswith("Table 'huge'") and "over the 1536.00 GiB of host memory on its 1 node (8 shards" in msg
     # the row-wise shard, the smallest (row-wise state and a 1% cache of its 5e8 rows on the
     # device), not a column shard as short of host memory with 4e9 rows' state on the device
     assert float(re.search(r"needs ([\d.]+) GiB of device memory", msg).group(1)) < 8
@@ -673,12 +684,13 @@ def test_a_table_the_packing_leaves_out_names_the_memory_and_the_levers() -> Non
         plan_tables(tables, replace(cluster(), compute_device="cpu"), 256, sharding_types=["TW"])
     msg = str(err.value)
     assert "more memory than the ranks have left" in msg and "cache" not in msg and "device" not in msg
-    # cached tables held back by a host reserve: the reserve is named as a lever
-    cached = [TableSpec(f"h{i}", 80_000_000, 128, 1.0) for i in range(9)]
+    # cached tables held back by a host reserve: the reserve is named as a lever. Host memory
+    # is a node's (4 ranks, 230.4 GiB usable with a 10% reserve): one 127-GiB table a node
+    cached = [TableSpec(f"h{i}", 266_000_000, 128, 1.0) for i in range(3)]
     lru = CachePolicy("lru", load_factor=0.01)
     with pytest.raises(PlanningError) as err:
         plan_tables(cached, cluster(), 256, cache=lru, sharding_types=["TW"], host_reserve_fraction=0.1)
     msg = str(err.value)
-    assert "more host memory than the ranks have left" in msg
+    assert "more host memory than the nodes have left" in msg
     assert "add ranks or host memory" in msg and "lower sharding.host_reserve_fraction (now 0.1)" in msg
     assert "load_factor" not in msg  # a smaller cache frees device memory, not host memory

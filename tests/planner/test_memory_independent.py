@@ -21,7 +21,8 @@ and shard shapes of each table; shard sizes and placements of the TorchRec
   ``split_table_batched_embeddings_ops_training`` lists them); its weights are in host memory,
   and so is its optimizer state unless that is row-wise, which FBGEMM keeps on the device;
 - the usable device memory of a rank is its capacity less the reserve (15% by default);
-  host memory has no reserve.
+  host memory has no reserve, and is a node's, shared by its ranks (``topology.host_memory`` is
+  each rank's share).
 
 Every rank must fit, and the recomputation must agree with the planner's own report, which
 catches accounting drift in either direction. The TorchRec plan must hold the same shards, and
@@ -419,9 +420,12 @@ def assert_fits(case: Case, ctx, dev: np.ndarray, host: np.ndarray, what: str) -
         f"{case.label} ({what}): rank {worst} holds {dev[worst]:,.0f} device bytes, over the "
         f"{usable_dev:,.0f} usable ({topo.device_memory:,} less the {RESERVE:.0%} reserve)"
     )
-    worst = int(np.argmax(host))
-    assert (host <= topo.host_memory).all(), (
-        f"{case.label} ({what}): rank {worst} holds {host[worst]:,.0f} host bytes, over {topo.host_memory:,}"
+    # host memory is a node's, shared by its ranks: each rank's share is topology.host_memory
+    nodes = host.reshape(topo.num_nodes, topo.devices_per_node).sum(axis=1)
+    node_cap = topo.host_memory * topo.devices_per_node
+    worst = int(np.argmax(nodes))
+    assert (nodes <= node_cap).all(), (
+        f"{case.label} ({what}): node {worst} holds {nodes[worst]:,.0f} host bytes, over {node_cap:,}"
     )
 
 
@@ -494,7 +498,9 @@ def test_every_rank_fits_recomputed_from_the_plan(case):
     if case.tight == "device":
         assert dev.max() >= 0.85 * usable_dev, (case.label, dev.max() / usable_dev)
     if case.tight == "host":
-        assert host.max() >= 0.9 * topo.host_memory, (case.label, host.max() / topo.host_memory)
+        nodes = host.reshape(topo.num_nodes, topo.devices_per_node).sum(axis=1)
+        node_cap = topo.host_memory * topo.devices_per_node
+        assert nodes.max() >= 0.9 * node_cap, (case.label, nodes.max() / node_cap)
 
 
 

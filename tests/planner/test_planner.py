@@ -308,7 +308,8 @@ def test_packing_restarts_never_worsen_a_plan_and_repeat_it():
         base, packed, again = (solved(model, arrays, k) for k in (0, 12, 12))
         assert base.fit_runs == 0 and packed.fit_runs > 0 and packed.fit_wins > 0
         assert packed.loads.max() < base.loads.max() and (packed.choice >= 0).all()
-        assert (packed.mem_dev <= packed.cap_dev).all() and (packed.mem_host <= packed.cap_host).all()
+        assert (packed.mem_dev <= packed.cap_dev).all()
+        assert (packed.mem_host.reshape(packed.N, packed.L).sum(axis=1) <= packed.cap_node).all()
         assert packed.plan_key() == again.plan_key()
 
 
@@ -517,7 +518,8 @@ def test_memory_bound_holds_for_every_plan_that_fits_by_brute_force():
             float(sum(c[0] for c in combo).max())
             for combo in product(*choices)
             if (sum(c[1] for c in combo) <= search.cap_dev * (1 + 1e-12)).all()
-            and (sum(c[2] for c in combo) <= search.cap_host * (1 + 1e-12)).all()
+            # host memory is a node's, shared by its ranks
+            and (sum(c[2] for c in combo).reshape(search.N, search.L).sum(axis=1) <= search.cap_node * (1 + 1e-12)).all()
         ]
         best = min(feasible)
         assert search.memory_bound() <= best * (1 + 1e-9)
@@ -657,7 +659,7 @@ def test_step_bound_and_fewer_types_on_two_nodes_by_brute_force(seed):
     best = np.inf
     for combo in product(*choices):
         tot = sum(c[0] for c in combo)
-        if (tot[1] <= search.cap_dev).all() and (tot[2] <= search.cap_host).all():
+        if (tot[1] <= search.cap_dev).all() and (tot[2].reshape(search.N, search.L).sum(axis=1) <= search.cap_node).all():
             best = min(best, float(tot[0].max()) + model.latency_time({c[1] for c in combo}))
     assert np.isfinite(best)
     assert search.step_bound() <= best * (1 + 1e-9)
@@ -725,7 +727,9 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
     planner = NeoPlanner(time_budget_s=0.2)
     result = planner.plan(tables, ctx)
     dev, host = memory_from_assignments(result, tables, ctx)
-    assert (dev <= ctx.topology.device_memory * (1 - RESERVE)).all() and (host <= ctx.topology.host_memory).all()
+    topo = ctx.topology  # host memory is a node's, shared by its ranks
+    nodes = host.reshape(topo.num_nodes, topo.devices_per_node).sum(axis=1)
+    assert (dev <= topo.device_memory * (1 - RESERVE)).all() and (nodes <= topo.host_memory * topo.devices_per_node).all()
     assert result.predicted_step_time <= 1.5 * planner.last_search.step_bound()
     assert any(n.startswith("the first greedy left a table that fits no rank") for n in result.notes)
     assert any(n.startswith("wall-clock safety stop reached") for n in result.notes)
@@ -784,3 +788,47 @@ def test_the_reports_step_samples_and_imbalance_follow_their_definitions():
     assert plan.imbalance == pytest.approx(7e-3 / ((2e-3 + 3e-3 + 7e-3) / 3))  # slowest over the mean, 1.75
     saved = plan.to_dict()
     assert (saved["predicted_step_time_s"], saved["imbalance"]) == (plan.predicted_step_time, plan.imbalance)
+
+
+def test_host_memory_is_a_nodes_shared_by_its_ranks():
+    """FBGEMM's cached tables live in their node's DRAM: a rank may hold more than its share
+    (host_memory per rank) while its node's sum fits, and never more than the node holds."""
+    from neo_core.cache import CachePolicy
+    from neo_plugins.sharding.planner.cost import CACHED, CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import ANY_K, Search, build_options
+    from neo_plugins.topology.zionex import zionex_topology
+
+    # one 500M x 128 table, table-wise behind a cache: 238 GiB on one rank, over its 192 GiB
+    # share of the node's 1.5 TiB
+    big = TableSpec("big", 500_000_000, 128, 1.0)
+    lru = CachePolicy("lru", load_factor=0.01)
+    topo = zionex_topology(num_nodes=2, device_memory_gib=100.0)
+    result = plan_tables([big], topo, 512, cache=lru, sharding_types=["TW"])
+    (rank,) = result.table("big").ranks
+    held = sum(result.ranks[rank].host_memory.values())
+    assert held > topo.host_memory and result.ranks[rank].host_memory_capacity == topo.host_memory
+    text = result.format_text()
+    assert f"host memory is a node's, shared by its ranks: fullest node {rank // 8}," in text
+    # twelve such tables fill two nodes' 3 TiB, six a node: a 13th is refused
+    many = [TableSpec(f"b{i}", 500_000_000, 128, 1.0) for i in range(13)]
+    planned = plan_tables(many[:12], topo, 512, cache=lru, sharding_types=["TW"])
+    used, cap = planned.node_host_memory()
+    assert all(used[n] <= cap[n] for n in used) and max(used.values()) > 5 * held
+    with pytest.raises(PlanningError, match="host memory"):
+        plan_tables(many, topo, 512, cache=lru, sharding_types=["TW"])
+
+    # shards placed rank by rank (CW) stop at a node's host memory: node 0 has room for one
+    # shard and the least loaded ranks; the other shards go to node 1
+    ctx = make_context(cluster(2, 4), 512, cache=lru)
+    model, arrays = CostModel(ctx), TableArrays.from_specs([TableSpec("c", 200_000_000, 128, 1.0)])
+    search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+    o = next(j for j, opt in enumerate(search.opts)
+             if opt.unit == ANY_K and opt.placement == CACHED and opt.k == 4 and opt.valid[0])
+    shard = float(search.opts[o].cost.mem_host[0])
+    search.mem_host[:4] = (search.cap_node - 1.5 * shard) / 4  # node 0: room for one shard
+    search.loads[4:] = 1.0  # node 1's ranks are the busier
+    peak, ranks = search.place(o, 0)
+    assert sorted(r // 4 for r in ranks) == [0, 1, 1, 1]
+    search.mem_host[:4] = (search.cap_node - 0.5 * shard) / 4  # no room on node 0: all on node 1
+    search._host_nodes = search._mem_max = None
+    assert sorted(search.place(o, 0)[1].tolist()) == [4, 5, 6, 7]

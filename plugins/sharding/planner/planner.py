@@ -427,13 +427,17 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                 f"topology{more} ({why}); allow another sharding type (e.g. TW or DP)."
             )
         # The option closest to fitting: a shard fits a rank when its device bytes fit the
-        # usable device memory and its host bytes (cached placement) fit the host memory.
+        # usable device memory and the host bytes (cached placement) of the shards a node takes
+        # fit the node's host memory, shared by its ranks.
+        L, cap_node = search.L, search.cap_node
+
         def over(o: Option) -> tuple[float, float]:
-            return max(0.0, float(o.cost.mem_device[i]) - cap_dev), max(0.0, float(o.cost.mem_host[i]) - cap_host)
+            node_host = float(o.cost.mem_host[i]) * o.per_node(L, search.N)
+            return max(0.0, float(o.cost.mem_device[i]) - cap_dev), max(0.0, node_host - cap_node)
 
         def closeness(o: Option) -> tuple[float, float, float]:  # relative overshoot, bytes over, bytes
             d, h = over(o)
-            return max(d / max(cap_dev, 1.0), h / max(cap_host, 1.0)), d + h, float(o.cost.mem_device[i] + o.cost.mem_host[i])
+            return max(d / max(cap_dev, 1.0), h / max(cap_node, 1.0)), d + h, float(o.cost.mem_device[i] + o.cost.mem_host[i])
 
         best = min(opts, key=closeness)
         short_dev, short_host = over(best)
@@ -442,24 +446,30 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         if shard_host > 0:
             needs += f" and {human_bytes(shard_host)} of host memory"
         shorts, fixes = [], []
+        on_ranks = "its 1 rank" if W == 1 else f"each of {W} ranks"
         if short_dev > 0:
             shorts.append(
                 f"{short_dev:,.0f} bytes ({human_bytes(short_dev)}) over the {human_bytes(cap_dev)} "
-                f"of {mem} usable"
+                f"of {mem} usable on {on_ranks}"
             )
             fixes.append(mem_short)
+        per_node = best.per_node(L, search.N)
         if short_host > 0:
+            N = search.N
+            shards = f"{per_node} shards, " if per_node > 1 else ""
             shorts.append(
-                f"{short_host:,.0f} bytes ({human_bytes(short_host)}) over the {human_bytes(cap_host)} "
-                f"of host memory{host_usable}"
+                f"{short_host:,.0f} bytes ({human_bytes(short_host)}) over the {human_bytes(cap_node)} "
+                f"of host memory{host_usable} on {'its 1 node' if N == 1 else f'each of {N} nodes'} "
+                f"({shards}host memory being a node's, shared by its {counted(L, 'rank')})"
             )
             fixes.append("host memory")
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
         fix += _settings_note([
             topology.setting_for("device_memory", shard_dev / (1 - params.reserve_fraction)) if short_dev > 0 else None,
-            topology.setting_for("host_memory", shard_host / (1 - params.host_reserve_fraction)) if short_host > 0 else None,
+            topology.setting_for("host_memory", shard_host * per_node / L / (1 - params.host_reserve_fraction))
+            if short_host > 0 else None,
         ])
-        if cache_fix == to_host and shard_dev > cap_host:  # the shard would not fit host memory either
+        if cache_fix == to_host and shard_dev * per_node > cap_node:  # nor would the node's host memory hold it
             cache_fix = ""
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
@@ -475,7 +485,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                    f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}")
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)} on {'its 1 rank' if W == 1 else f'each of {W} ranks'}{more}; {fix}, or shrink the table."
+            f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed

@@ -76,12 +76,14 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     # legends right of the axes: bars fill the whole plot area
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
     use = np.array([r.memory_total / r.memory_capacity if r.memory_capacity else 0.0 for r in ranks])
-    host = np.array(
-        [sum(r.host_memory.values()) / r.host_memory_capacity if r.host_memory_capacity else 0.0 for r in ranks]
-    )
+    # host memory is a node's, shared by its ranks: each rank's bar is its node's fill
+    used, cap = result.node_host_memory()
+    per_node = int(result.topology.get("devices_per_node") or 1)
+    host = np.array([used[r.rank // per_node] / cap[r.rank // per_node] if cap[r.rank // per_node] else 0.0
+                     for r in ranks])
     if host.any():  # cached tables: device and host memory side by side
         ax_mem.bar(x - 0.21, use * 100, width=0.42, color="gray", label="device")
-        ax_mem.bar(x + 0.21, host * 100, width=0.42, color="tab:brown", label="host")
+        ax_mem.bar(x + 0.21, host * 100, width=0.42, color="tab:brown", label="host (its node's)")
         ax_mem.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
         ax_mem.set_ylabel("memory %")
     else:

@@ -68,6 +68,21 @@ class Option:
             s += f"x{self.k}"
         return s + (" cached" if self.placement == CACHED else "")
 
+    def per_node(self, L: int, N: int, most: bool = False) -> int:
+        """How many of this option's shards one node holds (host memory is a node's, shared by
+        its ranks): one for a lone shard, ``k`` for k shards inside one node, ``L`` where the
+        option fills whole nodes; shards placed rank by rank (CW) put at least ``ceil(k / N)``
+        on some node and (``most``) at most ``min(k, L)`` on one."""
+        if self.unit == ANY_K:
+            return min(self.k, L) if most else -(-self.k // N)
+        if self.unit == SINGLE:
+            return 1
+        return min(self.k, L) if self.unit == NODE_K else L
+
+    def nodes_needed(self, N: int) -> int:
+        """How many nodes must each take ``per_node`` of its shards."""
+        return {ANY_K: min(self.k, N), NODES_K: self.k, ALL: N}.get(self.unit, 1)
+
 
 def splits_into(dims: Any, k: int, min_col_width: int) -> Any:
     """Whether ``dims`` (an int or an array) split into ``k`` column shards the fused kernel
@@ -202,7 +217,11 @@ class Search:
         self.model, self.t, self.opts = model, t, options
         self.W, self.L, self.N = model.W, model.L, model.N
         self.cap_dev = model.capacity_device - model.reserve
-        self.cap_host = model.capacity_host - model.host_reserve
+        self.cap_host = model.capacity_host - model.host_reserve  # a rank's share of its node's
+        # host memory is one node's, shared by its ranks (FBGEMM's UVM tables live in the node's
+        # DRAM): cached shards fit while their node's sum fits, whichever rank holds them
+        self.cap_node = self.cap_host * self.L
+        self._host_nodes: np.ndarray | None = None  # host bytes per node (_node_host)
         n = len(t)
         self.loads = np.zeros(self.W)
         self.mem_dev = np.zeros(self.W)
@@ -215,7 +234,12 @@ class Search:
         self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
         shard_dev = np.stack([o.cost.mem_device for o in options])
         shard_host = np.stack([o.cost.mem_host for o in options])
-        fits = (shard_dev <= self.cap_dev) & (shard_host <= self.cap_host)
+        per_node = np.array([o.per_node(self.L, self.N) for o in options], dtype=float)[:, None]
+        # shards a node may take of each option: the most (where any ranks may be chosen) and
+        # what a rank's own check counts (1 for shards placed rank by rank, ``_spread``)
+        self.most_per_node = np.array([o.per_node(self.L, self.N, most=True) for o in options])
+        self.rank_per_node = np.array([1 if o.unit == ANY_K else o.per_node(self.L, self.N) for o in options])
+        fits = (shard_dev <= self.cap_dev) & (shard_host * per_node <= self.cap_node)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
         self._pre: list | None = None  # _sorted_loads of the current loads
@@ -254,11 +278,12 @@ class Search:
         add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
         fullest = self._fullest()
         if (
-            not self.by_memory and fullest[0] + add_dev <= self.cap_dev and fullest[1] + add_host <= self.cap_host
+            not self.by_memory and fullest[0] + add_dev <= self.cap_dev
+            and fullest[1] + self.most_per_node[o] * add_host <= self.cap_node
         ):  # fits on every rank (the common case): ranks in load order, nothing masked
             return self._place_unmasked(opt.unit, opt.k, float(opt.shard_time[i]))
         else:
-            feas = (self.mem_dev + add_dev <= self.cap_dev) & (self.mem_host + add_host <= self.cap_host)
+            feas = self._fits(add_dev, add_host, int(self.rank_per_node[o]))
             if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
                 key = self.utilisation(add_dev, add_host)
                 key = key + 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
@@ -272,8 +297,9 @@ class Search:
             r = int(np.argmin(sel))
             return None if not np.isfinite(sel[r]) else (float(self.loads[r] + T), np.array([r]))
         if unit == ANY_K:
-            idx = np.argsort(sel, kind="stable")[: opt.k]
-            if not np.isfinite(sel[idx[-1]]):
+            order = np.argsort(sel, kind="stable")
+            idx = self._spread(order, np.isfinite(sel), opt.k, add_host)
+            if idx is None:
                 return None
             return float(self.loads[idx].max() + T), np.sort(idx)
         grid = sel.reshape(self.N, self.L)
@@ -301,10 +327,48 @@ class Search:
         return float(peaks[nodes].max() + T), ranks
 
     def _fullest(self) -> tuple[float, float]:
-        """The most device and host memory any rank holds, once per state (as ``_sorted_loads``)."""
+        """The most device memory any rank and host memory any node holds, once per state (as
+        ``_sorted_loads``)."""
         if self._mem_max is None:
-            self._mem_max = (float(self.mem_dev.max()), float(self.mem_host.max()))
+            self._mem_max = (float(self.mem_dev.max()), float(self._node_host().max()))
         return self._mem_max
+
+    def _node_host(self) -> np.ndarray:
+        """Host bytes per node, once per state."""
+        if self._host_nodes is None:
+            self._host_nodes = self.mem_host.reshape(self.N, self.L).sum(axis=1)
+        return self._host_nodes
+
+    def _fits(self, add_dev: float, add_host: float, m: int) -> np.ndarray:
+        """Per rank: a shard's device bytes fit the rank, and ``m`` shards' host bytes its node."""
+        ok = self.mem_dev + add_dev <= self.cap_dev
+        if add_host > 0:
+            ok &= np.repeat(self._node_host() + m * add_host <= self.cap_node, self.L)
+        return ok
+
+    def _spread(self, order: np.ndarray, ok: np.ndarray, k: int, add_host: float) -> np.ndarray | None:
+        """The first ``k`` ranks of ``order`` that are ``ok``, where each node's host memory
+        holds the shards it takes (several may land on one node); None if there are not ``k``."""
+        idx = order[:k]
+        if not ok[idx].all():
+            return None
+        if add_host <= 0:
+            return idx
+        host = self._node_host()
+        counts = np.bincount(idx // self.L, minlength=self.N)
+        if (host + counts * add_host <= self.cap_node).all():
+            return idx
+        taken, counts = [], np.zeros(self.N, dtype=np.int64)
+        for r in order.tolist():  # rank by rank, skipping ranks of nodes already full
+            if not ok[r]:
+                break  # ``order`` puts the ranks that are not ok last
+            n = r // self.L
+            if host[n] + (counts[n] + 1) * add_host <= self.cap_node:
+                taken.append(r)
+                counts[n] += 1
+                if len(taken) == k:
+                    return np.array(taken, dtype=np.int64)
+        return None
 
     def _sorted_loads(self, nodes: bool) -> tuple:
         """The loads in the orders every unmasked placement reads, computed once per state of
@@ -349,7 +413,7 @@ class Search:
         places an option's shards on distinct ranks (``place``); a plan from elsewhere may put
         two shards on one rank (``distinct=False``: each counts)."""
         opt = self.opts[o]
-        self._pre = self._mem_max = None
+        self._pre = self._mem_max = self._host_nodes = None
         if distinct:
             self.loads[ranks] += sign * opt.shard_time[i]
             self.mem_dev[ranks] += sign * opt.cost.mem_device[i]
@@ -425,15 +489,16 @@ class Search:
 
     # ---- the two phases ------------------------------------------------------------
     def utilisation(self, add_dev: float = 0.0, add_host: float = 0.0) -> np.ndarray:
-        """Per rank, the fuller of device and host memory (fraction of usable capacity)."""
+        """Per rank, the fuller of its device memory and its node's host memory (fraction of
+        usable capacity)."""
         dev = (self.mem_dev + add_dev) / max(self.cap_dev, 1.0)
-        if self.cap_host <= 0:
+        if self.cap_node <= 0:
             return dev
-        return np.maximum(dev, (self.mem_host + add_host) / self.cap_host)
+        return np.maximum(dev, np.repeat(self._node_host() + add_host, self.L) / self.cap_node)
 
     def reset(self) -> None:
         self.loads[:] = 0.0
-        self._pre = self._mem_max = None
+        self._pre = self._mem_max = self._host_nodes = None
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
@@ -513,7 +578,7 @@ class Search:
     def restore(self, snap: tuple) -> None:
         loads, dev, host, choice, ranks, on_rank = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
-        self._pre = self._mem_max = None
+        self._pre = self._mem_max = self._host_nodes = None
         self.choice, self.ranks, self.on_rank = choice.copy(), list(ranks), [set(x) for x in on_rank]
 
     def solve(
@@ -721,8 +786,8 @@ class Search:
         ok = self.loads <= M - T
         add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
         fullest = self._fullest()
-        if fullest[0] + add_dev > self.cap_dev or fullest[1] + add_host > self.cap_host:
-            ok &= (self.mem_dev + add_dev <= self.cap_dev) & (self.mem_host + add_host <= self.cap_host)
+        if fullest[0] + add_dev > self.cap_dev or fullest[1] + self.most_per_node[o] * add_host > self.cap_node:
+            ok &= self._fits(add_dev, add_host, int(self.rank_per_node[o]))
         unit = opt.unit
         if unit == ALL:
             return (float(self.loads.max()) + T, self._all_rank_ids) if ok.all() else None
@@ -731,10 +796,10 @@ class Search:
             r = int(np.argmax(key))
             return (float(self.loads[r]) + T, np.array([r])) if ok[r] else None
         if unit == ANY_K:
-            idx = np.argsort(-key, kind="stable")[: opt.k]
-            if not ok[idx[-1]]:
+            idx = self._spread(np.argsort(-key, kind="stable"), ok, opt.k, add_host)
+            if idx is None:
                 return None
-            return float(self.loads[idx[0]]) + T, np.sort(idx)
+            return float(self.loads[idx].max()) + T, np.sort(idx)
         grid = key.reshape(self.N, self.L)
         if unit == NODE_K:
             order = np.argsort(-grid, axis=1, kind="stable")[:, : opt.k]
@@ -898,6 +963,7 @@ class Search:
             return False
         Ti = opt_i.shard_time[i]
         di, hi = opt_i.cost.mem_device[i], opt_i.cost.mem_host[i]
+        host = self._node_host()
         best: tuple[float, int] | None = None
         for r2 in np.argsort(self.loads, kind="stable"):
             r2 = int(r2)
@@ -914,11 +980,11 @@ class Search:
                 if new >= cur * (1 - 1e-12):
                     continue
                 dj, hj = opt_j.cost.mem_device[j], opt_j.cost.mem_host[j]
+                n, n2 = r // self.L, r2 // self.L
                 if (
                     self.mem_dev[r] - di + dj > self.cap_dev
                     or self.mem_dev[r2] - dj + di > self.cap_dev
-                    or self.mem_host[r] - hi + hj > self.cap_host
-                    or self.mem_host[r2] - hj + hi > self.cap_host
+                    or (n != n2 and (host[n] - hi + hj > self.cap_node or host[n2] - hj + hi > self.cap_node))
                 ):
                     continue
                 if best is None or new < best[0]:
@@ -1231,15 +1297,17 @@ class Search:
     def no_fit_message(self, i: int) -> str:
         name = self.t.names[i]
         free_dev = np.sort(self.cap_dev - self.mem_dev)[::-1]  # most free first
-        free_host = np.sort(self.cap_host - self.mem_host)[::-1]
+        free_host = np.sort(self.cap_node - self._node_host())[::-1]  # per node, most free first
         best: tuple[float, str, str] | None = None
         for opt in self.opts:
             if not opt.valid[i]:
                 continue
             k = min(opt.num_shards, self.W)  # the k-th freest rank must hold a shard
             short, where = opt.cost.mem_device[i] - free_dev[k - 1], "device"
-            if opt.cost.mem_host[i] > 0 and opt.cost.mem_host[i] - free_host[k - 1] > short:
-                short, where = opt.cost.mem_host[i] - free_host[k - 1], "host"
+            # the nodes_needed-th freest node must hold per_node shards' host bytes
+            host = opt.cost.mem_host[i] * opt.per_node(self.L, self.N) - free_host[opt.nodes_needed(self.N) - 1]
+            if opt.cost.mem_host[i] > 0 and host > short:
+                short, where = host, "host"
             if best is None or short < best[0]:
                 best = (float(short), opt.label, where)
         short, label, where = best if best else (0.0, "?", "device")
@@ -1249,12 +1317,12 @@ class Search:
         memory = f"{where} memory" if on_gpu else "memory"
         if short > 0:
             why = (f"even as {label} a shard needs {short:,.0f} bytes ({human_bytes(short)}) more {memory} "
-                   "than the ranks have left")
+                   f"than the {'nodes' if where == 'host' else 'ranks'} have left")
         else:  # enough room on enough ranks, but not on ranks a shard pattern can take together
             why = (
                 f"even as {label} its shards would fit on the freest ranks, but not on ranks it can take "
                 "together (TWRW and TWCW keep a table in one node; GRID row-splits each column block "
-                "within one node)"
+                "within one node; the cached shards a node takes share its host memory)"
             )
         fixes = [topology.memory_fix or f"add ranks or {memory if short > 0 else 'memory'}"]
         if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
