@@ -694,3 +694,29 @@ def test_a_table_the_packing_leaves_out_names_the_memory_and_the_levers() -> Non
     assert "more host memory than the nodes have left" in msg
     assert "add ranks or host memory" in msg and "lower sharding.host_reserve_fraction (now 0.1)" in msg
     assert "load_factor" not in msg  # a smaller cache frees device memory, not host memory
+
+
+def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -> None:
+    # two tables too large for a rank: the device memory named holds the larger ('b'), not
+    # just the first refused ('a')
+    two = [TableSpec("a", 12_000_000_000, 128, 1.0), TableSpec("b", 20_000_000_000, 128, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(two, "zionex", 512)
+    msg = str(err.value)
+    assert msg.startswith("Table 'a'") and "the least this could be, packing may need more" in msg
+    gib, _ = _setting(msg, "device_memory_gib")
+    assert gib > 20e9 * 128 * 4 / 128 / 2**30 / 0.85
+    # a table short of both memories needs both settings: "and", not "or"
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("a", 10**11, 128, 1.0)], zionex_topology(num_nodes=2), 512, cache="lru")
+    msg = str(err.value)
+    dev, _ = _setting(msg, "device_memory_gib")
+    host, _ = _setting(msg, "host_memory_gib_per_node")
+    assert "; and topology.host_memory_gib_per_node=" in msg
+    both = zionex_topology(num_nodes=2, device_memory_gib=dev * 1.05, host_memory_gib_per_node=host * 1.05)
+    assert plan_tables([TableSpec("a", 10**11, 128, 1.0)], both, 512, cache="lru").ranks
+    # a batch whose ids and pooled rows fill the shard is named, and a cache is not offered
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("c", 1_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 100_000_000)
+    msg = str(err.value)
+    assert "lower batch_size_per_rank (now 100000000:" in msg and "cache=" not in msg

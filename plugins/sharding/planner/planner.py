@@ -431,16 +431,32 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         # fit the node's host memory, shared by its ranks.
         L, cap_node = search.L, search.cap_node
 
-        def over(o: Option) -> tuple[float, float]:
-            node_host = float(o.cost.mem_host[i]) * o.per_node(L, search.N)
-            return max(0.0, float(o.cost.mem_device[i]) - cap_dev), max(0.0, node_host - cap_node)
+        def over(o: Option, j: int) -> tuple[float, float]:
+            node_host = float(o.cost.mem_host[j]) * o.per_node(L, search.N)
+            return max(0.0, float(o.cost.mem_device[j]) - cap_dev), max(0.0, node_host - cap_node)
 
-        def closeness(o: Option) -> tuple[float, float, float]:  # relative overshoot, bytes over, bytes
-            d, h = over(o)
-            return max(d / max(cap_dev, 1.0), h / max(cap_node, 1.0)), d + h, float(o.cost.mem_device[i] + o.cost.mem_host[i])
+        def closest(j: int) -> Option | None:  # relative overshoot, bytes over, bytes
+            def closeness(o: Option) -> tuple[float, float, float]:
+                d, h = over(o, j)
+                return max(d / max(cap_dev, 1.0), h / max(cap_node, 1.0)), d + h, float(o.cost.mem_device[j] + o.cost.mem_host[j])
+            return min((o for o in search.opts if o.valid[j]), key=closeness, default=None)
 
-        best = min(opts, key=closeness)
-        short_dev, short_host = over(best)
+        def needs_of(j: int) -> tuple[float, float]:
+            """Device bytes per rank and host bytes per node that table ``j``'s option closest
+            to fitting needs, where short of them (0 where not)."""
+            o = closest(j)
+            if o is None:
+                return 0.0, 0.0
+            d, h = over(o, j)
+            return (float(o.cost.mem_device[j]) if d > 0 else 0.0,
+                    float(o.cost.mem_host[j]) * o.per_node(L, search.N) if h > 0 else 0.0)
+
+        best = closest(i)
+        assert best is not None  # opts is not empty
+        short_dev, short_host = over(best, i)
+        # what every table that fits nowhere needs (the settings named hold them all)
+        needs_all = [needs_of(int(j)) for j in np.flatnonzero(never)]
+        dev_need, host_need = (max(n[k] for n in needs_all) for k in (0, 1))
         shard_dev, shard_host = float(best.cost.mem_device[i]), float(best.cost.mem_host[i])
         needs = f"{human_bytes(shard_dev)} of {mem_short}"
         if shard_host > 0:
@@ -464,11 +480,19 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             )
             fixes.append("host memory")
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
-        fix += _settings_note([
-            topology.setting_for("device_memory", shard_dev / (1 - params.reserve_fraction)) if short_dev > 0 else None,
-            topology.setting_for("host_memory", shard_host * per_node / L / (1 - params.host_reserve_fraction))
-            if short_host > 0 else None,
-        ])
+        device_setting = (topology.setting_for("device_memory", dev_need / (1 - params.reserve_fraction))
+                          if dev_need > 0 else None)
+        settings = _settings_note([  # the option closest to fitting needs each of them
+            device_setting,
+            topology.setting_for("host_memory", host_need / L / (1 - params.host_reserve_fraction))
+            if host_need > 0 else None,
+        ], "and")
+        fix += settings
+        batch = float(best.cost.batch[i])
+        if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
+            fix = (f"lower batch_size_per_rank (now {context_batch(search)}: {human_bytes(batch)} of the shard "
+                   f"is one batch's ids and pooled rows), {fix}")
+            cache_fix = ""  # those stay in device memory wherever the rows live
         if cache_fix == to_host and shard_dev * per_node > cap_node:  # nor would the node's host memory hold it
             cache_fix = ""
         if short_dev > 0 and cache_fix:
@@ -477,12 +501,15 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         head = "is larger than the whole cluster allows"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
             fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
+            if device_setting:
+                fix += f", give each rank more memory ({device_setting})"
         elif W > 1 and allowed_types is not None and not allowed_types(i) & set(row_split):
             # the types allowed for it keep its shards' size whatever the ranks
             allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
             head = f"does not fit with the sharding types allowed for it ({allowed})"
             fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
-                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}")
+                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}"
+                   + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
             f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table."
@@ -553,7 +580,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         raise PlanningError(
             f"Host memory is short: with device memory filled ({human_bytes(D)} usable on {counted(W, 'rank')}"
             f"), the tables still need at least {human_bytes(host_need)} of host memory, but "
-            f"{counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(H)}{host_usable}: {short:,.0f} bytes "
+            f"{counted(search.N, 'node')} offer{'s' if search.N == 1 else ''} {human_bytes(H)}{host_usable}: {short:,.0f} bytes "
             f"({human_bytes(short)}) short; "
             f"largest in host memory: {names}; add ranks or host memory"
             + _settings_note([more_nodes(), topology.setting_for("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
@@ -561,10 +588,17 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         )
 
 
-def _settings_note(settings: Sequence[str | None]) -> str:
-    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names."""
+def _settings_note(settings: Sequence[str | None], join: str = "or") -> str:
+    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names:
+    each the least that memory bounds allow (placing the tables may need more)."""
     named = [s for s in settings if s]
-    return f" ({'; or '.join(named)})" if named else ""
+    if not named:
+        return ""
+    return f" ({f'; {join} '.join(named)}; the least {'this' if len(named) == 1 else 'these'} could be, packing may need more)"
+
+
+def context_batch(search: Search) -> int:
+    return int(search.model.context.batch_size_per_rank)
 
 
 def _ms(seconds: float) -> str:
