@@ -703,16 +703,25 @@ def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -
     with pytest.raises(PlanningError) as err:
         plan_tables(two, "zionex", 512)
     msg = str(err.value)
-    assert msg.startswith("Table 'a'") and "the least this could be, packing may need more" in msg
+    assert msg.startswith("Table 'a'") and "the least these could be, packing may need more" in msg
     gib, _ = _setting(msg, "device_memory_gib")
     assert gib > 20e9 * 128 * 4 / 128 / 2**30 / 0.85
+    # row-wise, its shards shrink with more ranks: 'b' needs at least 36 nodes' worth
+    nodes, now = _setting(msg, "num_nodes")
+    assert now == 16 and nodes >= 20e9 * 128 * 4 / (34 * 2**30) / 8
     # a table short of both memories needs both settings: "and", not "or"
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("a", 10**11, 128, 1.0)], zionex_topology(num_nodes=2), 512, cache="lru")
     msg = str(err.value)
     dev, _ = _setting(msg, "device_memory_gib")
     host, _ = _setting(msg, "host_memory_gib_per_node")
-    assert "; and topology.host_memory_gib_per_node=" in msg
+    assert "; or both topology.device_memory_gib=" in msg and ", and topology.host_memory_gib_per_node=" in msg
+    # more ranks shrink its row-wise shards: the fewest nodes the bound allows is named too,
+    # and one node fewer cannot hold it
+    nodes, now = _setting(msg, "num_nodes")
+    assert now == 2 and nodes > 2
+    with pytest.raises(PlanningError):
+        plan_tables([TableSpec("a", 10**11, 128, 1.0)], zionex_topology(num_nodes=int(nodes) - 1), 512, cache="lru")
     both = zionex_topology(num_nodes=2, device_memory_gib=dev * 1.05, host_memory_gib_per_node=host * 1.05)
     assert plan_tables([TableSpec("a", 10**11, 128, 1.0)], both, 512, cache="lru").ranks
     # a batch whose ids and pooled rows fill the shard is named, and a cache is not offered

@@ -482,12 +482,22 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
         device_setting = (topology.setting_for("device_memory", dev_need / (1 - params.reserve_fraction))
                           if dev_need > 0 else None)
-        settings = _settings_note([  # the option closest to fitting needs each of them
+        memory_settings = [  # the option closest to fitting needs each of them
             device_setting,
             topology.setting_for("host_memory", host_need / L / (1 - params.host_reserve_fraction))
             if host_need > 0 else None,
-        ], "and")
-        fix += settings
+        ]
+        settings = _settings_note([memory_settings])
+        # more ranks shrink row-wise shards: a shard of a + b / W bytes (a: what every shard
+        # holds whatever the ranks) needs at least W x shard / capacity ranks to fit
+        ranks_need = 0.0
+        for j in np.flatnonzero(never):
+            rw = [o for o in search.opts if o.valid[j] and o.sharding_type is ShardingType.ROW_WISE]
+            ranks_need = max(ranks_need, min(
+                (W * max(float(o.cost.mem_device[j]) / cap_dev, float(o.cost.mem_host[j]) * L / max(cap_node, 1.0))
+                 for o in rw), default=math.inf))
+        nodes_setting = topology.setting_for("num_nodes", ranks_need) if W < ranks_need < math.inf else None
+        fix += _settings_note([nodes_setting, memory_settings])
         batch = float(best.cost.batch[i])
         if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
             fix = (f"lower batch_size_per_rank (now {context_batch(search)}: {human_bytes(batch)} of the shard "
@@ -588,13 +598,19 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         )
 
 
-def _settings_note(settings: Sequence[str | None], join: str = "or") -> str:
-    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names:
-    each the least that memory bounds allow (placing the tables may need more)."""
-    named = [s for s in settings if s]
-    if not named:
+def _settings_note(alternatives: Sequence[str | Sequence[str | None] | None]) -> str:
+    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names,
+    each alternative one setting or several needed together ("and"): each the least that
+    memory bounds allow (placing the tables may need more)."""
+    groups = []
+    for alt in alternatives:
+        named = [s for s in ([alt] if isinstance(alt, str) or alt is None else alt) if s]
+        if named:
+            groups.append(named[0] if len(named) == 1 else "both " + ", and ".join(named))
+    if not groups:
         return ""
-    return f" ({f'; {join} '.join(named)}; the least {'this' if len(named) == 1 else 'these'} could be, packing may need more)"
+    one = len(groups) == 1 and not groups[0].startswith("both ")
+    return f" ({'; or '.join(groups)}; the least {'this' if one else 'these'} could be, packing may need more)"
 
 
 def context_batch(search: Search) -> int:
