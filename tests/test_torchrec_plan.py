@@ -208,7 +208,7 @@ def test_torchrec_planner_keeps_to_the_selected_cache_policy() -> None:
     specs = [TableSpec(f"t{i}", 50_000_000, 128, 4.0) for i in range(8)]
     with pytest.raises(PlanningError) as err:
         TorchRecPlanner().plan(specs, make_context(cluster(mem_gib=8.0), 256))
-    assert "behind a cache (cache=lru cache.load_factor=0.2)" in str(err.value)
+    assert "behind a cache (cache=lru cache.load_factor=0.05)" in str(err.value)
     context = make_context(cluster(mem_gib=8.0), 256, cache=CachePolicy("lfu", load_factor=0.05))
     result = TorchRecPlanner().plan_module(_meta_model(specs), specs, context)
     for name, sharding in result.torchrec_plan.plan["ebc"].items():

@@ -153,7 +153,7 @@ class TorchRecPlanner(Planner):
                 torchrec_plan = planner.plan(module, self.sharders(context))
         except PlannerError as exc:
             cache_hint = (
-                ", or let tables sit in host memory behind a cache (cache=lru cache.load_factor=0.2)"
+                ", or let tables sit in host memory behind a cache (cache=lru cache.load_factor=0.05)"
                 if topology.compute_device == "cuda" and context.cache.load_factor is None
                 else ""
             )

@@ -729,3 +729,12 @@ def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -
         plan_tables([TableSpec("c", 1_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 100_000_000)
     msg = str(err.value)
     assert "lower batch_size_per_rank (now 100000000:" in msg and "cache=" not in msg
+
+
+def test_an_empty_listed_table_set_says_it_is_empty() -> None:
+    from neo_plugins.sharding.planner.tables import listed
+
+    with pytest.raises(ConfigError, match="tables is empty: list at least one table"):
+        listed([])
+    with pytest.raises(ConfigError, match="tables must be a list of tables"):
+        listed("user_id")

@@ -116,7 +116,9 @@ def listed(tables: list | None = None) -> list[TableSpec]:  # type: ignore[type-
     fields = [f for f in inspect.signature(TableSpec).parameters]
     required = [n for n, p in inspect.signature(TableSpec).parameters.items() if p.default is inspect.Parameter.empty]
     example = "[{name: user_id, num_embeddings: 10000000, embedding_dim: 128, pooling_factor: 1.0}, ...]"
-    if not tables or isinstance(tables, (str, bytes)) or not isinstance(tables, (list, tuple)):
+    if isinstance(tables, (list, tuple)) and not tables:
+        raise ConfigError(f"tables is empty: list at least one table, each a mapping of its fields, e.g. tables: {example}.")
+    if isinstance(tables, (str, bytes)) or not isinstance(tables, (list, tuple)):
         raise ConfigError(f"tables must be a list of tables, each a mapping of its fields, e.g. tables: {example}; "
                           f"got {tables!r}.")
     out = []
