@@ -435,7 +435,7 @@ class PlanResult:
                 f"max {totals[-1] * 1e3:.3f}ms; fullest device memory: rank {fullest.rank}, "
                 f"{_bytes(fullest.memory_total)} of {_bytes(fullest.memory_capacity)}"
             )
-        if has_host:
+        if has_host and self.topology.get("devices_per_node"):  # a plugin's plan may not say its nodes
             used, cap = self.node_host_memory()
             node = max(used, key=lambda n: (used[n] / cap[n] if cap[n] else 0.0, -n))
             lines.append(
@@ -562,14 +562,16 @@ def check_plan(
         if r.memory_capacity and r.memory_total > r.memory_capacity * (1 + 1e-9):
             problems.append(f"fills rank {r.rank}'s memory with {_bytes(r.memory_total)} of {_bytes(r.memory_capacity)}")
             break
-    # host memory is a node's, shared by its ranks (each reports its share as its capacity)
+    # host memory is a node's, shared by its ranks (each reports its share as its capacity;
+    # with the topology known, the node's is the topology's, whatever ranks say)
     per_node = context.topology.devices_per_node if context is not None else 1
     nodes: dict[int, list[RankReport]] = {}
     for r in result.ranks:
         nodes.setdefault(int(r.rank) // per_node, []).append(r)
     for node, ranks in sorted(nodes.items()):
         host = sum(sum(r.host_memory.values()) for r in ranks)
-        cap = sum(r.host_memory_capacity for r in ranks)
+        cap = (float(context.topology.host_memory) * per_node if context is not None
+               else sum(r.host_memory_capacity for r in ranks))
         if cap and host > cap * (1 + 1e-9):
             where = f"rank {ranks[0].rank}'s" if per_node == 1 else f"node {node}'s (ranks {_compact_ranks([int(r.rank) for r in ranks])})"
             problems.append(f"fills {where} host memory with {_bytes(host)} of {_bytes(cap)}")

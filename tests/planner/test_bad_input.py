@@ -463,6 +463,7 @@ def test_sizes_in_messages_keep_their_scale():
         ("nan_memory", "reports memory that is not a number of bytes, 0 or more (rank 0)"),
         # host memory is a node's: rank 0 past its 64 GiB share is fine while node 0 (ranks 0-3) fits
         ("host_share", None),
+        ("host_unsaid", None),  # ranks that say no capacity: the node's is the topology's
         ("host_node", "fills node 0's (ranks 0-3) host memory with 257.0GiB of 256.0GiB"),
         ("narrow", "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))"),
     ],
@@ -500,11 +501,13 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                                               "nan_capacity": float("nan")}.get(fault, 16 * 2**30)
             if fault == "nan_memory":
                 reports[0].memory["weights"] = float("nan")
-            if fault in ("host_share", "host_node"):
+            if fault in ("host_share", "host_node", "host_unsaid"):
                 for r in reports:
-                    r.host_memory_capacity = 64 * 2**30
+                    r.host_memory_capacity = 0.0 if fault == "host_unsaid" else 64 * 2**30
                 reports[0].host_memory["weights"] = 100 * 2**30
                 reports[1].host_memory["weights"] = (157 if fault == "host_node" else 100) * 2**30
+                if fault == "host_unsaid":
+                    reports[0].host_memory_capacity = 64 * 2**30
             return PlanResult("faulty", assignments, reports, context.batch_size_per_rank, {})
 
         def sharders(self, context):

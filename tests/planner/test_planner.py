@@ -832,3 +832,45 @@ def test_host_memory_is_a_nodes_shared_by_its_ranks():
     search.mem_host[:4] = (search.cap_node - 0.5 * shard) / 4  # no room on node 0: all on node 1
     search._host_nodes = search._mem_max = None
     assert sorted(search.place(o, 0)[1].tolist()) == [4, 5, 6, 7]
+    # the packing restarts' best fit (fullest ranks first) stops at a node's host memory too
+    search.mem_host[:4] = (search.cap_node - 1.5 * shard) / 4
+    search.loads[:] = 0.0
+    search.loads[:4] = 1.0  # node 0's ranks are the fullest: best fit would take them all
+    search._host_nodes = search._mem_max = search._pre = None
+    assert sorted(r // 4 for r in search._fit_place(o, 0, 10.0)[1]) == [0, 1, 1, 1]
+
+
+def test_cached_tables_whose_state_is_on_the_host_report_no_negative_device_state():
+    # adagrad keeps a cached table's state in host memory: the device's optimizer bytes are what
+    # is left of the sums, which rounded to -1e-10 and made Neo's own plan fail its check
+    from neo_core.cache import CachePolicy
+    from neo_plugins.topology.zionex import zionex_topology
+
+    rows = [(119264, 32, 8.46), (167538, 128, 10.37), (1508780, 16, 13.86), (832227, 32, 2.16),
+            (184343, 32, 11.56), (1354305, 64, 6.16)]
+    tables = [TableSpec(f"t{i}", r, d, p) for i, (r, d, p) in enumerate(rows)]
+    topo = zionex_topology(num_nodes=3, devices_per_node=4, device_memory_gib=0.05, host_memory_gib_per_node=0.8)
+    result = plan_tables(tables, topo, 256, kernel=EmbeddingKernel("fused", "fused", "adagrad"),
+                         cache=CachePolicy("lru", load_factor=0.1))
+    assert any(a.compute_kernel == "fused_uvm_caching" for a in result.tables)
+    assert all(v >= 0 for r in result.ranks for v in [*r.memory.values(), *r.host_memory.values()])
+
+
+def test_a_plan_the_shared_host_memory_search_misses_is_found_with_each_ranks_share():
+    # tight device and host memory: sharing a node's host memory opens options that lead the
+    # greedy to where device memory runs out; holding each rank to its share (as before host
+    # memory was shared) places every table row-wise, and the plan says so
+    from neo_core.cache import CachePolicy
+    from neo_plugins.topology.zionex import zionex_topology
+
+    rows = [(359579, 64, 7.498), (164589, 128, 19.286), (174572, 128, 10.876), (1694360, 32, 4.845)]
+    tables = [TableSpec(f"t{i}", r, d, p) for i, (r, d, p) in enumerate(rows)]
+    topo = zionex_topology(num_nodes=3, devices_per_node=3, device_memory_gib=0.1, host_memory_gib_per_node=0.1)
+    planner = NeoPlanner()
+    ctx = make_context(topo, 256, kernel=EmbeddingKernel("fused", "fused", "adagrad"),
+                       cache=CachePolicy("lru", load_factor=0.02))
+    result = planner.plan(tables, ctx)
+    assert any(n.startswith("no plan was found with host memory shared by a node's ranks") for n in result.notes)
+    host = [sum(r.host_memory.values()) for r in result.ranks]
+    assert max(host) <= topo.host_memory * (1 + 1e-9)  # each rank within its share
+    assert planner.last_search.host_group == topo.devices_per_node  # the search is left sharing again

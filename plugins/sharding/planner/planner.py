@@ -211,7 +211,7 @@ class NeoPlanner(Planner):
 
         check_capacity(search, arrays, why_none, lambda i: allowed & self.table_types.get(arrays.names[i], allowed))
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
-        first_unplaced = search.first_unplaced
+        first_unplaced, host_shares = search.first_unplaced, search.host_shares_used
         refined, moves = float(search.loads.max()), search.moves
         step, types = search.step(), search.types_used()
         # fewer sharding types where their collectives' latency outweighs the balance they
@@ -255,6 +255,11 @@ class NeoPlanner(Planner):
             + f"); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
         )
+        if host_shares:
+            result.notes.append(
+                "no plan was found with host memory shared by a node's ranks; this one holds each rank "
+                "to its share of it (host_memory), which fits either way"
+            )
         if first_unplaced:
             result.notes.append(
                 "the first greedy left a table that fits no rank; the memory-priced runs (which weigh "
@@ -706,9 +711,10 @@ def build_result(
             np.add.at(sent, ranks, option_bytes[o][i])
         if opt.placement == CACHED:  # optimizer state: row-wise on the device, else on the host
             np.add.at(mem["cache"], ranks, c.cache[i])
-            np.add.at(mem["optimizer"], ranks, c.mem_device[i] - c.cache[i] - c.batch[i])
+            # what is left of the sums: 0 where the state is elsewhere, not a rounding's -1e-10
+            np.add.at(mem["optimizer"], ranks, max(float(c.mem_device[i] - c.cache[i] - c.batch[i]), 0.0))
             np.add.at(host["weights"], ranks, c.weights[i])
-            np.add.at(host["optimizer"], ranks, c.mem_host[i] - c.weights[i])
+            np.add.at(host["optimizer"], ranks, max(float(c.mem_host[i] - c.weights[i]), 0.0))
         else:
             np.add.at(mem["weights"], ranks, c.weights[i])
             np.add.at(mem["optimizer"], ranks, c.optimizer[i])

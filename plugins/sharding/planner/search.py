@@ -220,6 +220,7 @@ class Search:
         self.cap_host = model.capacity_host - model.host_reserve  # a rank's share of its node's
         # host memory is one node's, shared by its ranks (FBGEMM's UVM tables live in the node's
         # DRAM): cached shards fit while their node's sum fits, whichever rank holds them
+        self.host_group = self.L  # ranks that share one host memory: a node's (1: each its share)
         self.cap_node = self.cap_host * self.L
         self._host_nodes: np.ndarray | None = None  # host bytes per node (_node_host)
         n = len(t)
@@ -239,6 +240,7 @@ class Search:
         # what a rank's own check counts (1 for shards placed rank by rank, ``_spread``)
         self.most_per_node = np.array([o.per_node(self.L, self.N, most=True) for o in options])
         self.rank_per_node = np.array([1 if o.unit == ANY_K else o.per_node(self.L, self.N) for o in options])
+        self._node_counts = (self.most_per_node, self.rank_per_node)
         fits = (shard_dev <= self.cap_dev) & (shard_host * per_node <= self.cap_node)
         self.usable = valid & fits  # (O, T)
         self.moves = 0
@@ -265,6 +267,7 @@ class Search:
         self.by_memory = False  # place on the emptiest ranks (retry when memory is tight)
         self.memory_prices = (0.0, 0.0)  # (lam, mu) where the memory bound peaks (memory_bound)
         self.first_unplaced = False  # the last solve's first greedy left a table unplaced
+        self.host_shares_used = False  # the last solve's plan holds each rank to its host share
         self.restarts = 0  # bound-guided restarts run by the last solve
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
         self.fit_runs = 0  # packing restarts run by the last solve (fit_restarts)
@@ -333,17 +336,26 @@ class Search:
             self._mem_max = (float(self.mem_dev.max()), float(self._node_host().max()))
         return self._mem_max
 
+    def _host_shares(self, on: bool) -> None:
+        """Hold each rank to its share of its node's host memory (``on``), a stricter rule
+        whose plans fit either way, or let a node's ranks share it (the default)."""
+        self.host_group = 1 if on else self.L
+        self.cap_node = self.cap_host * self.host_group
+        ones = np.ones(len(self.opts), dtype=np.int64)
+        self.most_per_node, self.rank_per_node = (ones, ones) if on else self._node_counts
+        self._host_nodes = self._mem_max = None
+
     def _node_host(self) -> np.ndarray:
         """Host bytes per node, once per state."""
         if self._host_nodes is None:
-            self._host_nodes = self.mem_host.reshape(self.N, self.L).sum(axis=1)
+            self._host_nodes = self.mem_host.reshape(-1, self.host_group).sum(axis=1)
         return self._host_nodes
 
     def _fits(self, add_dev: float, add_host: float, m: int) -> np.ndarray:
         """Per rank: a shard's device bytes fit the rank, and ``m`` shards' host bytes its node."""
         ok = self.mem_dev + add_dev <= self.cap_dev
         if add_host > 0:
-            ok &= np.repeat(self._node_host() + m * add_host <= self.cap_node, self.L)
+            ok &= np.repeat(self._node_host() + m * add_host <= self.cap_node, self.host_group)
         return ok
 
     def _spread(self, order: np.ndarray, ok: np.ndarray, k: int, add_host: float) -> np.ndarray | None:
@@ -355,14 +367,14 @@ class Search:
         if add_host <= 0:
             return idx
         host = self._node_host()
-        counts = np.bincount(idx // self.L, minlength=self.N)
+        counts = np.bincount(idx // self.host_group, minlength=len(host))
         if (host + counts * add_host <= self.cap_node).all():
             return idx
-        taken, counts = [], np.zeros(self.N, dtype=np.int64)
+        taken, counts = [], np.zeros(len(host), dtype=np.int64)
         for r in order.tolist():  # rank by rank, skipping ranks of nodes already full
             if not ok[r]:
                 break  # ``order`` puts the ranks that are not ok last
-            n = r // self.L
+            n = r // self.host_group
             if host[n] + (counts[n] + 1) * add_host <= self.cap_node:
                 taken.append(r)
                 counts[n] += 1
@@ -494,7 +506,7 @@ class Search:
         dev = (self.mem_dev + add_dev) / max(self.cap_dev, 1.0)
         if self.cap_node <= 0:
             return dev
-        return np.maximum(dev, np.repeat(self._node_host() + add_host, self.L) / self.cap_node)
+        return np.maximum(dev, np.repeat(self._node_host() + add_host, self.host_group) / self.cap_node)
 
     def reset(self) -> None:
         self.loads[:] = 0.0
@@ -609,11 +621,31 @@ class Search:
         the restarts once ``time_budget_s`` has passed (counted in ``clock_stops``).
         """
         start = time.perf_counter()
+        args = (refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts, fit_targets)
         self.greedy_steps, self.decided = set(), {}
+        self.host_shares_used = False
         try:
-            return self._solve(
-                start, refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts, fit_targets
-            )
+            return self._solve(start, *args)
+        except PlanningError as exc:
+            # Last: only options whose shards each fit their rank's share of host memory. A
+            # node's ranks share it, so more options are open, and one that fits its node can
+            # lead the greedy to where device memory runs out; without them it may not.
+            host = np.stack([o.cost.mem_host for o in self.opts])
+            share = self.usable & (host <= self.cap_host)
+            if not (host[self.usable] > 0).any() or self.host_group == 1 or not share.any(axis=0).all():
+                raise
+            saved = (self.usable, getattr(self, "_bound_cache", None), self.memory_prices)
+            self.usable, self.greedy_steps, self.decided = share, set(), {}
+            self._host_shares(True)
+            try:
+                first = self._solve(time.perf_counter(), *args)
+                self.host_shares_used = True
+                return first
+            except PlanningError:
+                raise exc from None  # the message of the search with shared host memory
+            finally:
+                self._host_shares(False)
+                self.usable, self._bound_cache, self.memory_prices = saved
         finally:  # what this solve remembered is its own: a later greedy or solve starts clean
             self.greedy_steps, self.decided = None, {}
 
@@ -636,8 +668,6 @@ class Search:
         try:
             self.greedy()
         except PlanningError as exc:  # the memory-priced runs below may still fit every table
-            if lam <= 0 and mu <= 0:
-                raise
             unplaced = exc
         if unplaced is None:
             first, first_plan = float(self.loads.max()), self.plan_key()
@@ -980,7 +1010,7 @@ class Search:
                 if new >= cur * (1 - 1e-12):
                     continue
                 dj, hj = opt_j.cost.mem_device[j], opt_j.cost.mem_host[j]
-                n, n2 = r // self.L, r2 // self.L
+                n, n2 = r // self.host_group, r2 // self.host_group
                 if (
                     self.mem_dev[r] - di + dj > self.cap_dev
                     or self.mem_dev[r2] - dj + di > self.cap_dev
