@@ -731,7 +731,8 @@ def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("c", 1_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 100_000_000)
     msg = str(err.value)
-    assert "lower batch_size_per_rank (now 100000000:" in msg and "cache=" not in msg
+    assert "lower the batch per rank (now 100000000:" in msg and "cache=" not in msg
+    assert "batch_size_per_rank in recipes/plan.py, trainer.batch_size in training" in msg
 
 
 def test_an_empty_listed_table_set_says_it_is_empty() -> None:

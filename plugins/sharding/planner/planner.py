@@ -505,8 +505,9 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         fix += _settings_note([nodes_setting, memory_settings])
         batch = float(best.cost.batch[i])
         if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
-            fix = (f"lower batch_size_per_rank (now {context_batch(search)}: {human_bytes(batch)} of the shard "
-                   f"is one batch's ids and pooled rows), {fix}")
+            fix = (f"lower the batch per rank (now {context_batch(search)}: {human_bytes(batch)} of the shard is one "
+                   f"batch's ids and pooled rows; batch_size_per_rank in recipes/plan.py, trainer.batch_size in "
+                   f"training), {fix}")
             cache_fix = ""  # those stay in device memory wherever the rows live
         if cache_fix == to_host and shard_dev * per_node > cap_node:  # nor would the node's host memory hold it
             cache_fix = ""
