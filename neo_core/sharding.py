@@ -170,6 +170,20 @@ class PlanningContext:
     cache: CachePolicy
 
 
+def plan_settings(context: PlanningContext) -> dict[str, Any]:
+    """What a plan's figures assume besides the tables and the topology (plan.json's
+    ``settings``)."""
+    return {
+        "optimizer": context.kernel.optimizer.value,
+        "weight_bytes": context.kernel.weight_bytes,
+        "kernel": context.kernel.name,
+        "compression": {"name": context.compressor.name, "forward": context.compressor.forward_precision,
+                        "backward": context.compressor.backward_precision},
+        "cache": {"name": context.cache.name, "algorithm": context.cache.algorithm,
+                  "load_factor": context.cache.load_factor},
+    }
+
+
 def settings_note(context: PlanningContext) -> str:
     """The plan note naming what the plan was made for: kernel, compression and cache."""
     cache = context.cache
@@ -198,6 +212,9 @@ class TableAssignment:
     ranks: list[int]
     shard_shapes: list[tuple[int, int]] = field(default_factory=list)  # (rows, cols) per shard
     why: str = ""
+    # the table as planned (num_embeddings, embedding_dim, pooling_factor, hot_fraction), so a
+    # plan.json can be checked on its own; filled by check_plan where a planner leaves it out
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -233,6 +250,9 @@ class PlanResult:
     batch_size_per_rank: int
     topology: dict[str, Any]
     torchrec_plan: Any = None  # torchrec.distributed.types.ShardingPlan when built for a model
+    # what the plan's figures assume besides the tables and topology: the kernel's optimizer
+    # and bytes per weight, the compressor's precisions, the cache (filled by check_plan)
+    settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     # whose cost model gave the predicted times ("Neo's cost model", "TorchRec's estimator"); plans
     # are compared on one scale only. Empty: the planner plugin did not say.
@@ -304,6 +324,7 @@ class PlanResult:
             "predicted_samples_per_second": self.predicted_samples_per_second,
             "imbalance": self.imbalance,
             "times_from": self.times_from,
+            "settings": self.settings,
             "tables": [asdict(t) for t in self.tables],
             "ranks": [
                 {
@@ -348,6 +369,7 @@ class PlanResult:
                 topology=data["topology"],
                 notes=list(data.get("notes", [])),
                 times_from=str(data.get("times_from", "")),
+                settings=dict(data.get("settings", {})),
             )
         except OSError as exc:
             raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
@@ -578,7 +600,15 @@ def check_plan(
             break
     if problems:
         raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
+    specs = {t.name: t for t in tables}
+    for a in result.tables:  # the table as planned, beside where it went
+        if not a.spec:
+            t = specs[a.name]
+            a.spec = {"num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
+                      "pooling_factor": t.pooling_factor, "hot_fraction": t.hot_fraction}
     if context is not None:
+        if not result.settings:
+            result.settings = plan_settings(context)
         result.notes.extend(n for n in context_notes(result, context) if n not in result.notes)
     return result
 

@@ -874,3 +874,28 @@ def test_a_plan_the_shared_host_memory_search_misses_is_found_with_each_ranks_sh
     host = [sum(r.host_memory.values()) for r in result.ranks]
     assert max(host) <= topo.host_memory * (1 + 1e-9)  # each rank within its share
     assert planner.last_search.host_group == topo.devices_per_node  # the search is left sharing again
+
+
+def test_plan_json_holds_the_tables_and_settings_its_figures_come_from(tmp_path):
+    # plan.json alone did not say a table's rows, dim or pooling, nor the bytes per weight:
+    # its memory could not be checked from it
+    import json
+
+    from neo_core.sharding import PlanResult
+
+    tables = [TableSpec("a", 1_000_000, 64, 3.0, hot_fraction=0.4), TableSpec("b", 2_000_000, 32, 1.5)]
+    kernel = EmbeddingKernel("fused", "fused", SparseOptimizer.ROWWISE_ADAGRAD, weight_bytes=2)
+    result = plan_tables(tables, cluster(1, 2), 256, kernel=kernel, sharding_types=["TW"])
+    result.save_json(tmp_path / "plan.json")
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert data["settings"]["weight_bytes"] == 2 and data["settings"]["optimizer"] == "rowwise_adagrad"
+    assert data["settings"]["compression"]["forward"] and data["settings"]["cache"]["name"] == "none"
+    spec = {t["name"]: t["spec"] for t in data["tables"]}
+    assert spec["a"] == {"num_embeddings": 1_000_000, "embedding_dim": 64, "pooling_factor": 3.0, "hot_fraction": 0.4}
+    # each rank's weights, from the file alone: rows x dim x bytes per weight of its tables
+    for r in data["ranks"]:
+        mine = [t for t in data["tables"] if t["ranks"] == [r["rank"]]]
+        expect = sum(t["spec"]["num_embeddings"] * t["spec"]["embedding_dim"] for t in mine) * data["settings"]["weight_bytes"]
+        assert r["memory_bytes"].get("weights", 0.0) == expect
+    again = PlanResult.load_json(tmp_path / "plan.json")
+    assert again.settings == result.settings and again.table("b").spec == result.table("b").spec
