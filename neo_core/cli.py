@@ -543,8 +543,12 @@ def check_group_options(
                 close = [c for c in choices if c.lower() == option.lower()]
                 close = close or difflib.get_close_matches(option, choices, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
+                own = ""
+                if group == "plan_model" and not close:  # a table set of one's own is a file, not an option
+                    own = (f" Tables of your own: a file {group}/<name>.yaml in a --config-dir, with "
+                           "'generator: listed' and params.tables (docs/planner.md).")
                 raise ConfigError(
-                    f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{_failed_note()}"
+                    f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{own}{_failed_note()}"
                 )
 
 

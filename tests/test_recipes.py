@@ -149,7 +149,9 @@ def choices(group: str) -> str:
 @pytest.mark.parametrize(
     ("override", "fragments"),
     [
-        ("plan_model=nope", ("Unknown plan_model option 'nope'; choose one of " + choices("plan_model") + ".",)),
+        ("plan_model=nope", ("Unknown plan_model option 'nope'; choose one of " + choices("plan_model") + ".",
+                             "Tables of your own: a file plan_model/<name>.yaml in a --config-dir, with "
+                             "'generator: listed'")),
         ("model=zionex12t", ("Unknown model option 'zionex12t' (did you mean 'zionex_12t'?)", choices("plan_model"))),
         ("cache=lfru", ("Unknown cache option 'lfru'", "choose one of " + choices("cache") + ".")),
         ("sharding=neo,neoo", ("Unknown sharding option 'neoo' (did you mean 'neo'?)", choices("sharding"))),
