@@ -209,6 +209,8 @@ def test_torchrec_planner_keeps_to_the_selected_cache_policy() -> None:
     with pytest.raises(PlanningError) as err:
         TorchRecPlanner().plan(specs, make_context(cluster(mem_gib=8.0), 256))
     assert "behind a cache (cache=lru cache.load_factor=0.05)" in str(err.value)
+    # Neo's memory bounds say by how much: the device memory is short, with the figure
+    assert " Neo's memory bounds say why: Device memory is short: the tables need" in str(err.value)
     context = make_context(cluster(mem_gib=8.0), 256, cache=CachePolicy("lfu", load_factor=0.05))
     result = TorchRecPlanner().plan_module(_meta_model(specs), specs, context)
     for name, sharding in result.torchrec_plan.plan["ebc"].items():

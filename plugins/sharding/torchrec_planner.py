@@ -157,10 +157,17 @@ class TorchRecPlanner(Planner):
                 if topology.compute_device == "cuda" and context.cache.load_factor is None
                 else ""
             )
+            bounds = ""
+            try:  # Neo's memory bounds hold any plan: where they fail, they say by how much and what to change
+                from neo_plugins.sharding.planner import NeoPlanner
+
+                NeoPlanner().check_fits(tables, context)
+            except PlanningError as neo:
+                bounds = f" Neo's memory bounds say why: {neo}"
             raise PlanningError(
                 f"TorchRec's planner found no plan that fits the tables into {counted(topology.world_size, 'rank')} "
                 f"of {topology.name!r}; {topology.memory_fix or 'add ranks or memory'}, or shrink the tables{cache_hint} "
-                f"({exc.error_type.name})."
+                f"({exc.error_type.name}).{bounds}"
             ) from None
         options = planner._best_plan or []
         # On GPUs TorchRec's hbm is device memory and its ddr the host memory behind a cache; a

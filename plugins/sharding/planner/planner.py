@@ -188,28 +188,7 @@ class NeoPlanner(Planner):
     # ---- planning ------------------------------------------------------------------
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         start = time.perf_counter()
-        validate_tables(tables, context)
-        model = CostModel(context, self.params)
-        arrays = TableArrays.from_specs(tables)
-        allowed = self.allowed
-        if context.kernel.data_parallel_only:
-            check_data_parallel_allowed(context.kernel.name, self.allowed, self.table_types, tables)
-            allowed = {ShardingType.DATA_PARALLEL}
-        options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
-        restrict_per_table(options, tables, self.table_types, self.min_col_width)
-        restrict_unaligned(options, tables, context)
-        if self.estimator == "torchrec":
-            from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
-
-            torchrec_option_costs(options, tables, context)
-        search = Search(model, arrays, options)
-
-        def why_none(i: int) -> str:  # why table i has no option, type by type
-            types = allowed & self.table_types.get(arrays.names[i], allowed)
-            return why_no_option(types, int(arrays.rows[i]), int(arrays.dims[i]), model.W, model.L, model.N,
-                                 self.col_shard_counts, self.min_col_width)
-
-        check_capacity(search, arrays, why_none, lambda i: allowed & self.table_types.get(arrays.names[i], allowed))
+        model, arrays, allowed, options, search = self._prepared(tables, context)
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced, host_shares = search.first_unplaced, search.host_shares_used
         refined, moves = float(search.loads.max()), search.moves
@@ -283,6 +262,41 @@ class NeoPlanner(Planner):
             )
         return result
 
+    def check_fits(self, tables: Sequence[TableSpec], context: PlanningContext) -> None:
+        """Raise :class:`PlanningError`, naming tables, memories and the topology's settings,
+        where no sharding of the allowed types fits the tables into the cluster's memory.
+        Neo's memory bounds hold any planner's plan: another planner's refusal is explained by
+        them where they apply."""
+        self._prepared(tables, context)
+
+    def _prepared(
+        self, tables: Sequence[TableSpec], context: PlanningContext
+    ) -> tuple[CostModel, TableArrays, set[ShardingType], list[Option], Search]:
+        """The cost model, tables, allowed types, options and search for a plan, once the
+        tables are checked against the cluster's memory (``check_capacity``)."""
+        validate_tables(tables, context)
+        model = CostModel(context, self.params)
+        arrays = TableArrays.from_specs(tables)
+        allowed = self.allowed
+        if context.kernel.data_parallel_only:
+            check_data_parallel_allowed(context.kernel.name, self.allowed, self.table_types, tables)
+            allowed = {ShardingType.DATA_PARALLEL}
+        options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
+        restrict_per_table(options, tables, self.table_types, self.min_col_width)
+        restrict_unaligned(options, tables, context)
+        if self.estimator == "torchrec":
+            from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
+
+            torchrec_option_costs(options, tables, context)
+        search = Search(model, arrays, options)
+
+        def why_none(i: int) -> str:  # why table i has no option, type by type
+            types = allowed & self.table_types.get(arrays.names[i], allowed)
+            return why_no_option(types, int(arrays.rows[i]), int(arrays.dims[i]), model.W, model.L, model.N,
+                                 self.col_shard_counts, self.min_col_width)
+
+        check_capacity(search, arrays, why_none, lambda i: allowed & self.table_types.get(arrays.names[i], allowed))
+        return model, arrays, allowed, options, search
     def sharders(self, context: PlanningContext) -> list[Any]:
         from neo_plugins.sharding.sharders import make_sharders
 
