@@ -742,3 +742,19 @@ def test_an_empty_listed_table_set_says_it_is_empty() -> None:
         listed([])
     with pytest.raises(ConfigError, match="tables must be a list of tables"):
         listed("user_id")
+
+
+def test_a_table_short_of_device_memory_is_told_what_stops_it_behind_the_cache() -> None:
+    # on the device its row-wise shard is 41 GiB too large; behind the cache its shards fit the
+    # devices, and the host memory a node's ranks share (200 GiB usable) is what stops them
+    big = TableSpec("big", 20 * 10**9, 128, 1.0)
+    topo = zionex_topology(host_memory_gib_per_node=400)
+    with pytest.raises(PlanningError) as err:
+        plan_tables([big], topo, 512, cache="lru", host_reserve_fraction=0.5)
+    msg = str(err.value)
+    assert "behind the cache (as RW cached) it fits the devices but is" in msg
+    assert "add ranks or device memory or host memory" in msg and "load_factor" not in msg
+    gib, now = _setting(msg, "host_memory_gib_per_node")
+    assert now == 400 and gib == pytest.approx(2 * 8 * 20e9 * 128 * 4 / 128 / 2**30, rel=0.01)
+    assert plan_tables([big], zionex_topology(host_memory_gib_per_node=gib), 512, cache="lru",
+                       host_reserve_fraction=0.5).ranks

@@ -454,11 +454,11 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             node_host = float(o.cost.mem_host[j]) * o.per_node(L, search.N)
             return max(0.0, float(o.cost.mem_device[j]) - cap_dev), max(0.0, node_host - cap_node)
 
-        def closest(j: int) -> Option | None:  # relative overshoot, bytes over, bytes
-            def closeness(o: Option) -> tuple[float, float, float]:
+        def closest(j: int, among: Sequence[Option] | None = None) -> Option | None:
+            def closeness(o: Option) -> tuple[float, float, float]:  # relative overshoot, bytes over, bytes
                 d, h = over(o, j)
                 return max(d / max(cap_dev, 1.0), h / max(cap_node, 1.0)), d + h, float(o.cost.mem_device[j] + o.cost.mem_host[j])
-            return min((o for o in search.opts if o.valid[j]), key=closeness, default=None)
+            return min((o for o in (search.opts if among is None else among) if o.valid[j]), key=closeness, default=None)
 
         def needs_of(j: int) -> tuple[float, float]:
             """Device bytes per rank and host bytes per node that table ``j``'s option closest
@@ -498,7 +498,20 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                 f"({shards}host memory being a node's, shared by its {counted(L, 'rank')})"
             )
             fixes.append("host memory")
-        fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {' and '.join(fixes)}"
+        # where the closest option is on the device, what stops the cache's: its host memory
+        alt = closest(i, [o for o in opts if o.placement == CACHED]) if best.placement != CACHED else None
+        alt_host = None
+        if alt is not None and over(alt, i)[0] == 0 and over(alt, i)[1] > 0:
+            h = over(alt, i)[1]
+            shorts.append(
+                f"behind the cache (as {alt.label}) it fits the devices but is {h:,.0f} bytes ({human_bytes(h)}) "
+                f"over the {human_bytes(cap_node)} of host memory{host_usable} a node's ranks share"
+            )
+            fixes.append("host memory")
+            alt_host = topology.setting_for(
+                "host_memory", float(alt.cost.mem_host[i]) * alt.per_node(L, search.N) / L / (1 - params.host_reserve_fraction))
+        joined = (" or " if alt_host else " and ").join(fixes)  # the cache's option needs host memory alone
+        fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {joined}"
         device_setting = (topology.setting_for("device_memory", dev_need / (1 - params.reserve_fraction))
                           if dev_need > 0 else None)
         memory_settings = [  # the option closest to fitting needs each of them
@@ -516,7 +529,9 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                 (W * max(float(o.cost.mem_device[j]) / cap_dev, float(o.cost.mem_host[j]) * L / max(cap_node, 1.0))
                  for o in rw), default=math.inf))
         nodes_setting = topology.setting_for("num_nodes", ranks_need) if W < ranks_need < math.inf else None
-        fix += _settings_note([nodes_setting, memory_settings])
+        fix += _settings_note([nodes_setting, memory_settings, alt_host])
+        if alt_host is not None and cache_fix == "lower the cache load_factor":
+            cache_fix = ""  # the cached option fits the devices already: host memory stops it
         batch = float(best.cost.batch[i])
         if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
             fix = (f"lower the batch per rank (now {context_batch(search)}: {human_bytes(batch)} of the shard is one "
