@@ -353,6 +353,9 @@ def check_output_dir(
 # on load); a change is noted, so that a resume command missing an override is seen
 NOTED_KEYS = ("topology", "sharding", "cache", "compression", "trainer", "seed")
 QUIET_KEYS = ("trainer.resume", "trainer.max_steps")  # what resuming is for: not noted
+# settings that do not change a run's results (a finished run's are reported for them)
+UNSHAPING_KEYS = ("trainer.progress_bar", "trainer.log_every_n_steps", "trainer.checkpoint",
+                  "trainer.checkpoint_every_n_steps", "trainer.threads_per_rank")
 
 
 def check_resumable(saved: Path, config: Mapping[str, Any]) -> list[str]:
@@ -560,6 +563,19 @@ def check_before_start(run: RunConfig, write: bool = True) -> tuple[tuple[Path, 
     if resumed_from is not None:  # the settings saved with the checkpoint (older ones: the folder's)
         saved = resumed_from[0] / "config.json"
         changes = check_resumable(saved if saved.is_file() else out / "config.json", run.to_dict())
+        # a finished run has nothing to train: its results are reported as this run's, which
+        # they are not where settings that shape them differ (a sweep run again, reordered)
+        shaping = [c for c in changes if c.split(":", 1)[0] not in UNSHAPING_KEYS]
+        done = max(resumed_from[1], run.trainer.max_steps)  # as train() tells a finished run
+        finished = resumed_from[1] >= run.trainer.max_steps or finished_metrics(out, done) is not None
+        if finished and shaping:
+            more = f" (and {len(shaping) - 4} more)" if len(shaping) > 4 else ""
+            raise ConfigError(
+                f"{out} holds a run that finished its {done} steps with other settings: "
+                f"{'; '.join(shaping[:4])}{more}. Its results are not this run's; choose another output "
+                "folder (hydra.run.dir=...; a sweep's: hydra.sweep.dir=...), or raise trainer.max_steps to "
+                "train that run further with these settings."
+            )
     return resumed_from, changes
 
 

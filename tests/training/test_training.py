@@ -1054,3 +1054,20 @@ def test_a_steps_time_ends_before_the_callbacks_that_follow_it() -> None:
     trainer = pl.Trainer(callbacks=[StepClock(), DistributedCheckpoint(Path("unused"))], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False)
     assert isinstance(trainer.callbacks[0], StepClock)  # Lightning calls it first
+
+
+def test_a_finished_run_is_not_reported_for_other_settings(tmp_path: Path, capsys) -> None:
+    # a sweep run again with its values in another order resumed each finished job and reported
+    # its results under the other job's settings (fp16's AUC labelled none)
+    from neo_core.errors import ConfigError
+    from neo_core.training.run import train
+
+    settings = ["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.checkpoint=true"]
+    first = train(composed(settings, tmp_path))
+    with pytest.raises(ConfigError, match=r"holds a run that finished its 2 steps with other settings: "
+                                          r"compression: 'none' -> 'fp16'.*Its results are not this run's"):
+        train(composed([*settings, "trainer.resume=true", "compression=fp16"], tmp_path))
+    # a setting that does not shape the results: the finished run's are reported
+    capsys.readouterr()
+    again = train(composed([*settings, "trainer.resume=true", "trainer.progress_bar=false"], tmp_path))
+    assert "has finished its 2 steps already" in capsys.readouterr().out and again["val_auc"] == first["val_auc"]
