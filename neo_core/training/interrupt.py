@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
@@ -30,6 +31,10 @@ import lightning.pytorch as pl
 STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"
 STOPPING_TERM = "\nstopping on SIGTERM: the ranks finish their step, then save a checkpoint"
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# a second SIGINT this soon after the first is the same request: coreutils' timeout -s INT
+# sends it to the process and then to its group, microseconds apart (taken for a second
+# Ctrl-C, it ended the ranks before they saved their checkpoint)
+ECHO_S = 0.3
 
 
 class HardStop(BaseException):
@@ -68,9 +73,12 @@ class StopOnInterrupt(pl.Callback):
         self._installed = False  # inside ``installed`` on the main thread
         self.stopped_at: int | None = None  # the trainer step after which all ranks stopped
         self._steps = 0
+        self._first = 0.0  # when this rank got its first SIGINT or SIGTERM (monotonic)
 
     def _handler(self, signum: int, frame: Any) -> None:
         term = signum == signal.SIGTERM
+        if self.asked and not term and time.monotonic() - self._first < ECHO_S:
+            return  # the same request, sent twice at once
         if self.alone and (self.interrupted or (self.asked and not term)):
             # the second Ctrl-C (or torchrun passing it on as SIGTERM): stop now (Lightning
             # tears the rank down)
@@ -78,6 +86,8 @@ class StopOnInterrupt(pl.Callback):
             raise HardStop
         if not self.asked and self.announce:
             print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
+        if not self.asked:
+            self._first = time.monotonic()
         self.asked = True
         self.interrupted = self.interrupted or not term
 
@@ -180,12 +190,15 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> bo
     stop = mp.get_context("spawn").Event()
     main = threading.current_thread() is threading.main_thread()
 
+    first = [0.0]  # when the first request came (monotonic)
+
     def handler(signum: int, frame: Any) -> None:
         term = signum == signal.SIGTERM
         if stop.is_set():
-            if term:  # noted already; only a second Ctrl-C stops at once
+            if term or time.monotonic() - first[0] < ECHO_S:  # noted already; only a second Ctrl-C stops at once
                 return
             raise KeyboardInterrupt
+        first[0] = time.monotonic()
         stop.set()
         print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
 
