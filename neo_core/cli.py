@@ -505,10 +505,13 @@ def option_names(conf: str | os.PathLike[str], group: str, argv: Sequence[str] =
 
 def _failed_note() -> str:
     """Plugins that failed to load, for a message about an option that is missing."""
-    from neo_core.plugins import get_plugins
+    from neo_core.plugins import _env_flag, get_plugins
 
     failed = get_plugins().failed
-    return f" (Plugin(s) {', '.join(map(repr, failed))} failed to load; see the warning above.)" if failed else ""
+    note = f" (Plugin(s) {', '.join(map(repr, failed))} failed to load; see the warning above.)" if failed else ""
+    if _env_flag("NEO_DISABLE_PLUGIN_AUTOLOAD"):  # installed plugins' options are not offered
+        note += " (NEO_DISABLE_PLUGIN_AUTOLOAD is set: installed plugins are not loaded, only the built-ins.)"
+    return note
 
 
 def check_group_options(

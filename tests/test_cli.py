@@ -663,3 +663,14 @@ def test_a_config_dir_option_that_is_never_read_or_replaces_a_plugins_is_warned_
         "selected with cache=lru_mine).",
     ]
     assert config_dir_shadows(conf, ["cache=lru"], plugins) == []  # no config dir: nothing to say
+
+
+def test_an_unknown_option_says_when_installed_plugins_are_not_loaded(monkeypatch) -> None:
+    # an installed plugin's option (cache=warm_lfu) was "Unknown" with no word of the switch
+    monkeypatch.setenv("NEO_DISABLE_PLUGIN_AUTOLOAD", "1")
+    with pytest.raises(ConfigError, match=r"NEO_DISABLE_PLUGIN_AUTOLOAD is set: installed plugins are not loaded"):
+        check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
+    monkeypatch.delenv("NEO_DISABLE_PLUGIN_AUTOLOAD")
+    with pytest.raises(ConfigError) as err:
+        check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
+    assert "NEO_DISABLE_PLUGIN_AUTOLOAD" not in str(err.value)

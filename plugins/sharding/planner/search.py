@@ -169,8 +169,9 @@ def build_options(
         raise PlanningError(
             f"No allowed sharding type ({names}) applies to {which} ({int(t.rows[0]):,} rows x "
             f"{int(t.dims[0])}) on {N} node(s) x {L} rank(s): {why}. Allow another type, e.g. TW or DP, or "
-            "change the topology's num_nodes / devices_per_node (when training on an emulated topology: "
-            "trainer.world_size)."
+            "change the topology's num_nodes / devices_per_node (when training on an emulated topology, its "
+            "trainer.world_size ranks are spread over at most topology.num_nodes nodes: e.g. "
+            "topology.num_nodes=2 with trainer.world_size=4 gives 2 nodes of 2 ranks)."
         )
     return opts
 
