@@ -256,9 +256,13 @@ class NeoModule(pl.LightningModule):
         """Global samples/s over this run's steps after ``warmup`` (training time only); a run of
         ``2 * warmup`` steps or fewer leaves out its first step alone (it builds the kernels and
         caches: 10-20x a later step on CPU)."""
-        n = len(self._step_times)
-        times = self._step_times[warmup:] if n > 2 * warmup else self._step_times[1:] if n > 1 else self._step_times
+        times = self._step_times[self.warmup_steps(warmup):]
         return self.global_batch_size * len(times) / sum(times) if times else 0.0
+
+    def warmup_steps(self, warmup: int = 5) -> int:
+        """How many of this run's first steps ``samples_per_second`` leaves out."""
+        n = len(self._step_times)
+        return warmup if n > 2 * warmup else 1 if n > 1 else 0
 
     # -- validation ---------------------------------------------------------------------
     def on_validation_epoch_start(self) -> None:

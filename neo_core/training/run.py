@@ -684,8 +684,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
             validated = "val AUC and loss not measured"
         else:  # an AUC is undefined when every held-out label is the same (noted above)
             validated = f"val AUC {'undefined' if math.isnan(auc) else f'{auc:.4f}'}, val loss {loss:.4f}"
-        since = metrics.get("timed_from_step", 1)
-        timed = f" over steps {since}-{metrics['steps']} (this segment)" if since > 1 else ""
+        since = metrics.get("samples_per_sec_from_step", metrics.get("timed_from_step", 1))
+        segment = " of this segment" if metrics.get("timed_from_step", 1) > 1 else ""
+        timed = f" over steps {since}-{metrics['steps']}{segment}" if since > 1 else ""
         print(
             f"done: {metrics['steps']} steps, {validated}, {metrics['samples_per_sec']:,.0f} samples/s{timed} "
             f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
@@ -1025,6 +1026,8 @@ def _write_results(
         "samples_per_sec": module.samples_per_second(),
         # a resumed run times its own steps only: the steps its samples/s and wall time cover
         "timed_from_step": module.step_offset + 1,
+        # the first step samples/s counts (the first steps build kernels and caches)
+        "samples_per_sec_from_step": module.step_offset + 1 + module.warmup_steps(),
         "wall_time_s": wall,
         "sharding": run.sharding["name"],
         "kernel": run.kernel["name"],

@@ -184,7 +184,8 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path, capsys) -> 
     (tmp_path / "split" / "metrics.json").unlink()
     capsys.readouterr()
     resumed = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true"], tmp_path / "split"))
-    assert "samples/s over steps 5-6 (this segment)" in capsys.readouterr().out
+    # the segment's first step builds kernels and caches: its rate counts step 6
+    assert "samples/s over steps 6-6 of this segment" in capsys.readouterr().out
     # the record before the checkpoint came with it (metrics.json was gone)
     assert [h["step"] for h in resumed["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in whole["history"]]
@@ -193,6 +194,7 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path, capsys) -> 
     assert resumed["val_history"][-1] == whole["val_history"][-1]
     # its samples/s times this segment's steps only, and says which
     assert (whole["timed_from_step"], resumed["timed_from_step"]) == (1, 5)
+    assert (whole["samples_per_sec_from_step"], resumed["samples_per_sec_from_step"]) == (2, 6)
     # a run that does not resume is refused before it writes over the checkpoint
     from neo_core.errors import ConfigError
 
@@ -848,7 +850,9 @@ def test_a_short_runs_throughput_leaves_out_its_first_step() -> None:
     from neo_core.training.module import NeoModule
 
     def rate(times: list[float]) -> float:
-        return NeoModule.samples_per_second(SimpleNamespace(_step_times=times, global_batch_size=10))
+        module = SimpleNamespace(_step_times=times, global_batch_size=10)
+        module.warmup_steps = lambda warmup=5: NeoModule.warmup_steps(module, warmup)
+        return NeoModule.samples_per_second(module)
 
     assert rate([1.0, 0.1, 0.1]) == pytest.approx(100.0)  # the first step left out
     assert rate([1.0] * 5 + [0.1] * 6) == pytest.approx(100.0)  # longer runs: the 5-step warm-up
