@@ -143,6 +143,10 @@ def test_cpu_ranks_are_told_about_ram_not_device_memory():
     msg = str(err.value)
     assert msg.startswith("Memory is short") and "each CPU rank's share of RAM" in msg
     assert "device" not in msg and "cache" not in msg  # no device, and a cache has no effect on CPU
+    # a cache chosen anyway (a GPU cluster emulated on CPU ranks): said not to be used
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cpu, 256, cache=CachePolicy("lru", load_factor=0.1))
+    assert str(err.value).endswith("(cache lru is not used on cpu ranks: every table stays in their memory).")
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("huge", 2_000_000_000, 128, 1.0)], cpu, 256)
     msg = str(err.value)

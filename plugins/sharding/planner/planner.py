@@ -414,6 +414,10 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     mem_short = "device memory" if on_gpu else "memory"
     add_memory = topology.memory_fix  # where more ranks add no memory (CPU ranks splitting one machine's RAM)
     cached = search.model.cache_load_factor is not None
+    cache = search.model.context.cache
+    # a cache chosen for a CPU topology (an emulated GPU cluster too) is not used: tables stay in RAM
+    cpu_cache = (f" (cache {cache.name} is not used on {topology.compute_device} ranks: every table stays in their memory)"
+                 if not on_gpu and cache.load_factor else "")
     host_usable = " usable" if search.model.host_reserve else ""
     kernel = search.model.context.kernel
     if kernel.data_parallel_only:  # every table replicated on the dense kernel: no cache applies
@@ -557,7 +561,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                    + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table."
+            f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table{cpu_cache}."
         )
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed
@@ -615,7 +619,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             ])
             + ", "
             + (f"{cache_fix}, " if cache_fix else "")
-            + "or shrink the tables."
+            + f"or shrink the tables{cpu_cache}."
         )
     host_need = host_needed(D)
     if host_need > H:
