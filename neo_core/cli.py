@@ -879,9 +879,12 @@ def _listing(plugins: Any, conf_dir: str | os.PathLike[str] | None, clash: bool 
     lines = []
     for registry in plugins.registries.values():
         lines.append(f"{registry.kind} (config group '{registry.group}'):")
-        for entry in registry.entries():
-            desc = f"  {entry.description}" if entry.description else ""
-            lines.append(f"  {entry.name:<14} [{entry.provider}]{desc}")
+        entries = list(registry.entries())
+        width = max((len(e.name) for e in entries), default=0)  # descriptions in one column
+        wide = max((len(e.provider) + 2 for e in entries), default=0)
+        for entry in entries:
+            desc = f"  {' ' * (wide - len(entry.provider) - 2)}{entry.description}" if entry.description else ""
+            lines.append(f"  {entry.name:<14}{' ' * max(width - 14, 0)} [{entry.provider}]{desc}")
             keys = ", ".join(
                 k if v is inspect.Parameter.empty else f"{k}={_as_typed(v)}" for k, v in entry.parameters().items()
             )

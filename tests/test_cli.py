@@ -50,6 +50,9 @@ def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> 
         for entry in registry.entries():
             assert f"  {entry.name:<14} [{entry.provider}]" in out
     assert "  listed_cache   [neo-listed-dist]  A cache policy that shows up in the listing." in out
+    # descriptions in one column whatever the provider's name
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "[" in line}
+    assert lines["lru"].index(lines["lru"].split("]")[1].strip()) == lines["listed_cache"].index("A cache policy")
     assert "                 keys: load_factor=0.1" in out  # what cache.<key>= takes
     assert "                 options: listed_cache_small" in out
     assert "  zionex         [neo-dlrm]" in out
