@@ -225,11 +225,12 @@ class SweepFailures:
             self.jobs.append((num, overrides, message))
             return None
 
-    def summary(self) -> None:
-        """Every job's results (a failed job: that it failed), printed and in ``summary.csv``."""
+    def summary(self, stopped: int | None = None) -> None:
+        """Every job's results (a failed job: that it failed), printed and in ``summary.csv``;
+        ``stopped``: the job a Ctrl-C stopped, the results so far (the jobs after it not run)."""
         import csv
 
-        if self.row is None or not self.done or len(self.folders) < 2:
+        if self.row is None or not self.done or (len(self.folders) < 2 and stopped is None):
             return
         failed = {num: (overrides, message) for num, overrides, message in self.jobs}
         nums = sorted(set(self.done) | set(failed))
@@ -240,7 +241,8 @@ class SweepFailures:
         where = self.sweep_dir or (where.parent if str(where) in folders else where)
         columns = list(dict.fromkeys(c for overrides, row in self.done.values() for c in row))
         units = {c: v[2] for _, row in self.done.values() for c, v in row.items() if len(v) > 2}
-        print(f"sweep results ({where / 'summary.csv'}):")
+        so_far = f" so far, the sweep stopped at job #{stopped}" if stopped is not None else ""
+        print(f"sweep results{so_far} ({where / 'summary.csv'}):")
         for num in nums:
             label = " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)"
             if num in self.done:

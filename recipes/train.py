@@ -316,5 +316,8 @@ if __name__ == "__main__":
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it
             sys.exit(130)
+        if SWEEPING and SWEEP.folders:  # the finished jobs' results so far, and summary.csv
+            with contextlib.suppress(Exception):  # the message below matters more
+                SWEEP.summary(stopped=max(SWEEP.folders))
         print(interrupted_message(exc), file=sys.stderr)
         sys.exit(130)

@@ -677,3 +677,19 @@ def test_an_unknown_option_says_when_installed_plugins_are_not_loaded(monkeypatc
     with pytest.raises(ConfigError) as err:
         check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
     assert "NEO_DISABLE_PLUGIN_AUTOLOAD" not in str(err.value)
+
+
+def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> None:
+    # a Ctrl-C in a sweep left no summary of the jobs that had finished
+    import csv
+
+    sweep = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    for num, auc in enumerate((0.61, 0.72)):
+        (tmp_path / str(num)).mkdir()
+        sweep.job(lambda auc=auc: auc, tmp_path / str(num), num, f"seed={num} trainer=smoke")
+    sweep._seen(2, tmp_path / "2")  # the job a Ctrl-C stopped
+    sweep.summary(stopped=2)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"sweep results so far, the sweep stopped at job #2 ({tmp_path / 'summary.csv'}):"
+    assert out[1:] == ["  #0 seed=0: val AUC 0.6100", "  #1 seed=1: val AUC 0.7200"]
+    assert [r[0] for r in csv.reader((tmp_path / "summary.csv").open())] == ["job", "0", "1"]
