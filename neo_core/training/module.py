@@ -97,6 +97,42 @@ class OneClosureOptimizer(CombinedOptimizer):
         return loss
 
 
+INIT_BLOCK_ROWS = 1 << 14  # rows drawn from one generator (seeded_table_init)
+
+
+def seeded_table_init(model: nn.Module, seed: int) -> None:
+    """Give every table the initial weights it would have whatever the plan: TorchRec's
+    default distribution, uniform in +-sqrt(1 / rows), drawn per block of rows from a
+    generator seeded by (seed, table, block), so that each shard holds the rows and columns
+    the whole table would. TorchRec draws each shard from the rank's own generator, so two
+    plans of one model started from different weights (a sweep comparing plans measured
+    initialisation noise too)."""
+    import hashlib
+
+    def stream(table: str, block: int) -> torch.Generator:
+        digest = hashlib.blake2b(f"{seed}/{table}/{block}".encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            if "embedding_bags" not in key or not key.endswith(".weight"):
+                continue
+            table = key.split(".")[-2]
+            rows, dim = (int(n) for n in value.size())
+            bound = (1.0 / max(rows, 1)) ** 0.5
+            if hasattr(value, "local_shards"):
+                pieces = [(s.metadata.shard_offsets, s.metadata.shard_sizes, s.tensor) for s in value.local_shards()]
+            else:  # replicated: the whole table on each rank
+                pieces = [((0, 0), (rows, dim), value)]
+            for (r, c), (h, w), tensor in pieces:
+                for block in range(r // INIT_BLOCK_ROWS, (r + h - 1) // INIT_BLOCK_ROWS + 1 if h else 0):
+                    first = block * INIT_BLOCK_ROWS
+                    count = min(INIT_BLOCK_ROWS, rows - first)
+                    values = torch.rand(count, dim, generator=stream(table, block)) * (2 * bound) - bound
+                    lo, hi = max(r, first), min(r + h, first + count)
+                    tensor[lo - r: hi - r].copy_(values[lo - first: hi - first, c: c + w])
+
+
 def _torch_optimizer(name: str, lr: float, eps: float = 1e-8) -> Callable[[Any], torch.optim.Optimizer]:
     def make(params: Any) -> torch.optim.Optimizer:
         if name == "sgd":
@@ -121,6 +157,7 @@ class NeoModule(pl.LightningModule):
         global_batch_size: int,
         step_offset: int = 0,
         on_plan: Callable[[PlanResult], None] | None = None,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -131,6 +168,7 @@ class NeoModule(pl.LightningModule):
         self.global_batch_size = global_batch_size
         self.step_offset = step_offset
         self.on_plan = on_plan  # told the plan the ranks agreed on, before it is run
+        self.seed = seed  # the tables' initial weights (seeded_table_init); None: TorchRec's per shard
         self.plan: PlanResult | None = None
         self.loss_fn = nn.BCEWithLogitsLoss()
         self._val_preds: list[torch.Tensor] = []
@@ -173,6 +211,8 @@ class NeoModule(pl.LightningModule):
             plan=self.plan.torchrec_plan,
             sharders=self.sharders_fn(),
         )
+        if self.seed is not None:
+            seeded_table_init(self.model, self.seed)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.model(batch.dense_features, batch.sparse_features).squeeze(-1)

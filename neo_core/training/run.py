@@ -849,6 +849,7 @@ def rank_main(
         trainer_cfg=cfg,
         global_batch_size=cfg.batch_size * launch.world_size,
         step_offset=start_step,
+        seed=run.seed,
     )
     if latest is not None and (record := read_history(*latest)) is not None:
         module.history, module.val_history = record  # the steps before the checkpoint

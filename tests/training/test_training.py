@@ -1080,3 +1080,43 @@ def test_a_finished_run_is_not_reported_for_other_settings(tmp_path: Path, capsy
     capsys.readouterr()
     again = train(composed([*settings, "trainer.resume=true", "trainer.progress_bar=false"], tmp_path))
     assert "has finished its 2 steps already" in capsys.readouterr().out and again["val_auc"] == first["val_auc"]
+
+
+def test_tables_start_from_the_same_weights_whatever_the_plan() -> None:
+    # TorchRec draws each shard from its rank's generator: two plans of one model started from
+    # different weights, so a sweep comparing plans by AUC measured initialisation noise too
+    from types import SimpleNamespace
+
+    import torch
+
+    from neo_core.training.module import INIT_BLOCK_ROWS, seeded_table_init
+
+    rows, dim = 2 * INIT_BLOCK_ROWS + 100, 8
+
+    class Sharded:  # a ShardedTensor's view: global size and this rank's shards
+        def __init__(self, shards):
+            self.shards = shards
+
+        def size(self):
+            return (rows, dim)
+
+        def local_shards(self):
+            return [SimpleNamespace(metadata=SimpleNamespace(shard_offsets=o, shard_sizes=s), tensor=t)
+                    for o, s, t in self.shards]
+
+    def init(value, seed=7):
+        seeded_table_init(SimpleNamespace(state_dict=lambda: {"ebc.embedding_bags.t0.weight": value}), seed)
+
+    whole = torch.zeros(rows, dim)
+    init(whole)  # replicated (data parallel)
+    bound = (1 / rows) ** 0.5
+    assert whole.abs().max() <= bound and whole.std() > bound / 2  # TorchRec's default distribution
+    split = INIT_BLOCK_ROWS + 37  # a row split inside a block, and column shards
+    pieces = [((0, 0), (split, 4)), ((0, 4), (split, 4)), ((split, 0), (rows - split, 8))]
+    shards = [(o, s, torch.zeros(*s)) for o, s in pieces]
+    init(Sharded(shards))
+    for (r, c), (h, w), t in shards:
+        assert torch.equal(t, whole[r:r + h, c:c + w])
+    again = torch.zeros(rows, dim)
+    init(again, seed=8)  # another seed, other weights
+    assert not torch.equal(again, whole)
