@@ -268,9 +268,14 @@ class PlanResult:
     def __str__(self) -> str:
         return self.format_text()
 
-    def node_host_memory(self) -> tuple[dict[int, float], dict[int, float]]:
-        """Host memory used and offered per node (a node's ranks share it): two dicts by node."""
-        per_node = int(self.topology.get("devices_per_node") or 1)
+    def devices_per_node(self) -> int:
+        """Ranks per node, as the plan's topology says (1 where it does not)."""
+        return int(self.topology.get("devices_per_node") or 1)
+
+    def node_host_memory(self, per_node: int | None = None) -> tuple[dict[int, float], dict[int, float]]:
+        """Host memory used and offered per node (a node's ranks share it): two dicts by node,
+        of ``per_node`` ranks each (by default the plan's topology's)."""
+        per_node = per_node or self.devices_per_node()
         used: dict[int, float] = {}
         cap: dict[int, float] = {}
         for r in self.ranks:
@@ -587,15 +592,13 @@ def check_plan(
     # host memory is a node's, shared by its ranks (each reports its share as its capacity;
     # with the topology known, the node's is the topology's, whatever ranks say)
     per_node = context.topology.devices_per_node if context is not None else 1
-    nodes: dict[int, list[RankReport]] = {}
-    for r in result.ranks:
-        nodes.setdefault(int(r.rank) // per_node, []).append(r)
-    for node, ranks in sorted(nodes.items()):
-        host = sum(sum(r.host_memory.values()) for r in ranks)
-        cap = (float(context.topology.host_memory) * per_node if context is not None
-               else sum(r.host_memory_capacity for r in ranks))
+    used, offered = result.node_host_memory(per_node)
+    for node in sorted(used):
+        host = used[node]
+        cap = float(context.topology.host_memory) * per_node if context is not None else offered[node]
         if cap and host > cap * (1 + 1e-9):
-            where = f"rank {ranks[0].rank}'s" if per_node == 1 else f"node {node}'s (ranks {_compact_ranks([int(r.rank) for r in ranks])})"
+            ranks = sorted(int(r.rank) for r in result.ranks if int(r.rank) // per_node == node)
+            where = f"rank {ranks[0]}'s" if per_node == 1 else f"node {node}'s (ranks {_compact_ranks(ranks)})"
             problems.append(f"fills {where} host memory with {_bytes(host)} of {_bytes(cap)}")
             break
     if problems:

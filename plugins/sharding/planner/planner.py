@@ -505,8 +505,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         # where the closest option is on the device, what stops the cache's: its host memory
         alt = closest(i, [o for o in opts if o.placement == CACHED]) if best.placement != CACHED else None
         alt_host = None
-        if alt is not None and over(alt, i)[0] == 0 and over(alt, i)[1] > 0:
-            h = over(alt, i)[1]
+        alt_dev, h = over(alt, i) if alt is not None else (0.0, 0.0)
+        if alt is not None and alt_dev == 0 and h > 0:
             shorts.append(
                 f"behind the cache (as {alt.label}) it fits the devices but is {h:,.0f} bytes ({human_bytes(h)}) "
                 f"over the {human_bytes(cap_node)} of host memory{host_usable} a node's ranks share"
@@ -538,7 +538,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             cache_fix = ""  # the cached option fits the devices already: host memory stops it
         batch = float(best.cost.batch[i])
         if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
-            fix = (f"lower the batch per rank (now {context_batch(search)}: {human_bytes(batch)} of the shard is one "
+            fix = (f"lower the batch per rank (now {search.model.context.batch_size_per_rank}: {human_bytes(batch)} of the shard is one "
                    f"batch's ids and pooled rows; batch_size_per_rank in recipes/plan.py, trainer.batch_size in "
                    f"training), {fix}")
             cache_fix = ""  # those stay in device memory wherever the rows live
@@ -650,10 +650,6 @@ def _settings_note(alternatives: Sequence[str | Sequence[str | None] | None]) ->
         return ""
     one = len(groups) == 1 and not groups[0].startswith("both ")
     return f" ({'; or '.join(groups)}; the least {'this' if one else 'these'} could be, packing may need more)"
-
-
-def context_batch(search: Search) -> int:
-    return int(search.model.context.batch_size_per_rank)
 
 
 def _ms(seconds: float) -> str:

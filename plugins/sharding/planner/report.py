@@ -78,9 +78,8 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     use = np.array([r.memory_total / r.memory_capacity if r.memory_capacity else 0.0 for r in ranks])
     # host memory is a node's, shared by its ranks: each rank's bar is its node's fill
     used, cap = result.node_host_memory()
-    per_node = int(result.topology.get("devices_per_node") or 1)
-    host = np.array([used[r.rank // per_node] / cap[r.rank // per_node] if cap[r.rank // per_node] else 0.0
-                     for r in ranks])
+    fill = {n: used[n] / cap[n] if cap[n] else 0.0 for n in used}
+    host = np.array([fill[r.rank // result.devices_per_node()] for r in ranks])
     if host.any():  # cached tables: device and host memory side by side
         ax_mem.bar(x - 0.21, use * 100, width=0.42, color="gray", label="device")
         ax_mem.bar(x + 0.21, host * 100, width=0.42, color="tab:brown", label="host (its node's)")
