@@ -123,13 +123,24 @@ class Topology:
         if what not in self.config_keys:
             return None
         key, unit = self.config_keys[what]
+        now = self.num_nodes if what == "num_nodes" else round(getattr(self, what) / unit, 3)
+        return f"{key}={self.setting_value(what, need):g} or more, now {now:g}"
+
+    def setting_value(self, what: str, need: float) -> float:
+        """The value of ``what``'s config key that gives ``need`` (``setting_for``): whole
+        nodes, or GiB to one decimal, rounded up."""
+        unit = self.config_keys[what][1]
         if what == "num_nodes":
-            value: float = math.ceil(need / unit - 1e-9)
-            now: float = self.num_nodes
-        else:
-            value = math.ceil(need / unit * 10 - 1e-9) / 10  # one decimal, rounded up
-            now = round(getattr(self, what) / unit, 3)
-        return f"{key}={value:g} or more, now {now:g}"
+            return math.ceil(need / unit - 1e-9)
+        return math.ceil(need / unit * 10 - 1e-9) / 10
+
+    def with_setting(self, what: str, value: float) -> Topology:
+        """This topology with ``what``'s config key set to ``value`` (as ``setting_value``
+        gives it), e.g. to check by planning that a setting named in a message holds."""
+        unit = self.config_keys[what][1]
+        if what == "num_nodes":
+            return self.replace(num_nodes=int(value), config_keys=self.config_keys)
+        return self.replace(**{what: int(value * unit)}, config_keys=self.config_keys)
 
     def emulated_on(self, world_size: int, compute_device: str) -> Topology:
         """This topology's per-device memory and bandwidth model on ``world_size`` ranks.

@@ -272,6 +272,8 @@ def test_table_generator_accepts_its_parameters() -> None:
         ({"time_budget_s": float("inf")}, "sharding.time_budget_s must be a positive finite number"),
         ({"packing_targets": -1}, "sharding.packing_targets must be a whole number, 0 or more"),
         ({"packing_targets": 2.5}, "sharding.packing_targets"),
+        ({"check_settings_s": -1}, "sharding.check_settings_s must be a finite number of seconds, 0 or more"),
+        ({"check_settings_s": "10"}, "sharding.check_settings_s"),
     ],
 )
 def test_planner_arguments_are_checked_by_kind_and_range(kwargs, fragment) -> None:
@@ -423,7 +425,7 @@ def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall()
     kernel = EmbeddingKernel("fused", "fused", weight_bytes=2)
     context = make_context("zionex", 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
     with pytest.raises(PlanningError) as err:
-        NeoPlanner(host_reserve_fraction=0.2).plan(tables, context)
+        NeoPlanner(host_reserve_fraction=0.2, check_settings_s=0).plan(tables, context)
     message = str(err.value)
     assert "-0." not in message and "bytes (-" not in message, message
     assert "lower the cache load_factor" in message and "use a cache" not in message, message
@@ -710,7 +712,7 @@ def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -
     with pytest.raises(PlanningError) as err:
         plan_tables(two, "zionex", 512)
     msg = str(err.value)
-    assert msg.startswith("Table 'a'") and "the least these could be, packing may need more" in msg
+    assert msg.startswith("Table 'a'") and "checked: the tables plan with each" in msg
     gib, _ = _setting(msg, "device_memory_gib")
     assert gib > 20e9 * 128 * 4 / 128 / 2**30 / 0.85
     # row-wise, its shards shrink with more ranks: 'b' needs at least 36 nodes' worth
@@ -762,3 +764,47 @@ def test_a_table_short_of_device_memory_is_told_what_stops_it_behind_the_cache()
     assert now == 400 and gib == pytest.approx(2 * 8 * 20e9 * 128 * 4 / 128 / 2**30, rel=0.01)
     assert plan_tables([big], zionex_topology(host_memory_gib_per_node=gib), 512, cache="lru",
                        host_reserve_fraction=0.5).ranks
+
+
+def test_the_settings_a_refusal_names_are_checked_by_planning() -> None:
+    # two tables too large for a rank: each one's shard alone bounds the device memory at
+    # 88.4 GiB, but a rank holds a shard of both; the check plans with the values it names
+    two = [TableSpec("a", 12_000_000_000, 128, 1.0), TableSpec("b", 20_000_000_000, 128, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(two, "zionex", 512, check_settings_s=0)
+    bound, _ = _setting(str(err.value), "device_memory_gib")
+    assert "the least these could be, packing may need more" in str(err.value)
+    with pytest.raises(PlanningError):  # the bound alone does not hold both tables
+        plan_tables(two, zionex_topology(device_memory_gib=bound), 512)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(two, "zionex", 512)
+    msg = str(err.value)
+    assert "; checked: the tables plan with each)" in msg and "packing may need more" not in msg
+    gib, now = _setting(msg, "device_memory_gib")
+    nodes, _ = _setting(msg, "num_nodes")
+    assert now == 40 and gib > bound
+    assert plan_tables(two, zionex_topology(device_memory_gib=gib), 512).ranks
+    assert plan_tables(two, zionex_topology(num_nodes=int(nodes)), 512).ranks
+    # the check stops at its deadline: the bounds are then named unchecked, as with 0
+    with pytest.raises(PlanningError, match="the least these could be, packing may need more"):
+        plan_tables(two, "zionex", 512, check_settings_s=1e-9)
+
+
+def test_a_table_the_packing_leaves_out_is_told_settings_that_plan() -> None:
+    # nine table-wise tables of 28.6 GiB (fp32) on one ZionEX node, 34 GiB usable a GPU: the
+    # node's memory holds them in sum, but a GPU holds one; two a GPU need 67.9 GiB
+    tables = [TableSpec(f"t{i}", 60_000_000, 128, 1.0) for i in range(9)]
+    topo = zionex_topology(num_nodes=1)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, topo, 512, sharding_types=["TW"])
+    msg = str(err.value)
+    assert "fits on no rank once the larger tables are placed" in msg
+    assert "add ranks or device memory (topology.num_nodes=2 or more, now 1; or topology.device_memory_gib=" in msg
+    gib, _ = _setting(msg, "device_memory_gib")
+    assert 2 * 60e6 * 128 * 4 / 2**30 / 0.85 < gib < 1.05 * 2 * 60e6 * 128 * 4 / 2**30 / 0.85
+    assert plan_tables(tables, zionex_topology(num_nodes=2), 512, sharding_types=["TW"]).ranks
+    assert plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=gib), 512, sharding_types=["TW"]).ranks
+    # unchecked, the packing's refusal names no settings: it has no bound to offer
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, topo, 512, sharding_types=["TW"], check_settings_s=0)
+    assert "topology." not in str(err.value) and "add ranks or device memory, use a cache" in str(err.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import difflib
 import math
 import time
@@ -32,8 +34,10 @@ from neo_plugins.sharding.planner.cost import (
     TableArrays,
 )
 from neo_plugins.sharding.planner.search import (
+    NamedSettings,
     Option,
     Search,
+    Setting,
     build_options,
     human_bytes,
     splits_into,
@@ -76,7 +80,7 @@ def _type_list(key: str, value: Any) -> None:
 def _check_planner_args(
     sharding_types: Any, reserve_fraction: Any, host_reserve_fraction: Any, col_shard_counts: Any,
     min_col_width: Any, time_budget_s: Any, collective_latency_s: Any, index_bytes: Any,
-    table_sharding_types: Any, packing_targets: Any = None,
+    table_sharding_types: Any, packing_targets: Any = None, check_settings_s: Any = 0.0,
 ) -> None:
     """Kinds and ranges of NeoPlanner's arguments, each error naming its ``sharding.`` key."""
     if sharding_types is not None:
@@ -86,6 +90,11 @@ def _check_planner_args(
             raise ConfigError(f"sharding.{key} must be a number in [0, 1), got {value!r}.")
     if not is_number(time_budget_s) or time_budget_s == math.inf:
         raise ConfigError(f"sharding.time_budget_s must be a positive finite number of seconds, got {time_budget_s!r}.")
+    if not (is_number(check_settings_s) and 0 <= check_settings_s < math.inf):
+        raise ConfigError(
+            f"sharding.check_settings_s must be a finite number of seconds, 0 or more (0: name the "
+            f"memory bounds unchecked), got {check_settings_s!r}."
+        )
     if not _listlike(col_shard_counts) or not all((as_whole(k) or 0) >= 2 for k in col_shard_counts):
         raise ConfigError(
             f"sharding.col_shard_counts must be a list of column-shard counts of 2 or more, e.g. [2, 4, 8]; "
@@ -137,11 +146,17 @@ class NeoPlanner(Planner):
         table_sharding_types: Mapping[str, Sequence[str]] | None = None,
         estimator: str = "neo",
         packing_targets: int | None = None,
+        check_settings_s: float = 20.0,
     ) -> None:
         _check_planner_args(
             sharding_types, reserve_fraction, host_reserve_fraction, col_shard_counts, min_col_width,
             time_budget_s, collective_latency_s, index_bytes, table_sharding_types, packing_targets,
+            check_settings_s,
         )
+        # seconds to check, by planning, the topology settings a refusal names (the fewest
+        # nodes, the memory): raised until the tables plan with them; 0: the memory bounds,
+        # unchecked
+        self.check_settings_s = float(check_settings_s)
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
         if not 0.0 <= host_reserve_fraction < 1.0:
@@ -187,6 +202,72 @@ class NeoPlanner(Planner):
 
     # ---- planning ------------------------------------------------------------------
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
+        try:
+            return self._plan(tables, context)
+        except PlanningError as exc:
+            named: NamedSettings | None = getattr(exc, "named_settings", None)
+            if named is None or self.check_settings_s <= 0:
+                raise
+            deadline = time.perf_counter() + self.check_settings_s
+            found = [self._plans_with(tables, context, group, deadline) for group in named.groups]
+            if not any(found):
+                raise
+            groups = [f or g for f, g in zip(found, named.groups)]
+            note = _settings_note(context.topology, groups, [f is not None for f in found])
+            raise PlanningError(str(exc).replace(named.anchor, named.keep + note, 1)) from None
+
+    def _plans_with(
+        self, tables: Sequence[TableSpec], context: PlanningContext, group: Sequence[Setting], deadline: float
+    ) -> list[Setting] | None:
+        """``group``'s settings (as a message names them), raised step by step until the
+        tables plan with them, then lowered again between the last refused step and that one
+        (two halvings); None where no step planned before ``deadline``."""
+        topology = context.topology
+        values = {what: topology.setting_value(what, need) for what, need in group}
+        trial = copy.copy(self)
+        trial.check_settings_s = 0.0
+
+        def at(scale: float) -> dict[str, float]:
+            return {w: (math.ceil(v * scale - 1e-9) if w == "num_nodes" else math.ceil(v * scale * 10 - 1e-9) / 10)
+                    for w, v in values.items()}
+
+        tried: dict[tuple, bool] = {}
+
+        def plans(scale: float) -> bool:
+            key = tuple(sorted(at(scale).items()))
+            if key not in tried:
+                changed = topology
+                for what, value in key:
+                    changed = changed.with_setting(what, value)
+                try:
+                    trial._plan(tables, dataclasses.replace(context, topology=changed))
+                    tried[key] = True
+                except PlanningError:
+                    tried[key] = False
+            return tried[key]
+
+        low, high = 1.0, None
+        for scale in (1.0, 1.02, 1.05, 1.1, 1.2, 1.35, 1.6):
+            if time.perf_counter() > deadline:
+                return None
+            if plans(scale):
+                high = scale
+                break
+            low = scale
+        if high is None:
+            return None
+        for _ in range(2 if high > 1.0 else 0):
+            mid = (low + high) / 2
+            if time.perf_counter() > deadline:
+                break
+            if plans(mid):
+                high = mid
+            else:
+                low = mid
+        unit = {w: topology.config_keys[w][1] for w in values}
+        return [(w, v * unit[w]) for w, v in at(high).items()]
+
+    def _plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         start = time.perf_counter()
         model, arrays, allowed, options, search = self._prepared(tables, context)
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
@@ -390,7 +471,21 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                    allowed_types: Callable[[int], set[ShardingType]] | None = None) -> None:
     """Fail early, naming tables, when tables cannot fit however they are sharded
     (``why_none(i)``: why table ``i`` has no option at all, where that is the cause;
-    ``allowed_types(i)``: the sharding types the settings allow table ``i``)."""
+    ``allowed_types(i)``: the sharding types the settings allow table ``i``). The error's
+    ``named_settings`` holds the topology settings its message names, for the planner to
+    check by planning."""
+    noted: list[tuple[str, list[list[Setting]]]] = []
+    try:
+        _check_capacity(search, t, why_none, allowed_types, noted)
+    except PlanningError as exc:
+        text, groups = noted[-1] if noted else ("", [])
+        exc.named_settings = NamedSettings(text, "", groups) if groups else None  # type: ignore[attr-defined]
+        raise
+
+
+def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str] | None,
+                    allowed_types: Callable[[int], set[ShardingType]] | None,
+                    noted: list[tuple[str, list[list[Setting]]]]) -> None:
     W = search.W
     cap_dev, cap_host = search.cap_dev, search.cap_host
     params = search.model.params
@@ -402,6 +497,14 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     need_dev, need_host = dev[order, cols], host[order, cols]
     never = ~search.usable.any(axis=0)
     topology = search.model.context.topology
+
+    def note(alternatives: Sequence[Setting | Sequence[Setting | None] | None]) -> str:
+        groups = _setting_groups(topology, alternatives)
+        text = _settings_note(topology, groups)
+        if text:
+            noted.append((text, groups))
+        return text
+
     on_gpu = topology.compute_device == "cuda"
     # CPU ranks hold their tables in RAM: the topology's "device memory" is each rank's share,
     # unless a larger topology is emulated here (its own per-device memory is planned for)
@@ -504,7 +607,7 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             fixes.append("host memory")
         # where the closest option is on the device, what stops the cache's: its host memory
         alt = closest(i, [o for o in opts if o.placement == CACHED]) if best.placement != CACHED else None
-        alt_host = None
+        alt_host: Setting | None = None
         alt_dev, h = over(alt, i) if alt is not None else (0.0, 0.0)
         if alt is not None and alt_dev == 0 and h > 0:
             shorts.append(
@@ -512,18 +615,16 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
                 f"over the {human_bytes(cap_node)} of host memory{host_usable} a node's ranks share"
             )
             fixes.append("host memory")
-            alt_host = topology.setting_for(
-                "host_memory", float(alt.cost.mem_host[i]) * alt.per_node(L, search.N) / L / (1 - params.host_reserve_fraction))
+            alt_host = ("host_memory",
+                        float(alt.cost.mem_host[i]) * alt.per_node(L, search.N) / L / (1 - params.host_reserve_fraction))
         joined = (" or " if alt_host else " and ").join(fixes)  # the cache's option needs host memory alone
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {joined}"
-        device_setting = (topology.setting_for("device_memory", dev_need / (1 - params.reserve_fraction))
-                          if dev_need > 0 else None)
+        device_need: Setting | None = (("device_memory", dev_need / (1 - params.reserve_fraction))
+                                       if dev_need > 0 else None)
         memory_settings = [  # the option closest to fitting needs each of them
-            device_setting,
-            topology.setting_for("host_memory", host_need / L / (1 - params.host_reserve_fraction))
-            if host_need > 0 else None,
+            device_need,
+            ("host_memory", host_need / L / (1 - params.host_reserve_fraction)) if host_need > 0 else None,
         ]
-        settings = _settings_note([memory_settings])
         # more ranks shrink row-wise shards: a shard of a + b / W bytes (a: what every shard
         # holds whatever the ranks) needs at least W x shard / capacity ranks to fit
         ranks_need = 0.0
@@ -532,8 +633,8 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             ranks_need = max(ranks_need, min(
                 (W * max(float(o.cost.mem_device[j]) / cap_dev, float(o.cost.mem_host[j]) * L / max(cap_node, 1.0))
                  for o in rw), default=math.inf))
-        nodes_setting = topology.setting_for("num_nodes", ranks_need) if W < ranks_need < math.inf else None
-        fix += _settings_note([nodes_setting, memory_settings, alt_host])
+        nodes_setting = ("num_nodes", ranks_need) if W < ranks_need < math.inf else None
+        fix += note([nodes_setting, memory_settings, alt_host])
         if alt_host is not None and cache_fix == "lower the cache load_factor":
             cache_fix = ""  # the cached option fits the devices already: host memory stops it
         batch = float(best.cost.batch[i])
@@ -550,10 +651,12 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
         head = "is larger than the whole cluster allows"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
             fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
-            if device_setting:
+            if device_need and (device_setting := topology.setting_for(*device_need)):
                 fix += f", give each rank more memory ({device_setting})"
         elif W > 1 and allowed_types is not None and not allowed_types(i) & set(row_split):
             # the types allowed for it keep its shards' size whatever the ranks
+            noted.clear()
+            settings = note([memory_settings])
             allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
             head = f"does not fit with the sharding types allowed for it ({allowed})"
             fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
@@ -592,12 +695,12 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
     def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
         return max(total - mu * device for mu, total in terms)
 
-    def more_nodes() -> str | None:  # the fewest nodes these whole-cluster bounds allow
+    def more_nodes() -> Setting | None:  # the fewest nodes these whole-cluster bounds allow
         per_node = topology.config_keys.get("num_nodes", ("", 0.0))[1]
         for nodes in range(topology.num_nodes + 1, 64 * topology.num_nodes + 1) if per_node else ():
             ranks = nodes * per_node
             if total_dev <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
-                return topology.setting_for("num_nodes", ranks)
+                return "num_nodes", ranks
         return None
 
     if total_dev > D:
@@ -611,11 +714,10 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
             f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}"
-            + _settings_note([
+            + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest
-                topology.setting_for("device_memory", total_dev / W / (1 - params.reserve_fraction))
-                if host_needed(total_dev) <= H else None,
+                ("device_memory", total_dev / W / (1 - params.reserve_fraction)) if host_needed(total_dev) <= H else None,
             ])
             + ", "
             + (f"{cache_fix}, " if cache_fix else "")
@@ -632,24 +734,45 @@ def check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], str
             f"{counted(search.N, 'node')} offer{'s' if search.N == 1 else ''} {human_bytes(H)}{host_usable}: {short:,.0f} bytes "
             f"({human_bytes(short)}) short; "
             f"largest in host memory: {names}; add ranks or host memory"
-            + _settings_note([more_nodes(), topology.setting_for("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
+            + note([more_nodes(), ("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
             + ", or shrink the tables."
         )
 
 
-def _settings_note(alternatives: Sequence[str | Sequence[str | None] | None]) -> str:
-    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names,
-    each alternative one setting or several needed together ("and"): each the least that
-    memory bounds allow (placing the tables may need more)."""
+def _setting_groups(topology: Any, alternatives: Sequence[Setting | Sequence[Setting | None] | None]) -> list[list[Setting]]:
+    """The alternatives (each one setting, or several needed together) that the topology
+    names config keys for."""
     groups = []
     for alt in alternatives:
-        named = [s for s in ([alt] if isinstance(alt, str) or alt is None else alt) if s]
-        if named:
-            groups.append(named[0] if len(named) == 1 else "both " + ", and ".join(named))
-    if not groups:
+        items = [alt] if isinstance(alt, tuple) or alt is None else alt
+        keyed = [s for s in items if s is not None and s[0] in topology.config_keys]
+        if keyed:
+            groups.append(keyed)
+    return groups
+
+
+def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]], checked: Sequence[bool] | None = None) -> str:
+    """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names,
+    each group one setting or several needed together ("both ... and"). ``checked``: which
+    groups the tables were planned with (``NeoPlanner.check_settings_s``); None: none were
+    tried, and each is the least that memory bounds allow (placing the tables may need more)."""
+    texts = []
+    for k, group in enumerate(groups):
+        named = [topology.setting_for(what, need) for what, need in group]
+        text = named[0] if len(named) == 1 else "both " + ", and ".join(named)
+        if checked is not None and not all(checked) and not checked[k]:
+            text += " (the least it could be, packing may need more)"
+        texts.append(text)
+    if not texts:
         return ""
-    one = len(groups) == 1 and not groups[0].startswith("both ")
-    return f" ({'; or '.join(groups)}; the least {'this' if one else 'these'} could be, packing may need more)"
+    one = len(groups) == 1 and len(groups[0]) == 1
+    if checked is None or not any(checked):
+        tail = f"the least {'this' if one else 'these'} could be, packing may need more"
+    elif all(checked):
+        tail = f"checked: the tables plan with {'it' if one else 'each'}"
+    else:
+        tail = "the others checked: the tables plan with each"
+    return f" ({'; or '.join(texts)}; {tail})"
 
 
 def _ms(seconds: float) -> str:

@@ -29,6 +29,30 @@ from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, ShardCo
 GiB = 1024**3
 
 
+# A topology setting a message names: ("num_nodes", ranks in all) or ("device_memory" |
+# "host_memory", bytes per rank), as Topology.setting_for takes it
+Setting = tuple[str, float]
+
+
+@dataclass
+class NamedSettings:
+    """The topology settings a :class:`PlanningError`'s message could name (its
+    ``named_settings``): ``groups`` are alternatives, each settings needed together. The
+    planner checks them by planning (``NeoPlanner.check_settings_s``) and puts ``keep`` plus
+    the note of what it found in place of ``anchor`` in the message."""
+
+    anchor: str
+    keep: str
+    groups: list[list[Setting]]
+
+
+def planning_error(message: str, named: NamedSettings | None) -> PlanningError:
+    """A :class:`PlanningError` carrying the settings its message could name."""
+    exc = PlanningError(message)
+    exc.named_settings = named  # type: ignore[attr-defined]
+    return exc
+
+
 def human_bytes(n: float) -> str:
     """A byte count at a readable scale: GiB down to a tenth of one, then MiB, then KiB."""
     if n >= GiB / 10:
@@ -553,7 +577,7 @@ class Search:
                 steps.append(step)
             found = self.best_option(int(i), max(rest, 0.0))
             if found is None:
-                raise PlanningError(self.no_fit_message(int(i)))
+                raise self.no_fit_error(int(i))
             self._apply(int(i), found[0], found[1], +1.0)
             if track:
                 done.update(np.int64([i, found[0]]).tobytes() + np.asarray(found[1], dtype=np.int64).tobytes())
@@ -1325,7 +1349,7 @@ class Search:
 
         return _min_max_over_shard_times(shard, f)
 
-    def no_fit_message(self, i: int) -> str:
+    def no_fit_error(self, i: int) -> PlanningError:
         name = self.t.names[i]
         free_dev = np.sort(self.cap_dev - self.mem_dev)[::-1]  # most free first
         free_host = np.sort(self.cap_node - self._node_host())[::-1]  # per node, most free first
@@ -1356,11 +1380,20 @@ class Search:
                 "within one node; the cached shards a node takes share its host memory)"
             )
         fixes = [topology.memory_fix or f"add ranks or {memory if short > 0 else 'memory'}"]
+        # what the planner may check by planning: a node more, or the memory short by ``short``
+        groups: list[list[Setting]] = [[("num_nodes", self.W + self.L)]]
+        if short > 0 and where == "device":
+            groups.append([("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))])
+        elif short > 0:
+            groups.append([("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))])
+        groups = [g for g in groups if all(what in topology.config_keys for what, _ in g)]
+        named = NamedSettings(fixes[0], fixes[0], groups) if groups and not topology.memory_fix else None
         if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
             fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
         if self.model.host_reserve and (where == "host" or short <= 0):
             fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
-        return (
+        return planning_error(
             f"Table {name!r} ({rows:,} rows x {dim}) fits on no rank once the larger tables are "
-            f"placed: {why}; {', '.join(fixes)}, or shrink the tables."
+            f"placed: {why}; {', '.join(fixes)}, or shrink the tables.",
+            named,
         )
