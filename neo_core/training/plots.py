@@ -6,6 +6,16 @@ from pathlib import Path
 from typing import Any
 
 
+def chart_title(metrics: dict[str, Any], extra: str = "") -> str:
+    """The chart's title: model, sharding, kernel and the samples/s, with the steps it covers
+    where a resumed run timed only its own segment."""
+    rate = f"{metrics.get('samples_per_sec', 0):,.0f} samples/s"
+    if metrics.get("timed_from_step", 1) > 1:
+        since = metrics.get("samples_per_sec_from_step", metrics["timed_from_step"])
+        rate += f" (resumed: steps {since}-{metrics.get('steps')})"
+    return f"{metrics.get('model')} / {metrics.get('sharding')} / {metrics.get('kernel')}{extra}: {rate}"
+
+
 def plot_training(metrics: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -29,10 +39,7 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
     # cache and compression when set: a sweep over them drew charts that looked alike
     extra = "".join(f" / {kind} {metrics[kind]}" for kind in ("cache", "compression")
                     if metrics.get(kind) not in (None, "none"))
-    ax.set_title(
-        f"{metrics.get('model')} / {metrics.get('sharding')} / {metrics.get('kernel')}{extra}: "
-        f"{metrics.get('samples_per_sec', 0):,.0f} samples/s"
-    )
+    ax.set_title(chart_title(metrics, extra))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -195,6 +195,10 @@ def test_resumed_run_reproduces_uninterrupted_losses(tmp_path: Path, capsys) -> 
     # its samples/s times this segment's steps only, and says which
     assert (whole["timed_from_step"], resumed["timed_from_step"]) == (1, 5)
     assert (whole["samples_per_sec_from_step"], resumed["samples_per_sec_from_step"]) == (2, 6)
+    from neo_core.training.plots import chart_title  # the chart says so too
+
+    assert chart_title(resumed).endswith(f"{resumed['samples_per_sec']:,.0f} samples/s (resumed: steps 6-6)")
+    assert chart_title(whole).endswith(f"{whole['samples_per_sec']:,.0f} samples/s")
     # a run that does not resume is refused before it writes over the checkpoint
     from neo_core.errors import ConfigError
 
