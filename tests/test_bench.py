@@ -326,3 +326,15 @@ def test_a_torchrec_child_with_a_large_result_is_read_not_waited_out(monkeypatch
     start = time.monotonic()
     out = planner.run_torchrec("mlperf_dcnv2", 8, 60.0, kill_after=60.0)
     assert len(out["plan"]) == 1_000_000 and time.monotonic() - start < 30  # not the 60 s kill
+
+
+def test_capacity_settings_bench_plans_with_every_checked_setting(tmp_path):
+    out = tmp_path / "settings.json"
+    proc = subprocess.run([sys.executable, "bench/capacity_settings.py", "--seeds", "0", "12", "--json", str(out)],
+                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    counts = result["counts"]
+    assert counts["cases"] == 12 and counts["refused"] > 0 and counts["checked settings named"] > 0, counts
+    assert counts["settings that plan"] == counts["checked settings named"] and result["failures"] == []
+    assert "settings that plan" in proc.stdout

@@ -533,6 +533,32 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         cache_fix = ""
     # a cache moves tables to host memory: no help where host memory could not hold them either
     to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only else None
+    # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
+    # (summed over shards). Device memory is short when even the least-device options exceed
+    # it. Host memory is short when, for some mu >= 0, sum_t min_o (h_o + mu d_o) - mu D > H:
+    # that is a lower bound on the host bytes any assignment needs while keeping the device
+    # total within D (Lagrangian relaxation), so exceeding H proves no plan fits.
+    D, H = cap_dev * W, cap_host * W
+    total_dev = float(need_dev.sum())
+    finite = np.isfinite(host) & np.isfinite(dev)
+    host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
+    # sum_t min_o (h_o + mu d_o) for each mu, the host bound's terms (below)
+    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0).sum()))
+             for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25)))]
+
+    def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
+        return max(total - mu * device for mu, total in terms)
+
+    def more_nodes(least_ranks: float = 0.0) -> Setting | None:
+        """The fewest nodes, at least ``least_ranks`` ranks, that the whole-cluster bounds allow."""
+        per_node = topology.config_keys.get("num_nodes", ("", 0.0))[1]
+        first = max(topology.num_nodes + 1, math.ceil(least_ranks / per_node - 1e-9)) if per_node else 0
+        for nodes in range(first, first + 64 * topology.num_nodes) if per_node else ():
+            ranks = nodes * per_node
+            if total_dev <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
+                return "num_nodes", ranks
+        return None
+
     if never.any():
         i = int(np.flatnonzero(never)[0])
         rest = [t.names[j] for j in np.flatnonzero(never)[1:]]
@@ -619,11 +645,16 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                         float(alt.cost.mem_host[i]) * alt.per_node(L, search.N) / L / (1 - params.host_reserve_fraction))
         joined = (" or " if alt_host else " and ").join(fixes)  # the cache's option needs host memory alone
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {joined}"
-        device_need: Setting | None = (("device_memory", dev_need / (1 - params.reserve_fraction))
-                                       if dev_need > 0 else None)
+        # the memory the closest options' shards need, and no less than the whole cluster's
+        # bounds ask (the tables' least device bytes, and the host bytes they then leave) per rank
+        dev_rank = max(dev_need, total_dev / W) if dev_need > 0 or total_dev > D else 0.0
+        host_rank = max(host_need / L, host_needed(max(dev_rank, cap_dev) * W) / W)
+        device_need: Setting | None = (("device_memory", dev_rank / (1 - params.reserve_fraction))
+                                       if dev_rank > 0 else None)
         memory_settings = [  # the option closest to fitting needs each of them
             device_need,
-            ("host_memory", host_need / L / (1 - params.host_reserve_fraction)) if host_need > 0 else None,
+            ("host_memory", host_rank / (1 - params.host_reserve_fraction))
+            if host_need > 0 or host_rank > cap_host else None,
         ]
         # more ranks shrink row-wise shards: a shard of a + b / W bytes (a: what every shard
         # holds whatever the ranks) needs at least W x shard / capacity ranks to fit
@@ -633,7 +664,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             ranks_need = max(ranks_need, min(
                 (W * max(float(o.cost.mem_device[j]) / cap_dev, float(o.cost.mem_host[j]) * L / max(cap_node, 1.0))
                  for o in rw), default=math.inf))
-        nodes_setting = ("num_nodes", ranks_need) if W < ranks_need < math.inf else None
+        nodes_setting = more_nodes(ranks_need) if W < ranks_need < math.inf else None
         fix += note([nodes_setting, memory_settings, alt_host])
         if alt_host is not None and cache_fix == "lower the cache load_factor":
             cache_fix = ""  # the cached option fits the devices already: host memory stops it
@@ -666,13 +697,6 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             f"{size} {head}: its smallest shard needs {needs} per "
             f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table{cpu_cache}."
         )
-    # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
-    # (summed over shards). Device memory is short when even the least-device options exceed
-    # it. Host memory is short when, for some mu >= 0, sum_t min_o (h_o + mu d_o) - mu D > H:
-    # that is a lower bound on the host bytes any assignment needs while keeping the device
-    # total within D (Lagrangian relaxation), so exceeding H proves no plan fits.
-    D, H = cap_dev * W, cap_host * W
-    total_dev = float(need_dev.sum())
     if total_dev > D and kernel.data_parallel_only:  # each rank holds every table
         per_rank = total_dev / W
         biggest = np.argsort(-need_dev, kind="stable")[:5]
@@ -686,23 +710,6 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                 "device_memory", per_rank / (1 - params.reserve_fraction))) else "")
             + "or shrink the tables (more ranks do not help)."
         )
-    finite = np.isfinite(host) & np.isfinite(dev)
-    host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
-    # sum_t min_o (h_o + mu d_o) for each mu, the host bound's terms (below)
-    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0).sum()))
-             for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25)))]
-
-    def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
-        return max(total - mu * device for mu, total in terms)
-
-    def more_nodes() -> Setting | None:  # the fewest nodes these whole-cluster bounds allow
-        per_node = topology.config_keys.get("num_nodes", ("", 0.0))[1]
-        for nodes in range(topology.num_nodes + 1, 64 * topology.num_nodes + 1) if per_node else ():
-            ranks = nodes * per_node
-            if total_dev <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
-                return "num_nodes", ranks
-        return None
-
     if total_dev > D:
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
