@@ -47,6 +47,9 @@ class Topology:
     # ("num_nodes", "device_memory", "host_memory") -> (its config key, what one unit of that
     # key gives: ranks for num_nodes, bytes per rank for the memories)
     config_keys: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # the most a config key can be (a field as in ``config_keys`` -> its largest value), e.g.
+    # 1 for the local topology's memory_fraction
+    config_limits: dict[str, float] = field(default_factory=dict)
     # Optional calibrated figures (CPU topologies; see docs/cost_model.md, "CPU calibration"):
     collective_latency_s: float | None = None  # fixed seconds per collective; None: model default
     lookup_fwd_id_s: float = 0.0  # seconds per looked-up id beyond its bytes (forward)
@@ -114,6 +117,7 @@ class Topology:
             # advice for the topology as its plugin made it
             changes.setdefault("memory_fix", None)
             changes.setdefault("config_keys", {})
+            changes.setdefault("config_limits", {})
         return dataclasses.replace(self, **changes)
 
     def setting_for(self, what: str, need: float) -> str | None:
@@ -139,8 +143,19 @@ class Topology:
         gives it), e.g. to check by planning that a setting named in a message holds."""
         unit = self.config_keys[what][1]
         if what == "num_nodes":
-            return self.replace(num_nodes=int(value), config_keys=self.config_keys)
-        return self.replace(**{what: int(value * unit)}, config_keys=self.config_keys)
+            return self.replace(num_nodes=int(value), config_keys=self.config_keys, config_limits=self.config_limits)
+        return self.replace(**{what: int(value * unit)}, config_keys=self.config_keys, config_limits=self.config_limits)
+
+    def beyond_limit(self, what: str, need: float) -> str | None:
+        """Where ``need`` asks more of ``what``'s config key than it can be (``config_limits``),
+        what its largest value gives, e.g. "10.02 GiB a rank at most (topology.memory_fraction=1)";
+        None where it can be set that high."""
+        limit = self.config_limits.get(what)
+        if limit is None or what not in self.config_keys or self.setting_value(what, need) <= limit:
+            return None
+        key, unit = self.config_keys[what]
+        most = f"{limit * unit:,.0f} ranks" if what == "num_nodes" else f"{limit * unit / 2**30:.2f} GiB a rank"
+        return f"{most} at most ({key}={limit:g})"
 
     def emulated_on(self, world_size: int, compute_device: str) -> Topology:
         """This topology's per-device memory and bandwidth model on ``world_size`` ranks.
@@ -215,7 +230,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["memory_fix"], d["config_keys"]  # advice for messages, not figures of the cluster
+        del d["memory_fix"], d["config_keys"], d["config_limits"]  # advice for messages, not figures of the cluster
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d

@@ -229,7 +229,7 @@ def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -
         # neo has a close key (time_budget_s), but timeout_s is TorchRec's own: that is what is said
         ("+sharding.timeout_s=60", "Unknown key sharding.timeout_s for sharder plugin 'neo'. sharding.timeout_s is "
          "a key of 'torchrec': select one with it, e.g. sharding=torchrec sharding.timeout_s=<value>. Its keys: "
-         "col_shard_counts, collective_latency_s, estimator, host_reserve_fraction, index_bytes, min_col_width, "
+         "check_settings_s, col_shard_counts, collective_latency_s, estimator, host_reserve_fraction, index_bytes, min_col_width, "
          "packing_targets, refine, reserve_fraction, sharding_types, table_sharding_types, time_budget_s."),
     ],
     ids=["typo", "key-of-another-plugin", "key-of-none", "exact-key-of-another-plugin"],
@@ -359,7 +359,8 @@ def test_the_local_topologys_memory_advice_stays_with_it() -> None:
     from neo_plugins.topology.local import local_topology
 
     local = local_topology(world_size=2, compute_device="cpu")
-    assert local.memory_fix and "memory_fraction (now 0.5)" in local.memory_fix
+    assert local.memory_fix and "topology.memory_fraction=1 is too little" in local.memory_fix
+    assert local.config_keys["device_memory"][0] == "topology.memory_fraction" and local.config_limits == {"device_memory": 1}
     assert "memory_fix" not in local.to_dict()
     assert local.replace(num_nodes=4).memory_fix is None
     assert local.replace(intra_node_bw=1e9).memory_fix == local.memory_fix

@@ -65,8 +65,9 @@ def composed(*overrides: str, output_dir: Path) -> dict:
         (("+kernel.learning_rat=0.1",), NeoError, ("kernel.learning_rat", "Did you mean kernel.learning_rate?")),
         (("+model.embedding_dm=8",), NeoError, ("model.embedding_dm", "Did you mean model.embedding_dim?")),
         (HUGE_TABLE, PlanningError, ("'t_cat_0'", "100,000,000,000 rows", "GiB", "over the", "of memory (each CPU rank's share of RAM) usable",
-                                      "add memory (the ranks share this machine's RAM, so more ranks add none: raise "
-                                      "topology.memory_fraction (now 0.5), or use a machine with more RAM)")),
+                                      "add memory (the ranks share this machine's RAM, so more ranks add none; where "
+                                      "topology.memory_fraction=1 is too little, use a machine with more RAM",
+                                      "GiB a rank at most (topology.memory_fraction=1)")),
         ((*HUGE_TABLE, "sharding=torchrec"), PlanningError, ("no plan that fits", "add memory (the ranks share")),
         (("kernel.learning_rate=inf",), NeoError, ("kernel.learning_rate must be a positive finite number, got inf",)),
         (("kernel=dense", "kernel.eps=-1"), NeoError, ("kernel.eps must be a positive finite number, got -1",)),

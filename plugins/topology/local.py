@@ -213,6 +213,7 @@ def local_topology(
             raise ConfigError(f"topology.world_size={ranks} but only {count} CUDA device(s) are visible.")
         props = torch.cuda.get_device_properties(0)
         device_memory = int(props.total_memory * memory_fraction)
+        per_fraction = float(props.total_memory)  # a rank's device memory at memory_fraction=1
         defaults = {
             "device_memory_bw": 1000 * GB,
             "host_memory_bw": 20 * GB,
@@ -225,6 +226,7 @@ def local_topology(
         if ranks < 1:
             raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
         device_memory = int(ram * memory_fraction / ranks)
+        per_fraction = ram / ranks
         defaults = {
             "device_memory_bw": 5 * GB,
             "host_memory_bw": 5 * GB,
@@ -253,8 +255,10 @@ def local_topology(
         sources={**{k: source for k in measured}, **_calibration_source(record, ranks, calibration)},
         assumed=assumed,
         memory_fix=None if device == "cuda" else (
-            "add memory (the ranks share this machine's RAM, so more ranks add none: "
-            + (f"raise topology.memory_fraction (now {memory_fraction:g}), or " if memory_fraction < 1 else "")
-            + "use a machine with more RAM)"),
+            "add memory (the ranks share this machine's RAM, so more ranks add none; where "
+            "topology.memory_fraction=1 is too little, use a machine with more RAM, or dry-run the "
+            "cluster you plan for: recipes/plan.py +topology=zionex)"),
+        config_keys={"device_memory": ("topology.memory_fraction", per_fraction)},
+        config_limits={"device_memory": 1.0},
         **figures,
     )

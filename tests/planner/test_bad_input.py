@@ -80,11 +80,24 @@ def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():
     big = [TableSpec("big", 10_000_000_000, 128, 1.0)]
     with pytest.raises(PlanningError) as err:
         plan_tables(big, local_topology(world_size=2), 512)
-    assert "add memory (the ranks share this machine's RAM, so more ranks add none: raise topology.memory_fraction " \
-           "(now 0.5), or use a machine with more RAM)" in str(err.value) and "add ranks" not in str(err.value)
-    with pytest.raises(PlanningError) as err:  # all of it given already
-        plan_tables(big, local_topology(world_size=2, memory_fraction=1.0), 512)
-    assert "more ranks add none: use a machine with more RAM)" in str(err.value)
+    msg = str(err.value)
+    assert "add memory (the ranks share this machine's RAM, so more ranks add none; where topology.memory_fraction=1 " \
+           "is too little, use a machine with more RAM, or dry-run the cluster you plan for: recipes/plan.py " \
+           "+topology=zionex)" in msg and "add ranks" not in msg
+    # more than all of the RAM: the most memory_fraction gives is said, not a value it cannot take
+    most = local_topology(world_size=2, memory_fraction=1.0).device_memory / 2**30
+    assert f"GiB a rank needed, {most:.2f} GiB a rank at most (topology.memory_fraction=1))" in msg
+    assert "topology.memory_fraction=" not in msg.replace("topology.memory_fraction=1", "")
+    # within the RAM: the memory_fraction that holds the tables, checked by planning
+    four = [TableSpec(f"t{i}", 1_000_000, 128, 1.0) for i in range(4)]  # 2 GiB with their state
+    small = local_topology(world_size=2, memory_fraction=0.5)
+    fraction = 2 * 1.1 * 2**30 / 0.85 / (small.device_memory * 2 / 0.5)  # of the whole RAM, with room
+    with pytest.raises(PlanningError) as err:
+        plan_tables(four, local_topology(world_size=2, memory_fraction=fraction / 2), 512)
+    msg = str(err.value)
+    found = re.search(r"topology\.memory_fraction=([\d.]+) or more, now [\d.]+; checked", msg)
+    assert found and float(found.group(1)) <= 1, msg
+    assert plan_tables(four, local_topology(world_size=2, memory_fraction=float(found.group(1))), 512).ranks
     # another CPU topology of one node, whose ranks each bring their memory: more ranks help
     box = replace(local_topology(world_size=2), name="cpu_box", memory_fix=None)
     with pytest.raises(PlanningError) as err:

@@ -499,10 +499,13 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     topology = search.model.context.topology
 
     def note(alternatives: Sequence[Setting | Sequence[Setting | None] | None]) -> str:
-        groups = _setting_groups(topology, alternatives)
+        groups, beyond = _setting_groups(topology, alternatives)
         text = _settings_note(topology, groups)
         if text:
             noted.append((text, groups))
+        elif beyond:  # a setting that cannot go as high as the tables need: what it gives at most
+            text = " (" + "; ".join(f"{human_bytes(need)} a rank needed, {topology.beyond_limit(what, need)}"
+                                    for what, need in beyond) + ")"
         return text
 
     on_gpu = topology.compute_device == "cuda"
@@ -746,16 +749,21 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         )
 
 
-def _setting_groups(topology: Any, alternatives: Sequence[Setting | Sequence[Setting | None] | None]) -> list[list[Setting]]:
+def _setting_groups(
+    topology: Any, alternatives: Sequence[Setting | Sequence[Setting | None] | None]
+) -> tuple[list[list[Setting]], list[Setting]]:
     """The alternatives (each one setting, or several needed together) that the topology
-    names config keys for."""
-    groups = []
+    names config keys for, and the settings left out because their key cannot go that high
+    (``Topology.config_limits``)."""
+    groups, beyond = [], []
     for alt in alternatives:
         items = [alt] if isinstance(alt, tuple) or alt is None else alt
         keyed = [s for s in items if s is not None and s[0] in topology.config_keys]
-        if keyed:
+        over = [s for s in keyed if topology.beyond_limit(*s)]
+        beyond += over
+        if keyed and not over:
             groups.append(keyed)
-    return groups
+    return groups, beyond
 
 
 def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]], checked: Sequence[bool] | None = None) -> str:

@@ -1386,8 +1386,9 @@ class Search:
             groups.append([("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))])
         elif short > 0:
             groups.append([("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))])
-        groups = [g for g in groups if all(what in topology.config_keys for what, _ in g)]
-        named = NamedSettings(fixes[0], fixes[0], groups) if groups and not topology.memory_fix else None
+        groups = [g for g in groups if all(what in topology.config_keys and not topology.beyond_limit(what, need)
+                                           for what, need in g)]
+        named = NamedSettings(fixes[0], fixes[0], groups) if groups else None
         if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
             fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
         if self.model.host_reserve and (where == "host" or short <= 0):
