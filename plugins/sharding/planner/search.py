@@ -624,9 +624,9 @@ class Search:
         time_budget_s: float = 30.0,
         caps: tuple[float, ...] = (1.0, 1.05, 1.1, 1.2, 1.35, 1.6),
         slack: float = 0.02,
-        tolerances: tuple[float, ...] = (0.02, 0.05),
+        tolerances: tuple[float, ...] = (0.15, 0.3),
         wide_slack: float = 0.08,
-        max_restarts: int = 16,
+        max_restarts: int = 24,
         fit_targets: int = 0,
     ) -> float:
         """Greedy (+ refinement), then bound-guided restarts, then up to ``fit_targets``
@@ -1095,7 +1095,7 @@ class Search:
         refine: bool = True,
         time_budget_s: float = 30.0,
         share: float = 0.10,
-        max_restarts: int = 4,
+        max_restarts: int = 24,
         fit_targets: int = 0,
     ) -> int:
         """After ``solve``: plans over fewer of its sharding types, where their collectives
