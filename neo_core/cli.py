@@ -796,6 +796,19 @@ def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[
     return [Path(conf)] if added is None else [Path(conf), added]
 
 
+def repeated_settings(argv: Sequence[str]) -> list[str]:
+    """Notes for a setting given twice on the command line (``trainer.batch_size=64 ...
+    trainer.batch_size=32``): the last is used, as Hydra applies them in order, and the note
+    says which. A config group chosen twice is refused instead (``check_group_options``)."""
+    given: dict[str, list[str]] = {}
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and not key.startswith("-"):
+            given.setdefault(key.lstrip("+~"), []).append(value)
+    return [f"note: {key} is given {len(values)} times ({', '.join(values)}): {values[-1]} is used"
+            for key, values in given.items() if len(values) > 1]
+
+
 def config_dir_shadows(conf: str | os.PathLike[str], argv: Sequence[str] = (), plugins: Any = None) -> list[str]:
     """Warnings for the option files of a ``--config-dir`` that do not do what their name says:
     one named as a recipes' option is never read (the recipes' folder comes first in Hydra's

@@ -39,6 +39,7 @@ from neo_core.cli import (
     force_add_overrides,
     launch_lines_as_typed,
     option_names,
+    repeated_settings,
     select_by_name,
     user_errors,
 )
@@ -318,6 +319,8 @@ if __name__ == "__main__":
             for warning in config_dir_shadows(CONF, sys.argv[1:]):
                 print(warning, file=sys.stderr)
             check_options(sys.argv[1:])
+            for note in repeated_settings(sys.argv[1:]):
+                print(note, file=sys.stderr)
             check_sweep_values(sys.argv[1:], "recipes/plan.py")
             check_run_dirs(sys.argv[1:])
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)

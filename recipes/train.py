@@ -38,6 +38,7 @@ from neo_core.cli import (
     force_add_overrides,
     launch_lines_as_typed,
     option_names,
+    repeated_settings,
     script_command,
     select_by_name,
     user_errors,
@@ -293,9 +294,16 @@ if __name__ == "__main__":
                 print(warning, file=sys.stderr)
             check_plan_settings(sys.argv[1:])
             check_group_options(sys.argv[1:], CONF, GROUPS, nullable=("experiment",))
+            for note in repeated_settings(sys.argv[1:]):
+                print(note, file=sys.stderr)
             check_sweep_values(sys.argv[1:], "recipes/train.py")
             check_run_dirs(sys.argv[1:])
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+            typed = list(sys.argv[1:])
+            OmegaConf.register_new_resolver(
+                "neo_train_groups", lambda: "\n".join(
+                    f"{'+topology' if g == 'topology' else g}: {', '.join(option_names(CONF, g, typed))}" for g in GROUPS),
+                replace=True)
     except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more
         print(interrupted_message(KeyboardInterrupt()), file=sys.stderr)
         sys.exit(130)

@@ -693,3 +693,11 @@ def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> Non
     assert out[0] == f"sweep results so far, the sweep stopped at job #2 ({tmp_path / 'summary.csv'}):"
     assert out[1:] == ["  #0 seed=0: val AUC 0.6100", "  #1 seed=1: val AUC 0.7200"]
     assert [r[0] for r in csv.reader((tmp_path / "summary.csv").open())] == ["job", "0", "1"]
+
+
+def test_a_setting_given_twice_is_noted_with_the_value_used() -> None:
+    from neo_core.cli import repeated_settings
+
+    assert repeated_settings(["trainer.batch_size=64", "seed=1", "+trainer.batch_size=32", "-m"]) == [
+        "note: trainer.batch_size is given 2 times (64, 32): 32 is used"]
+    assert repeated_settings(["trainer.batch_size=64", "kernel=dense", "--config-dir=x"]) == []

@@ -273,7 +273,11 @@ def test_train_recipe_names_plan_recipe_settings(tmp_path: Path) -> None:
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert_one_sentence(proc, f"{arg} is a setting of recipes/plan.py", "recipes/train.py trains model=<dlrm | dcnv2>")
     help_text = run_recipe("--help").stdout
-    assert "plan_model (table sets for dry runs) belongs to recipes/plan.py" in help_text
+    assert "(plan_model, the table sets for dry runs, belongs to recipes/plan.py.)" in help_text
+    # its groups are its own: plan.py's table sets are not offered as one
+    groups = help_text.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    assert "model: dcnv2, dlrm" in groups and "plan_model:" not in groups and "zionex_12t" not in groups
+    assert "`neo plugins` lists every key with its default" in help_text
 
 
 def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
