@@ -835,3 +835,15 @@ def test_a_table_the_packing_leaves_out_is_told_settings_that_plan() -> None:
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, topo, 512, sharding_types=["TW"], check_settings_s=0)
     assert "topology." not in str(err.value) and "add ranks or device memory, use a cache" in str(err.value)
+
+
+def test_a_table_with_no_option_is_named_first_among_refused_tables() -> None:
+    # 'a' is too large for the cluster, 'b' has no option at all (too narrow for CW shards,
+    # fewer rows than ranks for RW): no memory would hold 'b', so it is the one named (the
+    # memory bounds leave it out rather than count it as infinitely large)
+    tables = [TableSpec("a", 20_000_000_000, 128, 1.0), TableSpec("b", 10, 8, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=2), 512, sharding_types=["CW", "RW"])
+    msg = str(err.value)
+    assert msg.startswith("Table 'b' (10 rows x 8) has no sharding option among the allowed sharding types")
+    assert "(1 more table also does not fit: 'a')" in msg and "allow another sharding type" in msg

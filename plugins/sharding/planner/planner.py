@@ -541,12 +541,14 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     # it. Host memory is short when, for some mu >= 0, sum_t min_o (h_o + mu d_o) - mu D > H:
     # that is a lower bound on the host bytes any assignment needs while keeping the device
     # total within D (Lagrangian relaxation), so exceeding H proves no plan fits.
+    # (a table with no option at all is refused by name below, and left out of these sums)
     D, H = cap_dev * W, cap_host * W
-    total_dev = float(need_dev.sum())
+    total_dev = float(need_dev[np.isfinite(need_dev)].sum())
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
+    some = finite.any(axis=0)
     # sum_t min_o (h_o + mu d_o) for each mu, the host bound's terms (below)
-    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0).sum()))
+    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0)[some].sum()))
              for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25)))]
 
     def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
@@ -563,8 +565,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         return None
 
     if never.any():
-        i = int(np.flatnonzero(never)[0])
-        rest = [t.names[j] for j in np.flatnonzero(never)[1:]]
+        # a table with no option at all first: no memory would hold it
+        refused = sorted(np.flatnonzero(never), key=lambda j: (bool(some[j]), j))
+        i = int(refused[0])
+        rest = [t.names[j] for j in refused[1:]]
         named = ", ".join(map(repr, rest[:8])) + (f" and {len(rest) - 8} more" if len(rest) > 8 else "")
         more = f" ({counted(len(rest), 'more table')} also do{'es' if len(rest) == 1 else ''} not fit: {named})" if rest else ""
         size = f"Table {t.names[i]!r} ({int(t.rows[i]):,} rows x {int(t.dims[i])})"
