@@ -847,3 +847,34 @@ def test_a_table_with_no_option_is_named_first_among_refused_tables() -> None:
     msg = str(err.value)
     assert msg.startswith("Table 'b' (10 rows x 8) has no sharding option among the allowed sharding types")
     assert "(1 more table also does not fit: 'a')" in msg and "allow another sharding type" in msg
+
+
+def test_the_settings_check_keeps_to_what_the_topology_can_take() -> None:
+    # the local topology's memory_fraction is at most 1: three table-wise tables, each a bit
+    # over half of a rank's memory at memory_fraction=1, fit at no fraction; the check says so
+    # rather than naming a fraction above 1
+    topo = local_topology(world_size=2, compute_device="cpu", memory_fraction=0.5)
+    rows = int(topo.config_keys["device_memory"][1] * 0.85 * 1.05 / 2 / (64 * 4 + 4))
+    tables = [TableSpec(f"t{i}", rows, 64, 1.0) for i in range(3)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, topo, 1, sharding_types=["TW"])
+    msg = str(err.value)
+    assert "(not even topology.memory_fraction=1, the most it can be, holds them)" in msg, msg
+    assert not re.search(r"memory_fraction=1\.\d", msg)
+    # a setting the tables' own restrictions cannot take counts as not planning: 's' allows RW
+    # only, which needs a row per rank, so more nodes cannot hold it; the check does not end
+    # in that error (a ConfigError about a cluster the user does not have)
+    two = [TableSpec("big", 200_000_000, 128, 1.0), TableSpec("s", 10, 16, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(two, zionex_topology(num_nodes=1, device_memory_gib=4), 512, table_sharding_types={"s": ["RW"]})
+    msg = str(err.value)
+    assert "topology.num_nodes=4 or more, now 1 (the least it could be" in msg
+    assert "; the others checked: the tables plan with each)" in msg
+    # kernel dense replicates every table: the memory named is checked too
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("big", 20_000_000, 128, 1.0)], zionex_topology(num_nodes=1, device_memory_gib=4), 512,
+                    kernel="dense")
+    gib, _ = _setting(str(err.value), "device_memory_gib")
+    assert "; checked: the tables plan with it)" in str(err.value)
+    assert plan_tables([TableSpec("big", 20_000_000, 128, 1.0)], zionex_topology(num_nodes=1, device_memory_gib=gib),
+                       512, kernel="dense").ranks

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
 import math
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from neo_core.checks import as_whole, counted, is_number
-from neo_core.errors import ConfigError, PlanningError
+from neo_core.errors import ConfigError, NeoError, PlanningError
 from neo_core.sharding import (
     Planner,
     PlanningContext,
@@ -210,25 +209,29 @@ class NeoPlanner(Planner):
                 raise
             deadline = time.perf_counter() + self.check_settings_s
             found = [self._plans_with(tables, context, group, deadline) for group in named.groups]
-            if not any(found):
+            if all(f is None for f in found):
                 raise
-            groups = [f or g for f, g in zip(found, named.groups)]
-            note = _settings_note(context.topology, groups, [f is not None for f in found])
+            groups = [f if isinstance(f, list) else g for f, g in zip(found, named.groups)]
+            checked = [True if isinstance(f, list) else f or False for f in found]
+            note = _settings_note(context.topology, groups, checked)
             raise PlanningError(str(exc).replace(named.anchor, named.keep + note, 1)) from None
 
     def _plans_with(
         self, tables: Sequence[TableSpec], context: PlanningContext, group: Sequence[Setting], deadline: float
-    ) -> list[Setting] | None:
+    ) -> list[Setting] | str | None:
         """``group``'s settings (as a message names them), raised step by step until the
         tables plan with them, then lowered again between the last refused step and that one
-        (two halvings); None where no step planned before ``deadline``."""
+        (two halvings); None where no step planned before ``deadline``, and "limit" where a
+        setting reached its largest value (``Topology.config_limits``) without a plan. A step
+        plans where the search places every table within memory (``_fits``: what the plan
+        would be is not worked out)."""
         topology = context.topology
         values = {what: topology.setting_value(what, need) for what, need in group}
-        trial = copy.copy(self)
-        trial.check_settings_s = 0.0
+        limits = topology.config_limits
 
         def at(scale: float) -> dict[str, float]:
-            return {w: (math.ceil(v * scale - 1e-9) if w == "num_nodes" else math.ceil(v * scale * 10 - 1e-9) / 10)
+            return {w: min(math.ceil(v * scale - 1e-9) if w == "num_nodes" else math.ceil(v * scale * 10 - 1e-9) / 10,
+                           limits.get(w, math.inf))
                     for w, v in values.items()}
 
         tried: dict[tuple, bool] = {}
@@ -239,11 +242,7 @@ class NeoPlanner(Planner):
                 changed = topology
                 for what, value in key:
                     changed = changed.with_setting(what, value)
-                try:
-                    trial._plan(tables, dataclasses.replace(context, topology=changed))
-                    tried[key] = True
-                except PlanningError:
-                    tried[key] = False
+                tried[key] = self._fits(tables, dataclasses.replace(context, topology=changed), deadline)
             return tried[key]
 
         low, high = 1.0, None
@@ -254,6 +253,8 @@ class NeoPlanner(Planner):
                 high = scale
                 break
             low = scale
+            if any(v >= limits.get(w, math.inf) for w, v in at(scale).items()):
+                return "limit"  # refused at the most the setting can be
         if high is None:
             return None
         for _ in range(2 if high > 1.0 else 0):
@@ -266,6 +267,19 @@ class NeoPlanner(Planner):
                 low = mid
         unit = {w: topology.config_keys[w][1] for w in values}
         return [(w, v * unit[w]) for w, v in at(high).items()]
+
+    def _fits(self, tables: Sequence[TableSpec], context: PlanningContext, deadline: float) -> bool:
+        """Whether the search places every table within memory on ``context``: the capacity
+        check, the first greedy, and the memory-priced runs, which run until one plan fits
+        whatever the clock (refinement and the other restarts change the plan's speed, not
+        whether it fits). Settings the tables cannot take there (a type no table can use on
+        that many ranks) count as not fitting."""
+        try:
+            search = self._prepared(tables, context)[-1]
+            search.solve(False, max(deadline - time.perf_counter(), 1e-3), fit_targets=0)
+        except NeoError:
+            return False
+        return True
 
     def _plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         start = time.perf_counter()
@@ -689,8 +703,9 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         head = "is larger than the whole cluster allows"
         if kernel.data_parallel_only:  # every rank holds every table: ranks do not help
             fix = f"{cache_fix} (more ranks do not help: kernel {kernel.name} puts every table on each)"
-            if device_need and (device_setting := topology.setting_for(*device_need)):
-                fix += f", give each rank more memory ({device_setting})"
+            noted.clear()
+            if device_need and (settings := note([device_need])):
+                fix += f", give each rank more memory{settings}"
         elif W > 1 and allowed_types is not None and not allowed_types(i) & set(row_split):
             # the types allowed for it keep its shards' size whatever the ranks
             noted.clear()
@@ -770,28 +785,37 @@ def _setting_groups(
     return groups, beyond
 
 
-def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]], checked: Sequence[bool] | None = None) -> str:
+def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]],
+                   checked: Sequence[bool | str] | None = None) -> str:
     """' (topology.num_nodes=19 or more, now 16; or ...)' for the settings a topology names,
     each group one setting or several needed together ("both ... and"). ``checked``: which
-    groups the tables were planned with (``NeoPlanner.check_settings_s``); None: none were
-    tried, and each is the least that memory bounds allow (placing the tables may need more)."""
+    groups the tables were planned with (``NeoPlanner.check_settings_s``; "limit": refused
+    even at the most a setting can be); None: none were tried, and each is the least that
+    memory bounds allow (placing the tables may need more)."""
+    status = list(checked) if checked is not None else [False] * len(groups)
     texts = []
-    for k, group in enumerate(groups):
+    for group, state in zip(groups, status):
+        if state == "limit":
+            most = ", ".join(f"{topology.config_keys[w][0]}={topology.config_limits[w]:g}"
+                             for w, _ in group if w in topology.config_limits)
+            texts.append(f"not even {most}, the most it can be, holds them")
+            continue
         named = [topology.setting_for(what, need) for what, need in group]
         text = named[0] if len(named) == 1 else "both " + ", and ".join(named)
-        if checked is not None and not all(checked) and not checked[k]:
+        if state is not True and True in status:
             text += " (the least it could be, packing may need more)"
         texts.append(text)
     if not texts:
         return ""
+    bounds = [state is False for state in status]
     one = len(groups) == 1 and len(groups[0]) == 1
-    if checked is None or not any(checked):
-        tail = f"the least {'this' if one else 'these'} could be, packing may need more"
-    elif all(checked):
-        tail = f"checked: the tables plan with {'it' if one else 'each'}"
+    if True not in status:
+        tail = f"; the least {'this' if one else 'these'} could be, packing may need more" if any(bounds) else ""
+    elif all(state is True for state in status):
+        tail = f"; checked: the tables plan with {'it' if one else 'each'}"
     else:
-        tail = "the others checked: the tables plan with each"
-    return f" ({'; or '.join(texts)}; {tail})"
+        tail = "; the others checked: the tables plan with each"
+    return f" ({'; or '.join(texts)}{tail})"
 
 
 def _ms(seconds: float) -> str:
