@@ -287,6 +287,7 @@ def test_table_generator_accepts_its_parameters() -> None:
         ({"packing_targets": 2.5}, "sharding.packing_targets"),
         ({"check_settings_s": -1}, "sharding.check_settings_s must be a finite number of seconds, 0 or more"),
         ({"check_settings_s": "10"}, "sharding.check_settings_s"),
+        ({"fewer_types_share": 1.5}, "sharding.fewer_types_share must be a fraction of the step in [0, 1]"),
     ],
 )
 def test_planner_arguments_are_checked_by_kind_and_range(kwargs, fragment) -> None:

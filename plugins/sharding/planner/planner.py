@@ -146,12 +146,21 @@ class NeoPlanner(Planner):
         estimator: str = "neo",
         packing_targets: int | None = None,
         check_settings_s: float = 20.0,
+        fewer_types_share: float = 0.10,
     ) -> None:
         _check_planner_args(
             sharding_types, reserve_fraction, host_reserve_fraction, col_shard_counts, min_col_width,
             time_budget_s, collective_latency_s, index_bytes, table_sharding_types, packing_targets,
             check_settings_s,
         )
+        if not (is_number(fewer_types_share) and 0 <= fewer_types_share <= 1):
+            raise ConfigError(
+                f"sharding.fewer_types_share must be a fraction of the step in [0, 1] (the least latency "
+                f"fewer sharding types must save to be tried), got {fewer_types_share!r}."
+            )
+        # plans over fewer sharding types are tried where the collectives' latency they could
+        # save is at least this share of the step (Search.fewer_types)
+        self.fewer_types_share = float(fewer_types_share)
         # seconds to check, by planning, the topology settings a refusal names (the fewest
         # nodes, the memory): raised until the tables plan with them; 0: the memory bounds,
         # unchecked
@@ -294,7 +303,8 @@ class NeoPlanner(Planner):
         # share of the step
         fit_runs, fit_wins = search.fit_runs, search.fit_wins
         subsets = search.fewer_types(
-            min(3, 600 // len(tables)), self.refine, self.time_budget_s, fit_targets=self.packing_targets
+            min(3, 600 // len(tables)), self.refine, self.time_budget_s, share=self.fewer_types_share,
+            fit_targets=self.packing_targets,
         )
         self.last_search = search
         result = build_result(self.name, search, tables, context, left_out=types - search.types_used())
