@@ -254,7 +254,9 @@ class Search:
         self.mem_host = np.zeros(self.W)
         self.choice = np.full(n, -1, dtype=np.int64)
         self.ranks: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
-        self.on_rank: list[set[int]] = [set() for _ in range(self.W)]
+        # the tables with a shard on each rank, built when refinement first asks (``on_rank``):
+        # most greedy runs of the restarts end without refinement
+        self._on_rank: list[set[int]] | None = None
         ot = np.stack([o.shard_time for o in options])  # (O, T)
         valid = np.stack([o.valid for o in options])
         self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
@@ -461,11 +463,23 @@ class Search:
             np.add.at(self.mem_host, ranks, sign * opt.cost.mem_host[i])
         if sign > 0:
             self.choice[i], self.ranks[i] = o, ranks
-            for r in ranks.tolist():
-                self.on_rank[r].add(i)
-        else:
-            for r in ranks.tolist():
-                self.on_rank[r].discard(i)
+        if self._on_rank is not None:
+            if sign > 0:
+                for r in ranks.tolist():
+                    self._on_rank[r].add(i)
+            else:
+                for r in ranks.tolist():
+                    self._on_rank[r].discard(i)
+
+    @property
+    def on_rank(self) -> list[set[int]]:
+        """The tables with a shard on each rank."""
+        if self._on_rank is None:
+            self._on_rank = [set() for _ in range(self.W)]
+            for i in np.flatnonzero(self.choice >= 0).tolist():
+                for r in np.asarray(self.ranks[i]).tolist():
+                    self._on_rank[r].add(i)
+        return self._on_rank
 
     def best_option(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
         """The option and ranks for table ``i`` with the best projected slowest rank."""
@@ -539,7 +553,7 @@ class Search:
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
-        self.on_rank = [set() for _ in range(self.W)]
+        self._on_rank = None
 
     def greedy(self) -> None:
         """Place every table; if memory runs out, retry filling the emptiest ranks first."""
@@ -609,14 +623,14 @@ class Search:
     def snapshot(self) -> tuple:
         return (
             self.loads.copy(), self.mem_dev.copy(), self.mem_host.copy(), self.choice.copy(),
-            list(self.ranks), [set(x) for x in self.on_rank],
+            list(self.ranks),
         )
 
     def restore(self, snap: tuple) -> None:
-        loads, dev, host, choice, ranks, on_rank = snap
+        loads, dev, host, choice, ranks = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
         self._pre = self._mem_max = self._host_nodes = None
-        self.choice, self.ranks, self.on_rank = choice.copy(), list(ranks), [set(x) for x in on_rank]
+        self.choice, self.ranks, self._on_rank = choice.copy(), list(ranks), None
 
     def solve(
         self,
