@@ -132,7 +132,7 @@ class Topology:
 
     def setting_value(self, what: str, need: float) -> float:
         """The value of ``what``'s config key that gives ``need`` (``setting_for``): whole
-        nodes, or GiB to one decimal, rounded up."""
+        nodes, or the key's unit (GiB, or a fraction of memory) to one decimal, rounded up."""
         unit = self.config_keys[what][1]
         if what == "num_nodes":
             return math.ceil(need / unit - 1e-9)
