@@ -257,6 +257,9 @@ class Search:
         # the tables with a shard on each rank, built when refinement first asks (``on_rank``):
         # most greedy runs of the restarts end without refinement
         self._on_rank: list[set[int]] | None = None
+        # each table-wise (one-shard) table's rank, shard time and memory, -1 for others, built
+        # when a swap first asks (``_singles``)
+        self._single: tuple[np.ndarray, ...] | None = None
         ot = np.stack([o.shard_time for o in options])  # (O, T)
         valid = np.stack([o.valid for o in options])
         self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
@@ -463,6 +466,10 @@ class Search:
             np.add.at(self.mem_host, ranks, sign * opt.cost.mem_host[i])
         if sign > 0:
             self.choice[i], self.ranks[i] = o, ranks
+        if self._single is not None and opt.unit == SINGLE:
+            rank, T, dev, host = self._single
+            rank[i] = int(ranks[0]) if sign > 0 else -1
+            T[i], dev[i], host[i] = opt.shard_time[i], opt.cost.mem_device[i], opt.cost.mem_host[i]
         if self._on_rank is not None:
             if sign > 0:
                 for r in ranks.tolist():
@@ -470,6 +477,20 @@ class Search:
             else:
                 for r in ranks.tolist():
                     self._on_rank[r].discard(i)
+
+    def _singles(self) -> tuple[np.ndarray, ...]:
+        """Per table: the rank of its one shard where its option has one (-1 otherwise), and
+        that shard's time, device and host bytes."""
+        if self._single is None:
+            n = len(self.choice)
+            rank, T, dev, host = np.full(n, -1, dtype=np.int64), np.zeros(n), np.zeros(n), np.zeros(n)
+            for i in np.flatnonzero(self.choice >= 0).tolist():
+                opt = self.opts[self.choice[i]]
+                if opt.unit == SINGLE:
+                    rank[i] = int(self.ranks[i][0])
+                    T[i], dev[i], host[i] = opt.shard_time[i], opt.cost.mem_device[i], opt.cost.mem_host[i]
+            self._single = (rank, T, dev, host)
+        return self._single
 
     @property
     def on_rank(self) -> list[set[int]]:
@@ -553,7 +574,7 @@ class Search:
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
-        self._on_rank = None
+        self._on_rank = self._single = None
 
     def greedy(self) -> None:
         """Place every table; if memory runs out, retry filling the emptiest ranks first."""
@@ -630,7 +651,7 @@ class Search:
         loads, dev, host, choice, ranks = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
         self._pre = self._mem_max = self._host_nodes = None
-        self.choice, self.ranks, self._on_rank = choice.copy(), list(ranks), None
+        self.choice, self.ranks, self._on_rank, self._single = choice.copy(), list(ranks), None, None
 
     def solve(
         self,
@@ -1032,37 +1053,27 @@ class Search:
             return False
         Ti = opt_i.shard_time[i]
         di, hi = opt_i.cost.mem_device[i], opt_i.cost.mem_host[i]
+        # every other table-wise table at once: a cheaper one on a less loaded rank, the swap
+        # lowering the slowest of the two ranks, both ranks' memory (and nodes') within capacity
+        rank, T, dev, host_j = self._singles()
+        r2 = np.where(rank >= 0, rank, 0)
+        load2 = self.loads[r2]
+        new = np.maximum(cur - Ti + T, load2 - T + Ti)
+        ok = (rank >= 0) & (rank != r) & (load2 + 1e-15 < cur) & (T < Ti) & (new < cur * (1 - 1e-12))
+        ok &= (self.mem_dev[r] - di + dev <= self.cap_dev) & (self.mem_dev[r2] - dev + di <= self.cap_dev)
+        node, node2 = r // self.host_group, r2 // self.host_group
         host = self._node_host()
-        best: tuple[float, int] | None = None
-        for r2 in np.argsort(self.loads, kind="stable"):
-            r2 = int(r2)
-            if r2 == r or self.loads[r2] + 1e-15 >= cur:
-                continue
-            for j in self.on_rank[r2]:
-                opt_j = self.opts[self.choice[j]]
-                if opt_j.unit != SINGLE:
-                    continue
-                Tj = opt_j.shard_time[j]
-                if Tj >= Ti:
-                    continue
-                new = max(cur - Ti + Tj, self.loads[r2] - Tj + Ti)
-                if new >= cur * (1 - 1e-12):
-                    continue
-                dj, hj = opt_j.cost.mem_device[j], opt_j.cost.mem_host[j]
-                n, n2 = r // self.host_group, r2 // self.host_group
-                if (
-                    self.mem_dev[r] - di + dj > self.cap_dev
-                    or self.mem_dev[r2] - dj + di > self.cap_dev
-                    or (n != n2 and (host[n] - hi + hj > self.cap_node or host[n2] - hj + hi > self.cap_node))
-                ):
-                    continue
-                if best is None or new < best[0]:
-                    best = (new, j)
-            if best is not None:
-                break
-        if best is None:
+        ok &= (node2 == node) | ((host[node] - hi + host_j <= self.cap_node) & (host[node2] - host_j + hi <= self.cap_node))
+        if not ok.any():
             return False
-        j = best[1]
+        # the least loaded such rank (ties: the lower rank), then its swap of least slowest load
+        # (ties: the lower table)
+        cand = np.flatnonzero(ok)
+        position = np.empty(self.W, dtype=np.int64)
+        position[np.argsort(self.loads, kind="stable")] = np.arange(self.W)
+        pos = position[r2[cand]]
+        there = cand[pos == pos.min()]
+        j = int(there[np.argmin(new[there])])
         oi, oj = int(self.choice[i]), int(self.choice[j])
         ri, rj = self.ranks[i], self.ranks[j]
         self._apply(i, oi, ri, -1.0)
