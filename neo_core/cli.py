@@ -796,6 +796,15 @@ def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[
     return [Path(conf)] if added is None else [Path(conf), added]
 
 
+def help_groups(conf: str | os.PathLike[str], groups: Sequence[str], argv: Sequence[str] = (),
+                shown: Mapping[str, str] | None = None) -> str:
+    """A recipe's groups and their options for ``--help``, a line each: YAML files of conf/
+    (and a ``--config-dir``) and installed plugins (``option_names``). ``shown``: how a group
+    is named there (``topology`` is added with ``+topology``)."""
+    shown = {"topology": "+topology", **(shown or {})}
+    return "\n".join(f"{shown.get(g, g)}: {', '.join(option_names(conf, g, argv))}" for g in groups)
+
+
 def repeated_settings(argv: Sequence[str]) -> list[str]:
     """Notes for a setting given twice on the command line (``trainer.batch_size=64 ...
     trainer.batch_size=32``): the last is used, as Hydra applies them in order, and the note

@@ -37,8 +37,8 @@ from neo_core.cli import (
     config_groups,
     flags_first,
     force_add_overrides,
+    help_groups,
     launch_lines_as_typed,
-    option_names,
     repeated_settings,
     select_by_name,
     user_errors,
@@ -103,13 +103,6 @@ def check_options(argv: list[str]) -> None:
                 "plan_model.params.<key> (e.g. plan_model.params.num_tables=100 for production_like)."
             )
     check_group_options(argv, CONF, GROUPS, ALIASES)
-
-
-def help_groups(argv: list[str]) -> str:
-    """The groups' options for ``--help``: YAML files of conf/ (and a ``--config-dir``) and
-    installed plugins, as the recipe takes them."""
-    shown = {"topology": "+topology", "plan_model": "model (plan_model)"}
-    return "\n".join(f"{shown.get(g, g)}: {', '.join(option_names(CONF, g, argv))}" for g in GROUPS)
 
 
 def _options(argv: list[str], group: str) -> set[str]:
@@ -325,7 +318,9 @@ if __name__ == "__main__":
             check_run_dirs(sys.argv[1:])
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
             typed = list(sys.argv[1:])
-            OmegaConf.register_new_resolver("neo_plan_groups", lambda: help_groups(typed), replace=True)
+            OmegaConf.register_new_resolver(
+                "neo_plan_groups", lambda: help_groups(CONF, GROUPS, typed, {"plan_model": "model (plan_model)"}),
+                replace=True)
     except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more
         print(INTERRUPTED, file=sys.stderr)
         sys.exit(130)

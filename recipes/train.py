@@ -36,6 +36,7 @@ from neo_core.cli import (
     config_groups,
     flags_first,
     force_add_overrides,
+    help_groups,
     launch_lines_as_typed,
     option_names,
     repeated_settings,
@@ -300,10 +301,7 @@ if __name__ == "__main__":
             check_run_dirs(sys.argv[1:])
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
             typed = list(sys.argv[1:])
-            OmegaConf.register_new_resolver(
-                "neo_train_groups", lambda: "\n".join(
-                    f"{'+topology' if g == 'topology' else g}: {', '.join(option_names(CONF, g, typed))}" for g in GROUPS),
-                replace=True)
+            OmegaConf.register_new_resolver("neo_train_groups", lambda: help_groups(CONF, GROUPS, typed), replace=True)
     except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more
         print(interrupted_message(KeyboardInterrupt()), file=sys.stderr)
         sys.exit(130)

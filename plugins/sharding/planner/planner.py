@@ -39,6 +39,7 @@ from neo_plugins.sharding.planner.search import (
     Setting,
     build_options,
     human_bytes,
+    setting_groups,
     splits_into,
     why_no_option,
 )
@@ -523,7 +524,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     topology = search.model.context.topology
 
     def note(alternatives: Sequence[Setting | Sequence[Setting | None] | None]) -> str:
-        groups, beyond = _setting_groups(topology, alternatives)
+        groups, beyond = setting_groups(topology, alternatives)
         text = _settings_note(topology, groups)
         if text:
             noted.append((text, groups))
@@ -776,23 +777,6 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             + note([more_nodes(), ("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
             + ", or shrink the tables."
         )
-
-
-def _setting_groups(
-    topology: Any, alternatives: Sequence[Setting | Sequence[Setting | None] | None]
-) -> tuple[list[list[Setting]], list[Setting]]:
-    """The alternatives (each one setting, or several needed together) that the topology
-    names config keys for, and the settings left out because their key cannot go that high
-    (``Topology.config_limits``)."""
-    groups, beyond = [], []
-    for alt in alternatives:
-        items = [alt] if isinstance(alt, tuple) or alt is None else alt
-        keyed = [s for s in items if s is not None and s[0] in topology.config_keys]
-        over = [s for s in keyed if topology.beyond_limit(*s)]
-        beyond += over
-        if keyed and not over:
-            groups.append(keyed)
-    return groups, beyond
 
 
 def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -44,6 +44,23 @@ class NamedSettings:
     anchor: str
     keep: str
     groups: list[list[Setting]]
+
+
+def setting_groups(
+    topology: Any, alternatives: Sequence[Setting | Sequence[Setting | None] | None]
+) -> tuple[list[list[Setting]], list[Setting]]:
+    """The alternatives (each one setting, or several needed together) that the topology
+    names config keys for, and the settings left out because their key cannot go that high
+    (``Topology.config_limits``)."""
+    groups, beyond = [], []
+    for alt in alternatives:
+        items = [alt] if isinstance(alt, tuple) or alt is None else alt
+        keyed = [s for s in items if s is not None and s[0] in topology.config_keys]
+        over = [s for s in keyed if topology.beyond_limit(*s)]
+        beyond += over
+        if keyed and not over:
+            groups.append(keyed)
+    return groups, beyond
 
 
 def planning_error(message: str, named: NamedSettings | None) -> PlanningError:
@@ -1406,13 +1423,12 @@ class Search:
             )
         fixes = [topology.memory_fix or f"add ranks or {memory if short > 0 else 'memory'}"]
         # what the planner may check by planning: a node more, or the memory short by ``short``
-        groups: list[list[Setting]] = [[("num_nodes", self.W + self.L)]]
+        memory: Setting | None = None
         if short > 0 and where == "device":
-            groups.append([("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))])
+            memory = ("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))
         elif short > 0:
-            groups.append([("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))])
-        groups = [g for g in groups if all(what in topology.config_keys and not topology.beyond_limit(what, need)
-                                           for what, need in g)]
+            memory = ("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))
+        groups = setting_groups(topology, [("num_nodes", self.W + self.L), memory])[0]
         named = NamedSettings(fixes[0], fixes[0], groups) if groups else None
         if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
             fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
