@@ -282,6 +282,7 @@ class Search:
         self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
         shard_dev = np.stack([o.cost.mem_device for o in options])
         shard_host = np.stack([o.cost.mem_host for o in options])
+        self.shard_dev, self.shard_host = shard_dev, shard_host  # (O, T) bytes per shard
         per_node = np.array([o.per_node(self.L, self.N) for o in options], dtype=float)[:, None]
         # shards a node may take of each option: the most (where any ranks may be chosen) and
         # what a rank's own check counts (1 for shards placed rank by rank, ``_spread``)
@@ -294,13 +295,20 @@ class Search:
         self._pre: list | None = None  # _sorted_loads of the current loads
         self._mem_max: tuple[float, float] | None = None  # _fullest of the current memory
         self._all_rank_ids = np.arange(self.W)
+        # where each option's peak before its shard is read in ``_peak_bases``: the slowest
+        # rank (ALL), the k-th least loaded rank (SINGLE, ANY_K), the least k-th load of any
+        # node (NODE_K), the k-th least loaded node's slowest rank (NODE_ALL, NODES_K)
+        first = {ALL: 0, SINGLE: 1, ANY_K: 1, NODE_K: 1 + self.W, NODE_ALL: 1 + self.W + self.L, NODES_K: 1 + self.W + self.L}
+        self._peak_at = np.array([first[o.unit] + o.k - 1 if o.unit != ALL else 0 for o in options], dtype=np.int64)
+        self._by_node = np.array([o.unit in (NODE_K, NODE_ALL, NODES_K) for o in options])
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
         # that reaches one of them would repeat an earlier plan, and stops there. None outside
         # ``solve``: a greedy called on its own always runs to the end
         self.greedy_steps: set[bytes] | None = None
-        # greedy decisions of this solve (best_option): by state, table, rest bound and band
-        self.decided: dict[bytes, list[tuple[bytes, float, tuple[int, np.ndarray] | None]]] = {}
+        # greedy decisions of this solve (best_option): by state, table, rest bound and band,
+        # then the table's options and totals (as bytes)
+        self.decided: dict[bytes, list[tuple[bytes, tuple[int, np.ndarray] | None]]] = {}
         self.decided_hits = 0
         self.repeats_cut = 0
         self._all_ranks = np.ones(self.W, dtype=bool)
@@ -391,6 +399,7 @@ class Search:
         ones = np.ones(len(self.opts), dtype=np.int64)
         self.most_per_node, self.rank_per_node = (ones, ones) if on else self._node_counts
         self._host_nodes = self._mem_max = None
+        self._table_opts = {}  # host bytes a node takes changed (``_options_of``)
 
     def _node_host(self) -> np.ndarray:
         """Host bytes per node, once per state."""
@@ -429,22 +438,84 @@ class Search:
                     return np.array(taken, dtype=np.int64)
         return None
 
-    def _sorted_loads(self, nodes: bool) -> tuple:
+    def _sorted_loads(self, nodes: bool) -> list:
         """The loads in the orders every unmasked placement reads, computed once per state of
-        ``loads`` (a greedy step or a re-insertion tries many options on the same loads):
-        rank order and, with ``nodes``, per-node rank order and sorted loads, node maxima and
-        node order (all stable sorts, so ties go to the lower index as ``argmin`` and
-        ``argsort`` do)."""
+        ``loads`` (a re-insertion tries many options on the same loads): rank order, the
+        slowest rank and, with ``nodes``, each node's loads sorted, the nodes' slowest ranks
+        and node order (stable sorts, so ties go to the lower index as ``argmin`` and
+        ``argsort`` do); then ``_peak_bases``' vectors."""
         pre = self._pre
         if pre is None:
-            pre = self._pre = [np.argsort(self.loads, kind="stable"), float(self.loads.max()), None]
+            pre = self._pre = [np.argsort(self.loads, kind="stable"), float(self.loads.max()), None, None, None]
         if nodes and pre[2] is None:
-            grid = self.loads.reshape(self.N, self.L)
-            gorder = np.argsort(grid, axis=1, kind="stable")
-            gsorted = np.take_along_axis(grid, gorder, axis=1)
+            gsorted = np.sort(self.loads.reshape(self.N, self.L), axis=1)
             keys = gsorted[:, -1]
-            pre[2] = (gorder, gsorted, keys, np.argsort(keys, kind="stable"))
+            pre[2] = (gsorted, keys, np.argsort(keys, kind="stable"))
         return pre
+
+    def _peak_bases(self, nodes: bool) -> np.ndarray:
+        """The peaks ``_place_unmasked`` reads before adding a shard, in one vector that
+        ``_peak_at`` indexes: the slowest rank, the loads in order and, with ``nodes``, each
+        node's k-th load at its least and the nodes' slowest ranks in order (once per state)."""
+        pre = self._sorted_loads(nodes)
+        if pre[3] is None:
+            pre[3] = np.concatenate(([pre[1]], self.loads[pre[0]]))
+        if not nodes:
+            return pre[3]
+        if pre[4] is None:
+            gsorted, keys, norder = pre[2]
+            pre[4] = np.concatenate((pre[3], gsorted.min(axis=0), keys[norder]))
+        return pre[4]
+
+    @property
+    def usable(self) -> np.ndarray:
+        """(O, T) bool: the options each table may take (restarts restrict it)."""
+        return self._usable
+
+    @usable.setter
+    def usable(self, value: np.ndarray) -> None:
+        self._usable, self._table_opts = value, {}
+
+    @property
+    def total(self) -> np.ndarray:
+        """(O, T): each option's summed shard time, as the greedy weighs it (priced restarts
+        add memory to it)."""
+        return self._total
+
+    @total.setter
+    def total(self, value: np.ndarray) -> None:
+        self._total, self._table_opts = value, {}
+
+    def _options_of(self, i: int) -> tuple:
+        """Table ``i``'s usable options and what ``best_option`` reads of each, kept until the
+        mask, the totals or the host rule change: option indices, shard times, totals, device
+        bytes, host bytes its fullest node takes, where its peak is read (``_peak_at``),
+        whether any is placed by node, and the options and totals as bytes (the memo's)."""
+        got = self._table_opts.get(i)
+        if got is None:
+            cand = np.flatnonzero(self._usable[:, i])
+            tots = self._total[cand, i]
+            got = self._table_opts[i] = (
+                cand, self.shard_times[cand, i], tots, self.shard_dev[cand, i],
+                self.most_per_node[cand] * self.shard_host[cand, i], self._peak_at[cand],
+                bool(self._by_node[cand].any()), cand.tobytes() + tots.tobytes(),
+            )
+        return got
+
+    def _unmasked_peaks(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """For table ``i``'s options (``_options_of``): which fit on every rank (``place``
+        takes its unmasked path for them), and the peak load after placing each that does (as
+        ``_place_unmasked``, all at once; undefined where it does not fit)."""
+        cand, T, _, dev_need, host_need, peak_at, nodes, _ = self._options_of(i)
+        if self.by_memory:
+            return np.zeros(len(cand), dtype=bool), np.zeros(len(cand))
+        dev, host = self._fullest()
+        fit = (dev + dev_need <= self.cap_dev) & (host + host_need <= self.cap_node)
+        return fit, self._peak_bases(nodes)[peak_at] + T
+
+    def _unmasked_ranks(self, o: int, i: int) -> np.ndarray:
+        opt = self.opts[o]
+        return self._place_unmasked(opt.unit, opt.k, float(opt.shard_time[i]))[1]
 
     def _place_unmasked(self, unit: str, k: int, T: float) -> tuple[float, np.ndarray]:
         """``place`` where the option fits on every rank: the same ranks and peak, read off
@@ -457,10 +528,11 @@ class Search:
         if unit == ANY_K:
             idx = self._sorted_loads(False)[0][:k]
             return float(self.loads[idx[-1]] + T), np.sort(idx)
-        gorder, gsorted, keys, norder = self._sorted_loads(True)[2]
+        gsorted, keys, norder = self._sorted_loads(True)[2]
         if unit == NODE_K:
             node = int(np.argmin(gsorted[:, k - 1]))
-            return float(gsorted[node, k - 1] + T), np.sort(gorder[node, :k]) + node * self.L
+            ranks = np.sort(np.argsort(self.loads[node * self.L : (node + 1) * self.L], kind="stable")[:k])
+            return float(gsorted[node, k - 1] + T), ranks + node * self.L
         if unit == NODE_ALL:
             node = int(norder[0])
             return float(keys[node] + T), np.arange(node * self.L, (node + 1) * self.L)
@@ -520,61 +592,79 @@ class Search:
         return self._on_rank
 
     def best_option(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
-        """The option and ranks for table ``i`` with the best projected slowest rank."""
+        """The option and ranks for table ``i`` with the best projected slowest rank: ``max(
+        slowest rank, peak after placing, (summed load + the option's total + rest_lb) / W)``;
+        near-ties (within ``tolerance``) go to the least summed cost, then the lowest option."""
+        if self.by_memory:
+            return self._best_by_memory(i, rest_lb)
+        cand, T, tots, _, _, _, _, seen = self._options_of(i)
+        # remembered for greedy runs that reach the same state with the same options (restarts)
+        h = hashlib.blake2b(digest_size=16)
+        for a in (self.loads, self.mem_dev, self.mem_host, np.float64([i, rest_lb, self.tolerance])):
+            h.update(a)
+        key = h.digest()
+        for options, result in self.decided.get(key, ()):
+            if options == seen:
+                self.decided_hits += 1
+                return result
+        cur_max = self._sorted_loads(False)[1]
+        cur_sum = float(self.loads.sum())
+        # every option that fits on every rank at once (the common case) ...
+        fit, peaks = self._unmasked_peaks(i)
+        avg = (cur_sum + tots + rest_lb) / self.W
+        scores = np.maximum(np.maximum(cur_max, peaks), avg)
+        masked: list[tuple[float, float, int, np.ndarray]] = []
+        all_fit = bool(fit.all())
+        if not all_fit:
+            scores[~fit] = np.inf
+        best_score = float(scores.min()) if len(cand) else float("inf")
+        if not all_fit:  # ... then the others one by one (``place`` masks full ranks), in the
+            # order of a score none of their placements can beat, while that can enter the band
+            low = np.maximum(np.maximum(cur_max, float(self.loads.min()) + T), avg)
+            out = np.flatnonzero(~fit)
+            for n in out[np.argsort(low[out], kind="stable")].tolist():
+                if low[n] > best_score * (1.0 + self.tolerance):
+                    break
+                placed = self.place(int(cand[n]), i)
+                if placed is None:
+                    continue
+                score = max(cur_max, placed[0], (cur_sum + float(tots[n]) + rest_lb) / self.W)
+                masked.append((score, float(tots[n]), int(cand[n]), placed[1]))
+                best_score = min(best_score, score)
+        result = None
+        if np.isfinite(best_score):
+            floor = best_score * (1.0 + self.tolerance)
+            band = np.flatnonzero(scores <= floor)
+            found = masked
+            if len(band):  # the least total, then score (stable: then the lower option)
+                n = int(band[np.lexsort((scores[band], tots[band]))[0]])
+                found = [(float(scores[n]), float(tots[n]), int(cand[n]), None)] + masked
+            _, _, o, ranks = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
+            result = o, ranks if ranks is not None else self._unmasked_ranks(o, i)
+        self.decided.setdefault(key, []).append((seen, result))
+        return result
+
+    def _best_by_memory(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
+        """``best_option`` for the memory-tight retry: the fullest rank touched after placing
+        decides, the projected slowest rank breaks ties."""
         cur_max = float(self.loads.max())
         cur_sum = float(self.loads.sum())
-        found: list[tuple[float, float, int, np.ndarray]] = []
-        cand = np.flatnonzero(self.usable[:, i])
-        low = None
-        if not self.by_memory:  # a score no placement of the option can beat: visit in that
-            # order and stop once the rest cannot enter the near-tie band (same choice, fewer calls)
-            T, tot_all = self.shard_times[cand, i], self.total[cand, i]
-            low = np.maximum(
-                np.maximum(cur_max, float(self.loads.min()) + T), (cur_sum + tot_all + rest_lb) / self.W
-            )
-            order = np.argsort(low, kind="stable")
-            cand, low = cand[order], low[order]
-            key = hashlib.blake2b(
-                self.loads.tobytes() + self.mem_dev.tobytes() + self.mem_host.tobytes()
-                + np.float64([i, rest_lb, self.tolerance]).tobytes(),
-                digest_size=16,
-            ).digest()
-            for seen, last, result in self.decided.get(key, ()):
-                # the same options visited in the same order, and the next one (if any) past
-                # where the visit stopped: the same choice (totals are part of ``seen``)
-                n = len(seen) // 16
-                if cand[:n].tobytes() + self.total[cand[:n], i].tobytes() == seen and (
-                    len(cand) == n or low[n] > last
-                ):
-                    self.decided_hits += 1
-                    return result
-        best_score = np.inf
-        visited = len(cand)
-        for n, o in enumerate(cand):
-            if low is not None and low[n] > best_score * (1.0 + self.tolerance):
-                visited = n
-                break
-            placed = self.place(int(o), i)
+        found = []
+        for o in np.flatnonzero(self.usable[:, i]).tolist():
+            placed = self.place(o, i)
             if placed is None:
                 continue
             peak, ranks = placed
             tot = float(self.total[o, i])
             score = max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W)
-            if self.by_memory:  # balance memory first: the fullest rank touched, after placing
-                opt = self.opts[o]
-                util = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])[ranks].max()
-                score = float(util) + 1e-3 * score / self.time_scale
-            found.append((score, tot, int(o), ranks))
-            best_score = min(best_score, score)
-        result = None
-        if found:  # near-ties (within tolerance) go to the option with the least summed cost
-            floor = min(f[0] for f in found) * (1.0 + self.tolerance)
-            best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
-            result = best[2], best[3]
-        if low is not None:  # remembered for greedy runs that reach the same state (restarts)
-            seen = cand[:visited].tobytes() + self.total[cand[:visited], i].tobytes()
-            self.decided.setdefault(key, []).append((seen, best_score * (1.0 + self.tolerance), result))
-        return result
+            opt = self.opts[o]
+            util = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])[ranks].max()
+            found.append((float(util) + 1e-3 * score / self.time_scale, tot, o, ranks))
+        if not found:
+            return None
+        floor = min(f[0] for f in found) * (1.0 + self.tolerance)
+        best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
+        return best[2], best[3]
 
     # ---- the two phases ------------------------------------------------------------
     def utilisation(self, add_dev: float = 0.0, add_host: float = 0.0) -> np.ndarray:
@@ -1041,26 +1131,30 @@ class Search:
     def _try_reinsert(self, i: int, limit: float) -> bool:
         old_o, old_ranks = int(self.choice[i]), self.ranks[i]
         self._apply(i, old_o, old_ranks, -1.0)
-        best: tuple[float, float, int, np.ndarray] | None = None
-        cand = np.flatnonzero(self.usable[:, i])
-        # the peak after placing is at least the least loaded rank plus one shard: visit options
-        # in that order, skip those that cannot get under ``limit``, stop once none can beat
-        # the best (same choice as trying all: ties go to the lower total, then option index)
-        low = float(self.loads.min()) + self.shard_times[cand, i]
-        order = np.argsort(low, kind="stable")
-        for o, lo in zip(cand[order], low[order]):
-            if lo >= limit or (best is not None and lo > best[0]):
+        cand, T, tots = self._options_of(i)[:3]
+        # the option of least peak under ``limit`` (ties: the lower total, then option index):
+        # those that fit on every rank at once, then the others in the order of a peak they
+        # cannot beat (the least loaded rank plus one shard) while that is under both
+        fit, peaks = self._unmasked_peaks(i)
+        peaks = np.where(fit & (peaks < limit), peaks, np.inf)
+        best: tuple[float, float, int, np.ndarray | None] | None = None
+        if np.isfinite(peaks).any():
+            n = int(np.lexsort((cand, tots, peaks))[0])
+            best = (float(peaks[n]), float(tots[n]), int(cand[n]), None)
+        low = float(self.loads.min()) + T
+        for n in np.flatnonzero(~fit)[np.argsort(low[~fit], kind="stable")].tolist():
+            if low[n] >= limit or (best is not None and low[n] > best[0]):
                 break
-            placed = self.place(int(o), i)
+            placed = self.place(int(cand[n]), i)
             if placed is None or placed[0] >= limit:
                 continue
-            key = (placed[0], float(self.total[o, i]), int(o))
-            if best is None or key < best[:3]:
-                best = (key[0], key[1], int(o), placed[1])
+            entry = (placed[0], float(tots[n]), int(cand[n]), placed[1])
+            if best is None or entry[:3] < best[:3]:
+                best = entry
         if best is None:
             self._apply(i, old_o, old_ranks, +1.0)
             return False
-        self._apply(i, best[2], best[3], +1.0)
+        self._apply(i, best[2], best[3] if best[3] is not None else self._unmasked_ranks(best[2], i), +1.0)
         return True
 
     def _try_swap(self, i: int, r: int, cur: float) -> bool:
