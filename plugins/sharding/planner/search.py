@@ -271,9 +271,10 @@ class Search:
         self.mem_host = np.zeros(self.W)
         self.choice = np.full(n, -1, dtype=np.int64)
         self.ranks: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * n
-        # the tables with a shard on each rank, built when refinement first asks (``on_rank``):
-        # most greedy runs of the restarts end without refinement
-        self._on_rank: list[set[int]] | None = None
+        # which tables have a shard on which rank, and each placed table's shard time, built
+        # when refinement first asks (``tables_on``): most greedy runs of the restarts end
+        # without refinement
+        self._on: tuple[np.ndarray, np.ndarray] | None = None
         # each table-wise (one-shard) table's rank, shard time and memory, -1 for others, built
         # when a swap first asks (``_singles``)
         self._single: tuple[np.ndarray, ...] | None = None
@@ -559,13 +560,10 @@ class Search:
             rank, T, dev, host = self._single
             rank[i] = int(ranks[0]) if sign > 0 else -1
             T[i], dev[i], host[i] = opt.shard_time[i], opt.cost.mem_device[i], opt.cost.mem_host[i]
-        if self._on_rank is not None:
-            if sign > 0:
-                for r in ranks.tolist():
-                    self._on_rank[r].add(i)
-            else:
-                for r in ranks.tolist():
-                    self._on_rank[r].discard(i)
+        if self._on is not None:
+            on, shard = self._on
+            on[i, ranks] = sign > 0
+            shard[i] = opt.shard_time[i]
 
     def _singles(self) -> tuple[np.ndarray, ...]:
         """Per table: the rank of its one shard where its option has one (-1 otherwise), and
@@ -581,15 +579,19 @@ class Search:
             self._single = (rank, T, dev, host)
         return self._single
 
-    @property
-    def on_rank(self) -> list[set[int]]:
-        """The tables with a shard on each rank."""
-        if self._on_rank is None:
-            self._on_rank = [set() for _ in range(self.W)]
-            for i in np.flatnonzero(self.choice >= 0).tolist():
-                for r in np.asarray(self.ranks[i]).tolist():
-                    self._on_rank[r].add(i)
-        return self._on_rank
+    def tables_on(self, r: int) -> list[int]:
+        """The tables with a shard on rank ``r``, largest shard first (ties: the lower table)."""
+        if self._on is None:  # (tables, ranks) bool and each placed table's shard time
+            on = np.zeros((len(self.choice), self.W), dtype=bool)
+            placed = np.flatnonzero(self.choice >= 0)
+            for i in placed.tolist():
+                on[i, self.ranks[i]] = True
+            shard = np.zeros(len(self.choice))
+            shard[placed] = self.shard_times[self.choice[placed], placed]
+            self._on = (on, shard)
+        on, shard = self._on
+        tabs = np.flatnonzero(on[:, r])
+        return tabs[np.lexsort((tabs, -shard[tabs]))].tolist()
 
     def best_option(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
         """The option and ranks for table ``i`` with the best projected slowest rank: ``max(
@@ -681,7 +683,7 @@ class Search:
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
-        self._on_rank = self._single = None
+        self._on = self._single = None
 
     def greedy(self) -> None:
         """Place every table; if memory runs out, retry filling the emptiest ranks first."""
@@ -758,7 +760,7 @@ class Search:
         loads, dev, host, choice, ranks = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
         self._pre = self._mem_max = self._host_nodes = None
-        self.choice, self.ranks, self._on_rank, self._single = choice.copy(), list(ranks), None, None
+        self.choice, self.ranks, self._on, self._single = choice.copy(), list(ranks), None, None
 
     def solve(
         self,
@@ -1116,11 +1118,8 @@ class Search:
             cur = float(self.loads[r])
             if cur <= max(target, 0.0):
                 return
-            tabs = sorted(
-                self.on_rank[r], key=lambda i: (-self.opts[self.choice[i]].shard_time[i], i)
-            )
             improved = False
-            for i in tabs:
+            for i in self.tables_on(r):
                 if self._try_reinsert(i, cur - eps * max(cur, 1e-9)) or self._try_swap(i, r, cur):
                     improved = True
                     self.moves += 1
