@@ -302,6 +302,7 @@ class Search:
         first = {ALL: 0, SINGLE: 1, ANY_K: 1, NODE_K: 1 + self.W, NODE_ALL: 1 + self.W + self.L, NODES_K: 1 + self.W + self.L}
         self._peak_at = np.array([first[o.unit] + o.k - 1 if o.unit != ALL else 0 for o in options], dtype=np.int64)
         self._by_node = np.array([o.unit in (NODE_K, NODE_ALL, NODES_K) for o in options])
+        self._options_seen: dict[tuple, tuple] = {}  # ``_options_of`` by table, host rule and content
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
         # that reaches one of them would repeat an earlier plan, and stops there. None outside
@@ -493,14 +494,19 @@ class Search:
         bytes, host bytes its fullest node takes, where its peak is read (``_peak_at``),
         whether any is placed by node, and the options and totals as bytes (the memo's)."""
         got = self._table_opts.get(i)
-        if got is None:
-            cand = np.flatnonzero(self._usable[:, i])
-            tots = self._total[cand, i]
-            got = self._table_opts[i] = (
-                cand, self.shard_times[cand, i], tots, self.shard_dev[cand, i],
-                self.most_per_node[cand] * self.shard_host[cand, i], self._peak_at[cand],
-                bool(self._by_node[cand].any()), cand.tobytes() + tots.tobytes(),
-            )
+        if got is None:  # restarts change a few tables' options: the others' are kept by content
+            usable, total = self._usable[:, i], self._total[:, i]
+            key = (i, self.host_group, usable.tobytes(), total.tobytes())
+            got = self._options_seen.get(key)
+            if got is None:
+                cand = np.flatnonzero(usable)
+                tots = total[cand]
+                got = self._options_seen[key] = (
+                    cand, self.shard_times[cand, i], tots, self.shard_dev[cand, i],
+                    self.most_per_node[cand] * self.shard_host[cand, i], self._peak_at[cand],
+                    bool(self._by_node[cand].any()), cand.tobytes() + tots.tobytes(),
+                )
+            self._table_opts[i] = got
         return got
 
     def _unmasked_peaks(self, i: int) -> tuple[np.ndarray, np.ndarray]:
