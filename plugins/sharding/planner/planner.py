@@ -359,9 +359,14 @@ class NeoPlanner(Planner):
         if search.types_used() != types:
             names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
+            added = ", ".join(sorted(ShardingType(v).short for v in search.types_used() - types))
+            solved = counted(subsets, "subset")
+            head = (
+                f"sharding types of less collective latency ({solved} solved): {names} only, {added} in place of {dropped}"
+                if added else f"fewer sharding types ({solved} solved): {names} only, without {dropped}"
+            )
             result.notes.append(
-                f"fewer sharding types ({counted(subsets, 'subset')} solved): {names} only, without {dropped}; "
-                f"load {refined * 1e3:.3f} -> {float(search.loads.max()) * 1e3:.3f} ms, collective latency "
+                f"{head}; load {refined * 1e3:.3f} -> {float(search.loads.max()) * 1e3:.3f} ms, collective latency "
                 f"{model.latency_time(types) * 1e3:.3f} -> {model.latency_time(search.types_used()) * 1e3:.3f} ms, "
                 f"step {step * 1e3:.3f} -> {search.step() * 1e3:.3f} ms; the why-lines' alternatives include "
                 "the types left out"
