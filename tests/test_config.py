@@ -230,7 +230,7 @@ def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -
         ("+sharding.timeout_s=60", "Unknown key sharding.timeout_s for sharder plugin 'neo'. sharding.timeout_s is "
          "a key of 'torchrec': select one with it, e.g. sharding=torchrec sharding.timeout_s=<value>. Its keys: "
          "check_settings_s, col_shard_counts, collective_latency_s, estimator, fewer_types_share, host_reserve_fraction, index_bytes, min_col_width, "
-         "packing_targets, refine, reserve_fraction, sharding_types, table_sharding_types, time_budget_s."),
+         "packing_targets, progress, refine, reserve_fraction, sharding_types, table_sharding_types, time_budget_s."),
     ],
     ids=["typo", "key-of-another-plugin", "key-of-none", "exact-key-of-another-plugin"],
 )

@@ -247,6 +247,44 @@ def test_a_plan_over_fewer_types_is_searched_close_to_its_bound():
     assert result.predicted_step_time <= 1.05 * planner.last_search.step_bound()
 
 
+def test_a_long_plan_shows_its_status_on_a_terminal_only(monkeypatch):
+    import io
+    import sys
+
+    import neo_plugins.sharding.planner.planner as planner_module
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(planner_module, "STATUS_DELAY_S", 0.0)  # as if every plan took long
+    monkeypatch.setattr(planner_module, "STATUS_EVERY_S", 0.0)
+    ctx = make_context({"name": "zionex"}, 512)
+
+    def shown(**kwargs) -> str:
+        err = Terminal()
+        monkeypatch.setattr(sys, "stderr", err)
+        NeoPlanner(**kwargs).plan(mlperf_dcnv2(), ctx)
+        monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+        return err.getvalue()
+
+    text = shown()
+    assert "planning 26 tables on 128 ranks" in text and "restarts, " in text and "bound 0.755 ms" in text
+    assert "fewer types: DP+GRID" in text
+    assert text.rstrip(" ").endswith("\r")  # cleared when the plan is done
+    assert shown(progress=False) == ""
+    monkeypatch.setenv("RANK", "1")  # each rank of a run plans the same: only the first says so
+    assert shown() == ""
+    monkeypatch.delenv("RANK")
+    err = io.StringIO()  # not a terminal: a log, a pipe
+    monkeypatch.setattr(sys, "stderr", err)
+    NeoPlanner().plan(mlperf_dcnv2(), ctx)
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+    assert err.getvalue() == ""
+    with pytest.raises(ConfigError, match=r"sharding.progress must be true or false"):
+        NeoPlanner(progress="yes")
+
+
 def test_a_faster_network_never_gets_a_slower_plan():
     # MLPerf on 128 ZionEX ranks: the faster the links between nodes, the cheaper each shard's
     # all-to-all, and the more the greedy favours many small shards one table at a time, whose

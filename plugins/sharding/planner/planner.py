@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
+import os
+import sys
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -127,6 +130,40 @@ def _check_planner_args(
             _type_list(f"sharding.table_sharding_types.{name}", types)
 
 
+# a plan's status line shows once it has taken this long (most plans take less), and is
+# redrawn at most this often
+STATUS_DELAY_S, STATUS_EVERY_S = 1.0, 0.2
+
+
+def _quiet(status: str) -> None:
+    """No status line (``NeoPlanner.progress`` off, or outside a plan)."""
+
+
+@contextlib.contextmanager
+def _status_line(what: str, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A status line on stderr while planning takes more than a second: what is planned, the
+    time so far and the search's last news (runs so far, the best slowest rank and the
+    bound). tqdm's, shown only where stderr is a terminal, and only on the first rank of a
+    distributed run (each rank plans the same); it is cleared when the plan is done."""
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    if not enabled or rank != "0":
+        yield _quiet
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=what, total=None, delay=STATUS_DELAY_S, leave=False, disable=None, file=sys.stderr,
+               bar_format="{desc} [{elapsed}]{postfix}", mininterval=STATUS_EVERY_S)
+
+    def status(news: str) -> None:
+        bar.set_postfix_str(news, refresh=False)
+        bar.update(1)
+
+    try:
+        yield status
+    finally:
+        bar.close()
+
+
 class NeoPlanner(Planner):
     """Topology-aware 4D sharding planner (TW, RW, CW, DP, TWRW, TWCW, GRID)."""
 
@@ -148,6 +185,7 @@ class NeoPlanner(Planner):
         packing_targets: int | None = None,
         check_settings_s: float = 20.0,
         fewer_types_share: float = 0.10,
+        progress: bool = True,
     ) -> None:
         _check_planner_args(
             sharding_types, reserve_fraction, host_reserve_fraction, col_shard_counts, min_col_width,
@@ -162,6 +200,13 @@ class NeoPlanner(Planner):
         # plans over fewer sharding types are tried where the collectives' latency they could
         # save is at least this share of the step (Search.fewer_types)
         self.fewer_types_share = float(fewer_types_share)
+        if not isinstance(progress, bool):
+            raise ConfigError(
+                f"sharding.progress must be true or false (a status line on a terminal while a plan takes "
+                f"more than a second), got {progress!r}."
+            )
+        self.progress = progress
+        self._status: Callable[[str], None] = _quiet
         # seconds to check, by planning, the topology settings a refusal names (the fewest
         # nodes, the memory): raised until the tables plan with them; 0: the memory bounds,
         # unchecked
@@ -211,20 +256,29 @@ class NeoPlanner(Planner):
 
     # ---- planning ------------------------------------------------------------------
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
-        try:
-            return self._plan(tables, context)
-        except PlanningError as exc:
-            named: NamedSettings | None = getattr(exc, "named_settings", None)
-            if named is None or self.check_settings_s <= 0:
-                raise
-            deadline = time.perf_counter() + self.check_settings_s
-            found = [self._plans_with(tables, context, group, deadline) for group in named.groups]
-            if all(f is None for f in found):
-                raise
-            groups = [f if isinstance(f, list) else g for f, g in zip(found, named.groups)]
-            checked = [True if isinstance(f, list) else f or False for f in found]
-            note = _settings_note(context.topology, groups, checked)
-            raise PlanningError(str(exc).replace(named.anchor, named.keep + note, 1)) from None
+        what = f"planning {counted(len(tables), 'table')} on {counted(context.topology.world_size, 'rank')}"
+        with _status_line(what, self.progress) as self._status:
+            try:
+                return self._plan(tables, context)
+            except PlanningError as exc:
+                return self._check_settings(exc, tables, context)
+            finally:
+                self._status = _quiet
+
+    def _check_settings(self, exc: PlanningError, tables: Sequence[TableSpec], context: PlanningContext) -> NoReturn:
+        """Re-raise a refusal with the settings it names checked by planning (``_plans_with``),
+        or as it is."""
+        named: NamedSettings | None = getattr(exc, "named_settings", None)
+        if named is None or self.check_settings_s <= 0:
+            raise exc
+        deadline = time.perf_counter() + self.check_settings_s
+        found = [self._plans_with(tables, context, group, deadline) for group in named.groups]
+        if all(f is None for f in found):
+            raise exc
+        groups = [f if isinstance(f, list) else g for f, g in zip(found, named.groups)]
+        checked = [True if isinstance(f, list) else f or False for f in found]
+        note = _settings_note(context.topology, groups, checked)
+        raise PlanningError(str(exc).replace(named.anchor, named.keep + note, 1)) from None
 
     def _plans_with(
         self, tables: Sequence[TableSpec], context: PlanningContext, group: Sequence[Setting], deadline: float
@@ -249,6 +303,8 @@ class NeoPlanner(Planner):
         def plans(scale: float) -> bool:
             key = tuple(sorted(at(scale).items()))
             if key not in tried:
+                self._status("refused; checking " + ", ".join(
+                    f"{topology.config_keys[w][0]}={v:g}" for w, v in key))
                 changed = topology
                 for what, value in key:
                     changed = changed.with_setting(what, value)
@@ -286,6 +342,7 @@ class NeoPlanner(Planner):
         that many ranks) count as not fitting."""
         try:
             search = self._prepared(tables, context)[-1]
+            search.progress = None  # the check's own status says what is tried
             search.solve(False, max(deadline - time.perf_counter(), 1e-3), fit_targets=0)
         except NeoError:
             return False
@@ -294,6 +351,7 @@ class NeoPlanner(Planner):
     def _plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         start = time.perf_counter()
         model, arrays, allowed, options, search = self._prepared(tables, context)
+        search.progress = self._status
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced, host_shares = search.first_unplaced, search.host_shares_used
         refined, moves = float(search.loads.max()), search.moves

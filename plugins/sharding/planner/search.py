@@ -329,6 +329,10 @@ class Search:
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
         self.fit_runs = 0  # packing restarts run by the last solve (fit_restarts)
         self.fit_wins = 0  # those whose plan replaced the best so far
+        # told what the search is at, for a status line (NeoPlanner.progress): each greedy
+        # run, restart and fewer-types solve, and every 200 refinement moves
+        self.progress: Callable[[str], None] | None = None
+        self._runs, self._best_news = 0, "no plan yet"
 
     # ---- placing one option --------------------------------------------------------
     def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
@@ -850,6 +854,7 @@ class Search:
                 self.refine(time_budget_s, target=target)
             best, snap = float(self.loads.max()), self.snapshot()
             plans = {first_plan}
+            self._news("greedy", best, bound)
         else:
             first, best, snap, plans = float("inf"), float("inf"), None, set()
         shard = np.stack([o.shard_time for o in self.opts])
@@ -888,6 +893,7 @@ class Search:
                 peak = self._restart(usable, true_total + factor * extra, tol0, True, plans, refine, time_budget_s / 4, target)
                 if peak is not None and peak < best * (1 - 1e-9):
                     best, snap = peak, self.snapshot()
+                self._news("memory-priced runs", best, bound)
         if snap is None:  # no run placed every table: the first greedy's message says where
             assert unplaced is not None
             raise unplaced
@@ -915,6 +921,7 @@ class Search:
             if peak is not None and peak < best * (1 - 1e-9):
                 best, snap = peak, self.snapshot()
                 self.best_restart = restarts
+            self._news("restarts", best, bound)
         self.restarts = restarts
         self.fit_runs = self.fit_wins = 0
         # packing restarts, unless the plan is within ``slack`` of the bound or memory binds
@@ -980,6 +987,7 @@ class Search:
                 if peak < best * (1 - 1e-9) and self.step() <= best_step:
                     best, best_step, snap = peak, self.step(), self.snapshot()
                     self.fit_wins += 1
+                self._news("packing restarts", best, bound)
         return snap
 
     def _fit_place(self, o: int, i: int, M: float) -> tuple[float, np.ndarray] | None:
@@ -1111,6 +1119,13 @@ class Search:
             self.refine(budget_s, target=target)
         return float(self.loads.max())
 
+    def _news(self, phase: str, best: float, bound: float) -> None:
+        """Tell ``progress`` (if any) the runs so far and the best slowest rank."""
+        self._runs += 1
+        self._best_news = f"best {best * 1e3:.3f} ms, bound {bound * 1e3:.3f} ms"
+        if self.progress is not None:
+            self.progress(f"{phase}, {self._runs} run{'s' if self._runs > 1 else ''}: {self._best_news}")
+
     def refine(self, time_budget_s: float = 30.0, max_moves: int = 100000, target: float = 0.0) -> None:
         """Lower the slowest rank by re-placing or swapping its tables until stuck (or until
         it is at most ``target``, e.g. just above the lower bound)."""
@@ -1124,6 +1139,9 @@ class Search:
             cur = float(self.loads[r])
             if cur <= max(target, 0.0):
                 return
+            if self.progress is not None and self.moves % 200 == 0 and self.moves:
+                self.progress(f"refining run {self._runs + 1} ({self.moves} moves so far): its slowest rank "
+                              f"{cur * 1e3:.3f} ms; {self._best_news}")
             improved = False
             for i in self.tables_on(r):
                 if self._try_reinsert(i, cur - eps * max(cur, 1e-9)) or self._try_swap(i, r, cur):
@@ -1284,10 +1302,13 @@ class Search:
         candidates.sort(key=lambda c: (c[0], c[1]))
         base, cache, prices = self.usable, getattr(self, "_bound_cache", None), self.memory_prices
         solved = 0
-        for value, _, usable in candidates:
+        for value, combo, usable in candidates:
             if solved >= max_solves or value >= best * (1 - 1e-9):
                 break
             solved += 1
+            if self.progress is not None:
+                names = "+".join(ShardingType(t).short for t in combo)
+                self.progress(f"fewer types: {names}; step {best * 1e3:.3f} ms so far")
             self.usable = usable
             self.reset()
             try:
