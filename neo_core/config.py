@@ -70,6 +70,27 @@ def _close(key: str, choices: list[str]) -> str:
     return f" Did you mean {match[0]!r}?" if match else ""
 
 
+def owner_hint(key: str, cfg: Mapping[str, Any], plugins: Plugins | None = None, trainer: bool = False) -> str:
+    """" Did you mean <group>.<key>?" where a top-level ``key`` is a key of the plugin a group
+    of ``cfg`` selects (``progress=false``: ``sharding.progress``), or (``trainer``) of the
+    trainer; "" otherwise."""
+    if trainer and key in {f.name for f in dataclasses.fields(TrainerConfig)}:
+        return f" Did you mean trainer.{key}?"
+    plugins = plugins or get_plugins()
+    others = []
+    for group in PLUGIN_GROUPS:
+        node = cfg.get(group)
+        name = node.get("name") if isinstance(node, Mapping) else node
+        registry = plugins.registry(group)
+        if isinstance(name, str) and name in registry and key in registry.get(name).parameters():
+            return f" Did you mean {group}.{key}?"
+        others += [(group, e.name) for e in registry.entries() if e.name != name and key in e.parameters()]
+    if others:  # a key of a plugin not selected: cache.load_factor while cache=none
+        group, name = others[0]
+        return f" {group}.{key} is a key of {group}={name}, e.g. {group}={name} {group}.{key}=<value>."
+    return ""
+
+
 def _check_plugin_node(group: str, node: Any, plugins: Plugins) -> dict[str, Any]:
     if isinstance(node, str):
         node = {"name": node}
@@ -149,7 +170,8 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
     allowed = [f.name for f in dataclasses.fields(RunConfig)]
     for key in cfg:
         if key not in allowed and key != "hydra":
-            raise ConfigError(f"Unknown config key {key!r}.{_close(key, allowed)} Top-level keys: {', '.join(allowed)}.")
+            hint = _close(key, allowed) or owner_hint(key, cfg, plugins, trainer=True)
+            raise ConfigError(f"Unknown config key {key!r}.{hint} Top-level keys: {', '.join(allowed)}.")
     cfg.setdefault("topology", {"name": DEFAULT_TOPOLOGY})
     nodes = {}
     for group in PLUGIN_GROUPS:

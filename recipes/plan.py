@@ -150,6 +150,7 @@ def check_keys(cfg: dict[str, Any]) -> None:
     is reported by Neo instead of being added silently or refused by Hydra in several lines.
     Plugin keys are checked when each plugin is resolved.
     """
+    from neo_core.config import owner_hint
     from neo_core.errors import ConfigError
 
     for where, node, known in (("", cfg, TOP_KEYS), ("plan_model.", cfg.get("plan_model") or {}, MODEL_KEYS)):
@@ -159,6 +160,8 @@ def check_keys(cfg: dict[str, Any]) -> None:
             if key not in known and key != "hydra":
                 close = difflib.get_close_matches(key, named, n=1)
                 hint = f" Did you mean {where}{close[0]}?" if close else ""
+                if not close and not where:  # a plugin's key without its group: progress=false
+                    hint = owner_hint(key, cfg)
                 listed = ", ".join(f"{k} (model)" if k in ALIASES.values() and not where else k for k in known)
                 raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {listed}.")
 

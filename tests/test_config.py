@@ -248,6 +248,21 @@ def test_misspelled_top_level_key() -> None:
         validate({**cfg, "sed": 1})
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("progress=false", "Did you mean sharding.progress?"),
+        ("max_steps=5", "Did you mean trainer.max_steps?"),
+        ("load_factor=0.1", "cache.load_factor is a key of cache=l"),
+    ],
+)
+def test_a_key_given_without_its_group_is_told_the_group(hydra_conf, override, said) -> None:
+    # a plugin's or the trainer's key typed at the top level, as `neo plugins` lists it
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run(f"++{override}"))
+    assert str(err.value).startswith(f"Unknown config key {override.split('=')[0]!r}. {said}")
+
+
 def test_unknown_plugin_name(hydra_conf) -> None:
     with pytest.raises(PluginError) as err:
         validate(compose_run("sharding.name=neoo"))

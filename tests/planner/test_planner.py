@@ -232,8 +232,8 @@ def test_fewer_types_may_swap_a_type_for_one_of_less_latency():
     result = NeoPlanner().plan(mlperf_dcnv2(), ctx)
     assert {a.sharding_type for a in result.tables} == {"data_parallel", "grid_shard"}
     assert result.predicted_step_time < 0.50e-3
-    [note] = [n for n in result.notes if "sharding types of less collective latency" in n]
-    assert "DP, GRID only, DP in place of CW" in note and "step 0.517 -> 0.495 ms" in note
+    [note] = [n for n in result.notes if "sharding types swapped for less collective latency" in n]
+    assert "(1 alternative solved): DP in place of CW, now DP, GRID;" in note and "step 0.517 -> 0.495 ms" in note
 
 
 def test_a_plan_over_fewer_types_is_searched_close_to_its_bound():
@@ -269,10 +269,12 @@ def test_a_long_plan_shows_its_status_on_a_terminal_only(monkeypatch):
         return err.getvalue()
 
     text = shown()
-    assert "planning 26 tables on 128 ranks" in text and "restarts, " in text and "bound 0.755 ms" in text
-    assert "fewer types: DP+GRID" in text
+    assert "planning [00:00], load " in text and "(bound 0.755): restarts" in text
+    assert "(bound 0.853): DP+GRID only, restarts" in text  # the fewer-types solve's own bound
     assert text.rstrip(" ").endswith("\r")  # cleared when the plan is done
     assert shown(progress=False) == ""
+    assert "TorchRec's estimates, option 1 of " in shown(estimator="torchrec")  # its costing's own phase
+    assert shown(progress=False, estimator="torchrec") == ""
     monkeypatch.setenv("RANK", "1")  # each rank of a run plans the same: only the first says so
     assert shown() == ""
     monkeypatch.delenv("RANK")
@@ -281,8 +283,10 @@ def test_a_long_plan_shows_its_status_on_a_terminal_only(monkeypatch):
     NeoPlanner().plan(mlperf_dcnv2(), ctx)
     monkeypatch.setattr(sys, "stderr", sys.__stderr__)
     assert err.getvalue() == ""
-    with pytest.raises(ConfigError, match=r"sharding.progress must be true or false"):
+    with pytest.raises(ConfigError, match=r"sharding.progress must be true or false, got 'yes'"):
         NeoPlanner(progress="yes")
+    with pytest.raises(ConfigError, match=r"sharding.refine must be true or false, got 0"):
+        NeoPlanner(refine=0)
 
 
 def test_a_faster_network_never_gets_a_slower_plan():
@@ -860,7 +864,7 @@ def test_a_why_line_says_when_the_fewer_types_pass_left_its_alternative_out():
               TableSpec("small", 1000, 32, 1.0), TableSpec("tiny", 10, 16, 1.0)]
     result = plan_tables(tables, {"name": "zionex", "num_nodes": 2}, 512)
     [note] = [n for n in result.notes if n.endswith("the why-lines' alternatives include the types left out")]
-    assert "TWRW only, TWRW in place of DP, GRID" in note  # the types of the full solve's plan, swapped
+    assert "TWRW in place of DP, GRID, now TWRW;" in note  # the types of the full solve's plan, swapped
     why = result.table("tiny").why
     assert "least total would be DP " in why and why.endswith(", DP left out of the plan to save its collectives' latency")
     assert all("left out of the plan" not in t.why or "least total would be DP" in t.why for t in result.tables)

@@ -141,10 +141,10 @@ def _quiet(status: str) -> None:
 
 @contextlib.contextmanager
 def _status_line(what: str, enabled: bool) -> Iterator[Callable[[str], None]]:
-    """A status line on stderr while planning takes more than a second: what is planned, the
-    time so far and the search's last news (runs so far, the best slowest rank and the
-    bound). tqdm's, shown only where stderr is a terminal, and only on the first rank of a
-    distributed run (each rank plans the same); it is cleared when the plan is done."""
+    """A status line on stderr while planning takes more than a second: the time so far and
+    the search's last news (the best slowest rank's load, its bound, the phase). tqdm's,
+    shown only where stderr is a terminal, and only on the first rank of a distributed run
+    (each rank plans the same); it is cleared when the plan is done."""
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
     if not enabled or rank != "0":
         yield _quiet
@@ -200,11 +200,9 @@ class NeoPlanner(Planner):
         # plans over fewer sharding types are tried where the collectives' latency they could
         # save is at least this share of the step (Search.fewer_types)
         self.fewer_types_share = float(fewer_types_share)
-        if not isinstance(progress, bool):
-            raise ConfigError(
-                f"sharding.progress must be true or false (a status line on a terminal while a plan takes "
-                f"more than a second), got {progress!r}."
-            )
+        for key, value in (("refine", refine), ("progress", progress)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"sharding.{key} must be true or false, got {value!r}.")
         self.progress = progress
         self._status: Callable[[str], None] = _quiet
         # seconds to check, by planning, the topology settings a refusal names (the fewest
@@ -256,8 +254,7 @@ class NeoPlanner(Planner):
 
     # ---- planning ------------------------------------------------------------------
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
-        what = f"planning {counted(len(tables), 'table')} on {counted(context.topology.world_size, 'rank')}"
-        with _status_line(what, self.progress) as self._status:
+        with _status_line("planning", self.progress) as self._status:
             try:
                 return self._plan(tables, context)
             except PlanningError as exc:
@@ -304,7 +301,7 @@ class NeoPlanner(Planner):
             key = tuple(sorted(at(scale).items()))
             if key not in tried:
                 self._status("refused; checking " + ", ".join(
-                    f"{topology.config_keys[w][0]}={v:g}" for w, v in key))
+                    f"{topology.config_keys[w][0]}={v:g}" for w, v in key) + " by planning")
                 changed = topology
                 for what, value in key:
                     changed = changed.with_setting(what, value)
@@ -391,9 +388,11 @@ class NeoPlanner(Planner):
             )
         elapsed = time.perf_counter() - start
         result.notes.append(
-            f"searched {len(options)} options x {len(tables)} tables in {elapsed:.2f} s; "
-            f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> refined {refined * 1e3:.3f} ms "
-            f"({moves} moves, {search.restarts} restarts"
+            f"searched {len(options)} options x {counted(len(tables), 'table')} in {elapsed:.2f} s; "
+            f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> "
+            + (f"refined {refined * 1e3:.3f} ms ({moves} moves, " if self.refine else
+               f"{refined * 1e3:.3f} ms, not refined (sharding.refine=false; ")
+            + f"{search.restarts} restarts"
             + (f", {fit_runs} packing restarts, {fit_wins} better" if fit_runs else "")
             + f"); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
@@ -418,9 +417,10 @@ class NeoPlanner(Planner):
             names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
             added = ", ".join(sorted(ShardingType(v).short for v in search.types_used() - types))
-            solved = counted(subsets, "subset")
+            solved = counted(subsets, "alternative")
             head = (
-                f"sharding types of less collective latency ({solved} solved): {names} only, {added} in place of {dropped}"
+                f"sharding types swapped for less collective latency ({solved} solved): {added} in place of {dropped}, "
+                f"now {names}"
                 if added else f"fewer sharding types ({solved} solved): {names} only, without {dropped}"
             )
             result.notes.append(
@@ -456,7 +456,7 @@ class NeoPlanner(Planner):
         if self.estimator == "torchrec":
             from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
 
-            torchrec_option_costs(options, tables, context)
+            torchrec_option_costs(options, tables, context, status=self._status)
         search = Search(model, arrays, options)
 
         def why_none(i: int) -> str:  # why table i has no option, type by type

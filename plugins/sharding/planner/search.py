@@ -329,10 +329,11 @@ class Search:
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
         self.fit_runs = 0  # packing restarts run by the last solve (fit_restarts)
         self.fit_wins = 0  # those whose plan replaced the best so far
-        # told what the search is at, for a status line (NeoPlanner.progress): each greedy
-        # run, restart and fewer-types solve, and every 200 refinement moves
+        # told what the search is at, for a status line (NeoPlanner.progress): after the first
+        # greedy, each restart and fewer-types solve's, and every 200 refinement moves
         self.progress: Callable[[str], None] | None = None
-        self._runs, self._best_news = 0, "no plan yet"
+        self.progress_prefix = ""  # the types a fewer-types solve keeps, e.g. "DP+GRID only, "
+        self._best_news = "no plan yet"
 
     # ---- placing one option --------------------------------------------------------
     def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
@@ -854,7 +855,7 @@ class Search:
                 self.refine(time_budget_s, target=target)
             best, snap = float(self.loads.max()), self.snapshot()
             plans = {first_plan}
-            self._news("greedy", best, bound)
+            self._news("first greedy", best, bound)
         else:
             first, best, snap, plans = float("inf"), float("inf"), None, set()
         shard = np.stack([o.shard_time for o in self.opts])
@@ -1120,11 +1121,11 @@ class Search:
         return float(self.loads.max())
 
     def _news(self, phase: str, best: float, bound: float) -> None:
-        """Tell ``progress`` (if any) the runs so far and the best slowest rank."""
-        self._runs += 1
-        self._best_news = f"best {best * 1e3:.3f} ms, bound {bound * 1e3:.3f} ms"
+        """Tell ``progress`` (if any) the best slowest rank's load so far, its bound, and what
+        the search is at (figures first: a terminal's width cuts the end)."""
+        self._best_news = f"load {best * 1e3:.3f} ms (bound {bound * 1e3:.3f})"
         if self.progress is not None:
-            self.progress(f"{phase}, {self._runs} run{'s' if self._runs > 1 else ''}: {self._best_news}")
+            self.progress(f"{self._best_news}: {self.progress_prefix}{phase}")
 
     def refine(self, time_budget_s: float = 30.0, max_moves: int = 100000, target: float = 0.0) -> None:
         """Lower the slowest rank by re-placing or swapping its tables until stuck (or until
@@ -1140,8 +1141,7 @@ class Search:
             if cur <= max(target, 0.0):
                 return
             if self.progress is not None and self.moves % 200 == 0 and self.moves:
-                self.progress(f"refining run {self._runs + 1} ({self.moves} moves so far): its slowest rank "
-                              f"{cur * 1e3:.3f} ms; {self._best_news}")
+                self.progress(f"{self._best_news}: {self.progress_prefix}refining, {self.moves} moves")
             improved = False
             for i in self.tables_on(r):
                 if self._try_reinsert(i, cur - eps * max(cur, 1e-9)) or self._try_swap(i, r, cur):
@@ -1306,9 +1306,7 @@ class Search:
             if solved >= max_solves or value >= best * (1 - 1e-9):
                 break
             solved += 1
-            if self.progress is not None:
-                names = "+".join(ShardingType(t).short for t in combo)
-                self.progress(f"fewer types: {names}; step {best * 1e3:.3f} ms so far")
+            self.progress_prefix = "+".join(ShardingType(t).short for t in combo) + " only, "
             self.usable = usable
             self.reset()
             try:
@@ -1320,6 +1318,7 @@ class Search:
                 step = float("inf")
             finally:
                 self.usable, self._bound_cache, self.memory_prices = base, cache, prices
+                self.progress_prefix = ""
             if step < best * (1 - 1e-9):
                 best, keep = step, self.snapshot()
         self.restarts, self.best_restart = restarts

@@ -11,12 +11,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
-import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
@@ -324,7 +322,8 @@ def assignments_of(options: Sequence[Any]) -> list[Any]:
 
 
 def torchrec_option_costs(
-    options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext, quick: bool = True
+    options: Sequence[Any], tables: Sequence[TableSpec], context: PlanningContext, quick: bool = True,
+    status: Callable[[str], None] | None = None,
 ) -> None:
     """Replace the time of every Neo option with TorchRec's ``EmbeddingPerfEstimator`` figures.
 
@@ -341,7 +340,6 @@ def torchrec_option_costs(
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
     from torchrec.distributed.planner.types import ParameterConstraints
-    from tqdm import tqdm
 
     from neo_plugins.sharding.planner.cost import CACHED, CB, CF, CIN, CMB, CMF
     from neo_plugins.sharding.sharders import make_sharders
@@ -349,12 +347,10 @@ def torchrec_option_costs(
     topo = context.topology.to_torchrec()
     sharders = make_sharders(context)
     multi = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
-    # seconds per option on hundreds of tables: a bar on a terminal, from one rank of a run
-    bar = tqdm(
-        options, desc="TorchRec estimates", unit="option", leave=False, file=sys.stderr,
-        disable=None if os.environ.get("RANK", "0") == "0" else True,
-    )
-    for opt in bar:
+    # seconds per option on hundreds of tables: the planner's status line says which
+    for k, opt in enumerate(options):
+        if status is not None:
+            status(f"TorchRec's estimates, option {k + 1} of {len(options)} ({opt.label})")
         idx = [i for i in range(len(tables)) if opt.valid[i]]
         if opt.placement == CACHED:
             kernel = "fused_uvm_caching"
