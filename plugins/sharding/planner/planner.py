@@ -130,9 +130,8 @@ def _check_planner_args(
             _type_list(f"sharding.table_sharding_types.{name}", types)
 
 
-# a plan's status line shows once it has taken this long (most plans take less), and is
-# redrawn at most this often
-STATUS_DELAY_S, STATUS_EVERY_S = 1.0, 0.2
+# a plan's status line shows once it has taken this long (most plans take less)
+STATUS_DELAY_S = 1.0
 
 
 def _quiet(status: str) -> None:
@@ -151,8 +150,10 @@ def _status_line(what: str, enabled: bool) -> Iterator[Callable[[str], None]]:
         return
     from tqdm import tqdm
 
+    # news comes a few times a second at most (a run, 200 refinement moves, an option costed):
+    # each is drawn once the delay has passed, so a long phase's first news is not held back
     bar = tqdm(desc=what, total=None, delay=STATUS_DELAY_S, leave=False, disable=None, file=sys.stderr,
-               bar_format="{desc} [{elapsed}]{postfix}", mininterval=STATUS_EVERY_S)
+               bar_format="{desc} [{elapsed}]{postfix}", mininterval=0, miniters=1)
 
     def status(news: str) -> None:
         bar.set_postfix_str(news, refresh=False)
@@ -419,8 +420,8 @@ class NeoPlanner(Planner):
             added = ", ".join(sorted(ShardingType(v).short for v in search.types_used() - types))
             solved = counted(subsets, "alternative")
             head = (
-                f"sharding types swapped for less collective latency ({solved} solved): {added} in place of {dropped}, "
-                f"now {names}"
+                f"sharding types swapped for less collective latency ({solved} solved): now {names} ({added} added; "
+                f"{dropped} left out)"
                 if added else f"fewer sharding types ({solved} solved): {names} only, without {dropped}"
             )
             result.notes.append(

@@ -225,6 +225,14 @@ def capped(base: np.ndarray, shard: np.ndarray, bound: float, cap: float | None)
     return np.where(allowed.any(axis=0), allowed, base)
 
 
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: what is kept from it (``Search._options_of``) is kept until it
+    is assigned anew, so it must not change in place."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 class _Repeat(Exception):
     """A greedy run reached a step an earlier run of the same solve took (``_greedy``)."""
 
@@ -481,7 +489,7 @@ class Search:
 
     @usable.setter
     def usable(self, value: np.ndarray) -> None:
-        self._usable, self._table_opts = value, {}
+        self._usable, self._table_opts = _frozen(value), {}
 
     @property
     def total(self) -> np.ndarray:
@@ -491,7 +499,7 @@ class Search:
 
     @total.setter
     def total(self, value: np.ndarray) -> None:
-        self._total, self._table_opts = value, {}
+        self._total, self._table_opts = _frozen(value), {}
 
     def _options_of(self, i: int) -> tuple:
         """Table ``i``'s usable options and what ``best_option`` reads of each, kept until the
@@ -1272,10 +1280,10 @@ class Search:
         below the current step are solved in bound order (``solve`` restricted to ``S``, with
         at most ``max_restarts`` restarts), at most ``max_solves`` of them, and the plan with
         the lowest predicted step (``step``) is kept. A restricted solve runs its wide-band
-        restarts until its plan is within ``wide_slack`` of its bound (``solve``'s default
-        stops at 8%): fewer types leave fewer near-ties to try, and the few percent they
-        leave is the win (MLPerf on 128 ranks: 1.034 -> 1.011 ms). Deterministic; returns
-        the number of subsets solved.
+        restarts while its plan is more than ``wide_slack`` above its bound (``solve``'s
+        default: 8%), until within ``slack`` (2%) or out of restarts: fewer types leave fewer
+        near-ties to try, and the few percent they leave is the win (MLPerf on 128 ranks:
+        1.034 -> 1.011 ms). Deterministic; returns the number of subsets solved.
         """
         latency = self.model.latency_time
         used = sorted(self.types_used())
@@ -1306,7 +1314,7 @@ class Search:
             if solved >= max_solves or value >= best * (1 - 1e-9):
                 break
             solved += 1
-            self.progress_prefix = "+".join(ShardingType(t).short for t in combo) + " only, "
+            self.progress_prefix = "+".join(sorted(ShardingType(t).short for t in combo)) + " only, "
             self.usable = usable
             self.reset()
             try:
