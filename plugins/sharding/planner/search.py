@@ -303,6 +303,7 @@ class Search:
         self.moves = 0
         self._pre: list | None = None  # _sorted_loads of the current loads
         self._mem_max: tuple[float, float] | None = None  # _fullest of the current memory
+        self._ties: np.ndarray | None = None  # _load_ties of the current loads
         self._all_rank_ids = np.arange(self.W)
         # where each option's peak before its shard is read in ``_peak_bases``: the slowest
         # rank (ALL), the k-th least loaded rank (SINGLE, ANY_K), the least k-th load of any
@@ -347,7 +348,6 @@ class Search:
     def place(self, o: int, i: int) -> tuple[float, np.ndarray] | None:
         """Best ranks for option ``o`` of table ``i``: (peak load after, ranks) or None."""
         opt = self.opts[o]
-        T = opt.shard_time[i]
         add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
         fullest = self._fullest()
         if (
@@ -355,14 +355,26 @@ class Search:
             and fullest[1] + self.most_per_node[o] * add_host <= self.cap_node
         ):  # fits on every rank (the common case): ranks in load order, nothing masked
             return self._place_unmasked(opt.unit, opt.k, float(opt.shard_time[i]))
+        feas = self._fits(add_dev, add_host, int(self.rank_per_node[o]))
+        if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
+            key = self.utilisation(add_dev, add_host) + self._load_ties()
         else:
-            feas = self._fits(add_dev, add_host, int(self.rank_per_node[o]))
-            if self.by_memory:  # memory-tight retry: fill the emptiest ranks first
-                key = self.utilisation(add_dev, add_host)
-                key = key + 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
-            else:
-                key = self.loads
-            sel = np.where(feas, key, np.inf)
+            key = self.loads
+        return self._place_on(o, i, feas, key)
+
+    def _load_ties(self) -> np.ndarray:
+        """Per rank, a millionth of its load over the slowest's: the memory-tight retry's tie
+        break between ranks of equal fullness (once per state)."""
+        if self._ties is None:
+            self._ties = 1e-6 * self.loads / max(float(self.loads.max()), 1e-30)
+        return self._ties
+
+    def _place_on(self, o: int, i: int, feas: np.ndarray, key: np.ndarray) -> tuple[float, np.ndarray] | None:
+        """``place`` on the ranks ``feas`` allows (memory), the lowest ``key`` first."""
+        opt = self.opts[o]
+        T = opt.shard_time[i]
+        add_host = opt.cost.mem_host[i]
+        sel = np.where(feas, key, np.inf)
         unit = opt.unit
         if unit == ALL:
             return (float(self.loads.max() + T), np.arange(self.W)) if feas.all() else None
@@ -413,7 +425,7 @@ class Search:
         self.cap_node = self.cap_host * self.host_group
         ones = np.ones(len(self.opts), dtype=np.int64)
         self.most_per_node, self.rank_per_node = (ones, ones) if on else self._node_counts
-        self._host_nodes = self._mem_max = None
+        self._host_nodes = self._mem_max = self._ties = None
         self._table_opts = {}  # host bytes a node takes changed (``_options_of``)
 
     def _node_host(self) -> np.ndarray:
@@ -564,7 +576,7 @@ class Search:
         places an option's shards on distinct ranks (``place``); a plan from elsewhere may put
         two shards on one rank (``distinct=False``: each counts)."""
         opt = self.opts[o]
-        self._pre = self._mem_max = self._host_nodes = None
+        self._pre = self._mem_max = self._host_nodes = self._ties = None
         if distinct:
             self.loads[ranks] += sign * opt.shard_time[i]
             self.mem_dev[ranks] += sign * opt.cost.mem_device[i]
@@ -671,16 +683,18 @@ class Search:
         cur_max = float(self.loads.max())
         cur_sum = float(self.loads.sum())
         found = []
+        ties = self._load_ties()
         for o in np.flatnonzero(self.usable[:, i]).tolist():
-            placed = self.place(o, i)
+            opt = self.opts[o]
+            add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
+            full = self.utilisation(add_dev, add_host)  # the emptiest ranks first (as ``place``)
+            placed = self._place_on(o, i, self._fits(add_dev, add_host, int(self.rank_per_node[o])), full + ties)
             if placed is None:
                 continue
             peak, ranks = placed
             tot = float(self.total[o, i])
             score = max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W)
-            opt = self.opts[o]
-            util = self.utilisation(opt.cost.mem_device[i], opt.cost.mem_host[i])[ranks].max()
-            found.append((float(util) + 1e-3 * score / self.time_scale, tot, o, ranks))
+            found.append((float(full[ranks].max()) + 1e-3 * score / self.time_scale, tot, o, ranks))
         if not found:
             return None
         floor = min(f[0] for f in found) * (1.0 + self.tolerance)
@@ -698,7 +712,7 @@ class Search:
 
     def reset(self) -> None:
         self.loads[:] = 0.0
-        self._pre = self._mem_max = self._host_nodes = None
+        self._pre = self._mem_max = self._host_nodes = self._ties = None
         self.mem_dev[:] = 0.0
         self.mem_host[:] = 0.0
         self.choice[:] = -1
@@ -778,7 +792,7 @@ class Search:
     def restore(self, snap: tuple) -> None:
         loads, dev, host, choice, ranks = snap
         self.loads, self.mem_dev, self.mem_host = loads.copy(), dev.copy(), host.copy()
-        self._pre = self._mem_max = self._host_nodes = None
+        self._pre = self._mem_max = self._host_nodes = self._ties = None
         self.choice, self.ranks, self._on, self._single = choice.copy(), list(ranks), None, None
 
     def solve(
