@@ -12,8 +12,10 @@ table and bytes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import io
 import logging
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ from neo_core.cli import (
     check_command_line,
     check_group_options,
     check_run_dirs,
+    check_sweep_jobs,
     check_sweep_values,
     config_dir_shadows,
     config_dirs,
@@ -206,27 +209,14 @@ def check_not_trained(out: Path) -> None:
         )
 
 
-def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
-    """Plan the configured table set (``table_set``: its option in conf/plan_model/, named in the
-    plan's first note); returns the PlanResult.
-
-    A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
-    the selected cache policy (its eviction kept; the default ``cache=none`` becomes LRU)
-    unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
-    ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
-    """
-    out = Path(cfg.get("output_dir") or ".")
-    check_plan_folder(out)
-    for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
-        (out / stale).unlink(missing_ok=True)
-    replace_earlier_transcript()  # the earlier plan is gone: so is its transcript
+def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False) -> tuple:
+    """The configured tables, topology, planning context and planner, every key and value
+    checked (``run``'s first half, and each job's check before a sweep starts)."""
     check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
     from neo_core.api import make_context, resolve
     from neo_core.cache import CachePolicy
     from neo_core.errors import ConfigError
-    from neo_core.sharding import check_plan
-    from neo_plugins.sharding.planner.report import save_all
     from neo_plugins.sharding.planner.tables import make_tables
 
     model = cfg["plan_model"]
@@ -261,7 +251,40 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
                     "its share with cache.load_factor=<share>."
                 ) from None
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
-    planner = resolve("sharding", cfg["sharding"])
+    return tables, topology, context, resolve("sharding", cfg["sharding"])
+
+
+def check_job(cfg: dict[str, Any]) -> None:
+    """What a job checks before it plans (its keys, the table set's values, every plugin), for
+    every job of a ``-m`` sweep before the first starts; its notes and warnings are left to the
+    job itself."""
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = HydraConfig.get().overrides.task  # the job's, as its config is checked
+    share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
+    no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        prepare(cfg, share_set, no_cache)
+
+
+def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
+    """Plan the configured table set (``table_set``: its option in conf/plan_model/, named in the
+    plan's first note); returns the PlanResult.
+
+    A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
+    the selected cache policy (its eviction kept; the default ``cache=none`` becomes LRU)
+    unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
+    ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
+    """
+    out = Path(cfg.get("output_dir") or ".")
+    check_plan_folder(out)
+    for stale in PLAN_FILES:  # a failed plan, bad keys included, leaves none behind
+        (out / stale).unlink(missing_ok=True)
+    replace_earlier_transcript()  # the earlier plan is gone: so is its transcript
+    from neo_core.sharding import check_plan
+    from neo_plugins.sharding.planner.report import save_all
+
+    tables, topology, context, planner = prepare(cfg, cache_share_set, no_cache)
     print(topology.describe())
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {context.batch_size_per_rank}/rank")
     result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"], context)
@@ -329,6 +352,7 @@ if __name__ == "__main__":
         sys.exit(130)
     selected = [g for g in GROUPS if g not in APPENDED_GROUPS]
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
+    check_sweep_jobs(check_job)  # a -m sweep: every job before the first starts
     launch_lines_as_typed()
     try:
         main()

@@ -766,6 +766,20 @@ def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None
     assert "1 job(s) of the sweep failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_plan_sweep_checks_every_job_before_the_first_plans(tmp_path: Path) -> None:
+    # a key only one planner takes failed the second job after the first had planned (a 12T
+    # sweep's minutes lost); a plan that does not fit still fails only its own job (above)
+    proc = run_plan("-m", "+topology=zionex", "model=mlperf_dcnv2", "sharding=neo,torchrec", "sharding.progress=false",
+                    f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[0] == ("error: 1 of the 2 jobs of the sweep would fail, so none was started (fix them, or leave "
+                        "them out of the sweep):")
+    assert lines[1].startswith("  #1 +topology=zionex model=mlperf_dcnv2 sharding=torchrec sharding.progress=false: "
+                               "Unknown key sharding.progress for sharder plugin 'torchrec'.")
+    assert not (tmp_path / "0").exists()
+
+
 def test_the_interrupted_line_says_what_there_is_to_continue(tmp_path: Path) -> None:
     # it said "the last finished checkpoint, if any, is in the run's checkpoint/ folder; continue
     # with ... trainer.resume=true" also when nothing had started, or no checkpoint was saved
