@@ -311,6 +311,8 @@ class Search:
         first = {ALL: 0, SINGLE: 1, ANY_K: 1, NODE_K: 1 + self.W, NODE_ALL: 1 + self.W + self.L, NODES_K: 1 + self.W + self.L}
         self._peak_at = np.array([first[o.unit] + o.k - 1 if o.unit != ALL else 0 for o in options], dtype=np.int64)
         self._by_node = np.array([o.unit in (NODE_K, NODE_ALL, NODES_K) for o in options])
+        self._unit = np.array([o.unit for o in options])  # each option's unit and shard count
+        self._k = np.array([o.k for o in options], dtype=np.int64)
         self._options_seen: dict[tuple, tuple] = {}  # ``_options_of`` by table, host rule and content
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
@@ -679,27 +681,97 @@ class Search:
 
     def _best_by_memory(self, i: int, rest_lb: float) -> tuple[int, np.ndarray] | None:
         """``best_option`` for the memory-tight retry: the fullest rank touched after placing
-        decides, the projected slowest rank breaks ties."""
-        cur_max = float(self.loads.max())
-        cur_sum = float(self.loads.sum())
-        found = []
-        ties = self._load_ties()
-        for o in np.flatnonzero(self.usable[:, i]).tolist():
-            opt = self.opts[o]
-            add_dev, add_host = opt.cost.mem_device[i], opt.cost.mem_host[i]
-            full = self.utilisation(add_dev, add_host)  # the emptiest ranks first (as ``place``)
-            placed = self._place_on(o, i, self._fits(add_dev, add_host, int(self.rank_per_node[o])), full + ties)
-            if placed is None:
-                continue
-            peak, ranks = placed
-            tot = float(self.total[o, i])
-            score = max(cur_max, peak, (cur_sum + tot + rest_lb) / self.W)
-            found.append((float(full[ranks].max()) + 1e-3 * score / self.time_scale, tot, o, ranks))
-        if not found:
+        decides, the projected slowest rank breaks ties. Every option of the table is placed at
+        once (``_memory_places``, as ``place`` would, the emptiest ranks first); the chosen
+        one's ranks are then read off ``_place_on``."""
+        cand, _, tots = self._options_of(i)[:3]
+        if not len(cand):
             return None
-        floor = min(f[0] for f in found) * (1.0 + self.tolerance)
-        best = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
-        return best[2], best[3]
+        feas, key, full, chosen, ok, scalar = self._memory_places(i, cand)
+        peak = np.where(chosen, self.loads[None, :], -np.inf).max(axis=1) + self.shard_times[cand, i]
+        util = np.where(chosen, full, -np.inf).max(axis=1)
+        for n in scalar:  # CW shards whose first ranks' nodes lack host memory: rank by rank
+            placed = self._place_on(int(cand[n]), i, feas[n], key[n])
+            ok[n] = placed is not None
+            if placed is not None:
+                peak[n], util[n] = placed[0], full[n, placed[1]].max()
+        if not ok.any():
+            return None
+        score = np.maximum(np.maximum(float(self.loads.max()), peak), (float(self.loads.sum()) + tots + rest_lb) / self.W)
+        final = np.where(ok, util + 1e-3 * score / self.time_scale, np.inf)
+        band = np.flatnonzero(final <= float(final.min()) * (1.0 + self.tolerance))
+        n = int(band[np.lexsort((final[band], tots[band]))[0]])  # least total, then score, then option
+        placed = self._place_on(int(cand[n]), i, feas[n], key[n])
+        assert placed is not None
+        return int(cand[n]), placed[1]
+
+    def _memory_places(self, i: int, cand: np.ndarray) -> tuple:
+        """``place``'s memory-tight retry for options ``cand`` of table ``i``, all at once: per
+        option (rows), the ranks each fits on (``_fits``), the order it fills them in (its
+        ``utilisation`` after placing plus ``_load_ties``), that utilisation, the ranks it
+        takes (a mask), whether it fits anywhere, and the rows ``_spread`` must place rank by
+        rank (CW shards whose first ranks' nodes lack host memory)."""
+        W, N, L = self.W, self.N, self.L
+        add_dev, add_host = self.shard_dev[cand, i], self.shard_host[cand, i]
+        host, group = self._node_host(), np.arange(W) // self.host_group
+        feas = self.mem_dev[None, :] + add_dev[:, None] <= self.cap_dev
+        hosted = add_host > 0
+        if hosted.any():
+            fits_node = host[None, :] + (self.rank_per_node[cand] * add_host)[:, None] <= self.cap_node
+            feas &= fits_node[:, group] | ~hosted[:, None]
+        full = (self.mem_dev[None, :] + add_dev[:, None]) / max(self.cap_dev, 1.0)
+        if self.cap_node > 0:
+            full = np.maximum(full, (host[None, :] + add_host[:, None])[:, group] / self.cap_node)
+        key = full + self._load_ties()[None, :]
+        sel = np.where(feas, key, np.inf)
+        units, ks = self._unit[cand], self._k[cand]
+        chosen = np.zeros(sel.shape, dtype=bool)
+        ok = np.zeros(len(cand), dtype=bool)
+        scalar: list[int] = []
+        j = np.flatnonzero(units == SINGLE)  # the emptiest rank
+        if len(j):
+            r = sel[j].argmin(axis=1)
+            ok[j] = np.isfinite(sel[j, r])
+            chosen[j, r] = True
+        j = np.flatnonzero(units == ALL)
+        if len(j):
+            ok[j] = feas[j].all(axis=1)
+            chosen[j] = True
+        j = np.flatnonzero(units == ANY_K)  # the k emptiest ranks
+        if len(j):
+            order = np.argsort(sel[j], axis=1, kind="stable")
+            pos = np.empty_like(order)
+            np.put_along_axis(pos, order, np.broadcast_to(np.arange(W), order.shape), axis=1)
+            first = pos < ks[j][:, None]
+            ok[j] = np.isfinite(np.take_along_axis(sel[j], order, axis=1)[np.arange(len(j)), ks[j] - 1])
+            chosen[j] = first
+            check = hosted[j] & ok[j]
+            if check.any():
+                taken = first.reshape(len(j), -1, self.host_group).sum(axis=2)
+                over = ~(host[None, :] + taken * add_host[j][:, None] <= self.cap_node).all(axis=1)
+                scalar += j[check & over].tolist()
+        j = np.flatnonzero(units == NODE_K)  # the node whose k-th emptiest rank is emptiest
+        if len(j):
+            grid = sel[j].reshape(len(j), N, L)
+            gorder = np.argsort(grid, axis=2, kind="stable")
+            rows = np.arange(len(j))
+            kth = np.take_along_axis(grid, gorder[rows, :, ks[j] - 1][:, :, None], axis=2)[:, :, 0]
+            node = kth.argmin(axis=1)
+            ok[j] = np.isfinite(kth[rows, node])
+            ranks = node[:, None] * L + gorder[rows, node]  # the node's ranks, emptiest first
+            take = np.arange(L)[None, :] < ks[j][:, None]
+            chosen[np.repeat(j, L)[take.reshape(-1)], ranks[take]] = True
+        j = np.flatnonzero((units == NODE_ALL) | (units == NODES_K))  # the emptiest whole nodes
+        if len(j):
+            keys = sel[j].reshape(len(j), N, L).max(axis=2)
+            norder = np.argsort(keys, axis=1, kind="stable")
+            k = np.where(units[j] == NODE_ALL, 1, ks[j])
+            rows = np.arange(len(j))
+            ok[j] = np.isfinite(keys[rows, norder[rows, k - 1]])
+            npos = np.empty_like(norder)
+            np.put_along_axis(npos, norder, np.broadcast_to(np.arange(N), norder.shape), axis=1)
+            chosen[j] = np.repeat(npos < k[:, None], L, axis=1)
+        return feas, key, full, chosen, ok, scalar
 
     # ---- the two phases ------------------------------------------------------------
     def utilisation(self, add_dev: float = 0.0, add_host: float = 0.0) -> np.ndarray:
