@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,15 +70,18 @@ def _close(key: str, choices: list[str]) -> str:
     return f" Did you mean {match[0]!r}?" if match else ""
 
 
-def owner_hint(key: str, cfg: Mapping[str, Any], plugins: Plugins | None = None, trainer: bool = False) -> str:
-    """" Did you mean <group>.<key>?" where a top-level ``key`` is a key of the plugin a group
-    of ``cfg`` selects (``progress=false``: ``sharding.progress``), or (``trainer``) of the
-    trainer; "" otherwise."""
+def owner_hint(
+    key: str, cfg: Mapping[str, Any], plugins: Plugins | None = None, trainer: bool = False,
+    groups: Sequence[str] = PLUGIN_GROUPS,
+) -> str:
+    """" Did you mean <group>.<key>?" where a top-level ``key`` is a key of the plugin one of
+    ``groups`` of ``cfg`` selects (``progress=false``: ``sharding.progress``), or (``trainer``)
+    of the trainer; where it is a key of other plugins of a group, which; "" otherwise."""
     if trainer and key in {f.name for f in dataclasses.fields(TrainerConfig)}:
         return f" Did you mean trainer.{key}?"
     plugins = plugins or get_plugins()
-    others = []
-    for group in PLUGIN_GROUPS:
+    others: list[tuple[str, str]] = []
+    for group in groups:
         node = cfg.get(group)
         name = node.get("name") if isinstance(node, Mapping) else node
         registry = plugins.registry(group)
@@ -86,8 +89,10 @@ def owner_hint(key: str, cfg: Mapping[str, Any], plugins: Plugins | None = None,
             return f" Did you mean {group}.{key}?"
         others += [(group, e.name) for e in registry.entries() if e.name != name and key in e.parameters()]
     if others:  # a key of a plugin not selected: cache.load_factor while cache=none
-        group, name = others[0]
-        return f" {group}.{key} is a key of {group}={name}, e.g. {group}={name} {group}.{key}=<value>."
+        group = others[0][0]
+        names = [name for g, name in others if g == group]
+        return (f" {group}.{key} is a key of {' and '.join(f'{group}={n}' for n in names)}: select one with it, "
+                f"e.g. {group}={names[0]} {group}.{key}=<value>.")
     return ""
 
 
@@ -170,7 +175,7 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
     allowed = [f.name for f in dataclasses.fields(RunConfig)]
     for key in cfg:
         if key not in allowed and key != "hydra":
-            hint = _close(key, allowed) or owner_hint(key, cfg, plugins, trainer=True)
+            hint = owner_hint(key, cfg, plugins, trainer=True) or _close(key, allowed)  # an exact key first
             raise ConfigError(f"Unknown config key {key!r}.{hint} Top-level keys: {', '.join(allowed)}.")
     cfg.setdefault("topology", {"name": DEFAULT_TOPOLOGY})
     nodes = {}

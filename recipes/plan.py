@@ -163,8 +163,8 @@ def check_keys(cfg: dict[str, Any]) -> None:
             if key not in known and key != "hydra":
                 close = difflib.get_close_matches(key, named, n=1)
                 hint = f" Did you mean {where}{close[0]}?" if close else ""
-                if not close and not where:  # a plugin's key without its group: progress=false
-                    hint = owner_hint(key, cfg)
+                if not where:  # a plugin's key without its group (progress=false): an exact key first
+                    hint = owner_hint(key, cfg, groups=[g for g in GROUPS if g != "plan_model"]) or hint
                 listed = ", ".join(f"{k} (model)" if k in ALIASES.values() and not where else k for k in known)
                 raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {listed}.")
 

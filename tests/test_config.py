@@ -253,7 +253,8 @@ def test_misspelled_top_level_key() -> None:
     [
         ("progress=false", "Did you mean sharding.progress?"),
         ("max_steps=5", "Did you mean trainer.max_steps?"),
-        ("load_factor=0.1", "cache.load_factor is a key of cache=l"),
+        ("load_factor=0.1", "cache.load_factor is a key of cache=lfu and cache=lru: select one with it"),
+        ("refine=false", "Did you mean sharding.refine?"),  # an exact key before a close one ('trainer')
     ],
 )
 def test_a_key_given_without_its_group_is_told_the_group(hydra_conf, override, said) -> None:

@@ -174,14 +174,15 @@ def test_plan_recipe_unknown_option_is_one_sentence_with_choices(tmp_path: Path,
         (("topolgy.num_nodes=2",), ("Unknown key topolgy.", "Did you mean topology?")),
         (("modle=mlperf_dcnv2",), ("Unknown key modle.", "Did you mean model?", "plan_model (model)")),
         (("progress=false",), ("Unknown key progress.", "Did you mean sharding.progress?")),
+        (("seed=3",), ("Unknown key seed. Keys here:",)),  # data.seed is train.py's: not offered here
         (("model=production_like", "plan_model.params.num_tabels=10"),
          ("'num_tabels'", "'production_like'", "Did you mean 'num_tables'?")),
         (("batch_size_per_rank=0",), ("batch_size_per_rank must be a positive integer, got 0.",)),
         (("model=production_like", "plan_model.params.num_tables=0"),
          ("plan_model.params (table set 'production_like'): num_tables must be at least 1, got 0.",)),
     ],
-    ids=["plugin-key", "top-level-key", "model-alias-key", "key-without-group", "generator-parameter", "zero-batch",
-         "generator-value"],
+    ids=["plugin-key", "top-level-key", "model-alias-key", "key-without-group", "training-key", "generator-parameter",
+         "zero-batch", "generator-value"],
 )
 def test_plan_recipe_bad_key_or_value_is_one_sentence_naming_it(tmp_path: Path, overrides, fragments) -> None:
     # plain dotted overrides, as a user types them: Neo names the key, not Hydra's struct error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -282,6 +283,17 @@ def test_a_long_plan_shows_its_status_on_a_terminal_only(monkeypatch):
     NeoPlanner().plan(mlperf_dcnv2(), ctx)
     monkeypatch.setattr(sys, "stderr", sys.__stderr__)
     assert err.getvalue() == ""
+    # the first greedy's refinement says the greedy's figures (it said "no plan yet"): 1000
+    # tables on 128 ranks refine 200 moves and more before any restart
+    news: list[str] = []
+
+    @contextlib.contextmanager
+    def collected(what: str, enabled: bool):
+        yield news.append
+
+    monkeypatch.setattr(planner_module, "_status_line", collected)
+    NeoPlanner().plan(production_like(1000), ctx)
+    assert news[:2] == ["load 16.984 ms (bound 16.861): first greedy", "load 16.984 ms (bound 16.861): refining, 200 moves"]
     with pytest.raises(ConfigError, match=r"sharding.progress must be true or false, got 'yes'"):
         NeoPlanner(progress="yes")
     with pytest.raises(ConfigError, match=r"sharding.refine must be true or false, got 0"):

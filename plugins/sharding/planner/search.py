@@ -936,6 +936,7 @@ class Search:
         fit_targets: int = 0,
     ) -> float:
         bound = self.lower_bound()
+        self._best_news = f"no plan yet (bound {bound * 1e3:.3f})"  # this solve's, not an earlier one's
         target = bound * (1 + 1e-4)  # refining closer than 0.01% of the bound is not worth it
         lam, mu = self.memory_prices
         unplaced: PlanningError | None = None
@@ -945,11 +946,11 @@ class Search:
             unplaced = exc
         if unplaced is None:
             first, first_plan = float(self.loads.max()), self.plan_key()
+            self._news("first greedy", first, bound)  # refinement's news reads its figures
             if refine:
                 self.refine(time_budget_s, target=target)
             best, snap = float(self.loads.max()), self.snapshot()
             plans = {first_plan}
-            self._news("first greedy", best, bound)
         else:
             first, best, snap, plans = float("inf"), float("inf"), None, set()
         shard = np.stack([o.shard_time for o in self.opts])
