@@ -1005,3 +1005,44 @@ def test_plan_json_holds_the_tables_and_settings_its_figures_come_from(tmp_path)
         assert r["memory_bytes"].get("weights", 0.0) == expect
     again = PlanResult.load_json(tmp_path / "plan.json")
     assert again.settings == result.settings and again.table("b").spec == result.table("b").spec
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_memory_packing_places_every_option_as_place_does(seed):
+    # the memory-packing retry places all of a table's options at once (Search._memory_places),
+    # restating place's rule for each placement unit; here, on random tight memory, every
+    # option of every table: the same feasible ranks, utilisation, ranks taken (or none)
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    rng = np.random.default_rng(seed)
+    nodes, per_node = [(2, 4), (4, 2), (1, 8), (3, 4)][seed]
+    ctx = make_context({"name": "zionex", "num_nodes": nodes, "devices_per_node": per_node, "device_memory_gib": 4,
+                        "host_memory_gib_per_node": 32}, 256, cache=CachePolicy("lru", load_factor=0.1))
+    model, arrays = CostModel(ctx), TableArrays.from_specs(production_like(40, seed=seed, max_rows=60_000_000))
+    search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+    checked = set()
+    for host_shares in (False, True):
+        search._host_shares(host_shares)
+        for _ in range(3):  # loads with ties, memory from empty to nearly full
+            search.loads = rng.integers(0, 4, search.W) * 1e-3
+            search.mem_dev = rng.uniform(0.0, 1.0, search.W) * search.cap_dev
+            search.mem_host = rng.uniform(0.0, 1.0, search.W) * search.cap_host
+            search._pre = search._mem_max = search._host_nodes = search._ties = None
+            for i in range(len(arrays)):
+                cand = search._options_of(i)[0]
+                feas, key, full, chosen, ok, scalar = search._memory_places(i, cand)
+                for n, o in enumerate(cand.tolist()):
+                    add_dev, add_host = search.shard_dev[o, i], search.shard_host[o, i]
+                    assert np.array_equal(feas[n], search._fits(add_dev, add_host, int(search.rank_per_node[o])))
+                    assert np.array_equal(full[n], search.utilisation(add_dev, add_host))
+                    placed = search._place_on(o, i, feas[n], full[n] + search._load_ties())
+                    if n in scalar:  # left to _spread's rank-by-rank path
+                        continue
+                    assert (placed is not None) == ok[n], (search.opts[o].label, placed)
+                    if placed is not None:
+                        taken = np.zeros(search.W, dtype=bool)
+                        taken[placed[1]] = True
+                        assert np.array_equal(taken, chosen[n]), search.opts[o].label
+                    checked.add((search.opts[o].unit, placed is None))
+    assert len(checked) >= 6  # the units of this shape, placed and not (one node: no node units)
