@@ -305,10 +305,13 @@ def _signal_once_training(command: list[str], out: Path, sig: str) -> tuple[int,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     meta = out / "checkpoint" / "meta.json"
     try:
-        deadline = time.monotonic() + 240
-        while not meta.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert meta.exists(), proc.communicate(timeout=60)
+        deadline, seen = time.monotonic() + 240, False
+        while not seen and proc.poll() is None and time.monotonic() < deadline:
+            # seen once is enough: each save swaps the folder in by renames, so a second look
+            # can fall between them (a run of 23 steps/s, a save every 3, failed so once)
+            seen = meta.exists()
+            time.sleep(0 if seen else 0.2)
+        assert seen, proc.communicate(timeout=60)
         os.killpg(proc.pid, getattr(signal, sig))  # as a terminal (or a batch system) would
         _, stderr = proc.communicate(timeout=240)
     finally:
