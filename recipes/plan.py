@@ -260,11 +260,16 @@ def check_job(cfg: dict[str, Any]) -> None:
     job itself."""
     from hydra.core.hydra_config import HydraConfig
 
-    overrides = HydraConfig.get().overrides.task  # the job's, as its config is checked
-    share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
-    no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)
+    share_set, no_cache = cache_overrides(HydraConfig.get().overrides.task)  # the job's, as it is checked
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         prepare(cfg, share_set, no_cache)
+
+
+def cache_overrides(overrides: list[str]) -> tuple[bool, bool]:
+    """Whether the overrides give a cache share (``cache.load_factor=...``, which wins over the
+    table set's; deleting the key does not) and whether they say ``cache=none`` (no cache)."""
+    share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
+    return share_set, any(o.lstrip("+") == "cache=none" for o in overrides)
 
 
 def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
@@ -311,9 +316,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = HydraConfig.get().overrides.task
-    # an explicit share (cache.load_factor=...) wins over the model's; deleting the key does not
-    share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
-    no_cache = any(o.lstrip("+") == "cache=none" for o in overrides)  # said so: no cache
+    share_set, no_cache = cache_overrides(overrides)
     table_set = HydraConfig.get().runtime.choices.get("plan_model")
     config = OmegaConf.to_container(cfg, resolve=True)
     with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]

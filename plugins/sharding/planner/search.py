@@ -310,9 +310,9 @@ class Search:
         # node (NODE_K), the k-th least loaded node's slowest rank (NODE_ALL, NODES_K)
         first = {ALL: 0, SINGLE: 1, ANY_K: 1, NODE_K: 1 + self.W, NODE_ALL: 1 + self.W + self.L, NODES_K: 1 + self.W + self.L}
         self._peak_at = np.array([first[o.unit] + o.k - 1 if o.unit != ALL else 0 for o in options], dtype=np.int64)
-        self._by_node = np.array([o.unit in (NODE_K, NODE_ALL, NODES_K) for o in options])
         self._unit = np.array([o.unit for o in options])  # each option's unit and shard count
         self._k = np.array([o.k for o in options], dtype=np.int64)
+        self._by_node = np.isin(self._unit, (NODE_K, NODE_ALL, NODES_K))
         self._options_seen: dict[tuple, tuple] = {}  # ``_options_of`` by table, host rule and content
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
@@ -539,10 +539,9 @@ class Search:
     def _unmasked_peaks(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """For table ``i``'s options (``_options_of``): which fit on every rank (``place``
         takes its unmasked path for them), and the peak load after placing each that does (as
-        ``_place_unmasked``, all at once; undefined where it does not fit)."""
-        cand, T, _, dev_need, host_need, peak_at, nodes, _ = self._options_of(i)
-        if self.by_memory:
-            return np.zeros(len(cand), dtype=bool), np.zeros(len(cand))
+        ``_place_unmasked``, all at once; undefined where it does not fit). Not in the memory-packing
+        retry (``by_memory``), which ``best_option`` hands to ``_best_by_memory``."""
+        _, T, _, dev_need, host_need, peak_at, nodes, _ = self._options_of(i)
         dev, host = self._fullest()
         fit = (dev + dev_need <= self.cap_dev) & (host + host_need <= self.cap_node)
         return fit, self._peak_bases(nodes)[peak_at] + T
