@@ -587,6 +587,64 @@ def test_lower_bound_never_exceeds_the_best_plan_by_brute_force(seed):
     assert search.lower_bound() >= search.flat_bound() - 1e-15
 
 
+def _all_rank_bound_point_by_point(search) -> float:
+    """``all_rank_bound`` as its docstring defines it, one point ``tau`` at a time."""
+    from neo_plugins.sharding.planner.search import ALL
+
+    every = np.array([o.unit == ALL for o in search.opts])
+    shard = np.where(search.usable, search.shard_times, np.inf)
+    total = np.where(search.usable, search.total, np.inf) / search.W
+    x = shard[every].min(axis=0)
+    other_shard, other_total = shard[~every], total[~every]
+    best = np.inf
+    for tau in np.concatenate(([0.0], np.unique(other_shard[np.isfinite(other_shard)]))):
+        c = np.where(other_shard <= tau, other_total, np.inf).min(axis=0)
+        if not (np.isfinite(x) | np.isfinite(c)).all():
+            continue
+        value = float(x[~np.isfinite(c)].sum())  # forced onto every rank
+        forced_other = float(c[~np.isfinite(x)].sum())
+        free = [(float(x[t]), float(c[t])) for t in np.flatnonzero(np.isfinite(x) & np.isfinite(c))]
+        room = max(float(tau) - forced_other, 0.0)
+        # every free table on every rank, then off it in order of x / c while that gains
+        value += sum(xt for xt, _ in free) + max(float(tau), forced_other)
+        for xt, ct in sorted(free, key=lambda f: -f[0] / f[1]):
+            inside = min(max(room, 0.0), ct)
+            value -= xt / ct * inside + max(xt / ct - 1.0, 0.0) * (ct - inside)
+            room -= ct
+        best = min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("memory_gib", [0.5, 40.0])
+def test_the_bounds_computed_at_once_match_their_definitions(memory_gib):
+    """``all_rank_bound`` takes its points ``tau`` many at a time, and ``memory_bound`` skips
+    its price grid where the cheapest options fit: both give what the definitions give, one
+    point and one price at a time (memory-tight clusters and roomy ones)."""
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import Search, build_options
+
+    quick = 0
+    for seed in range(6):
+        rng = np.random.default_rng(300 + seed)
+        tables = [
+            TableSpec(f"t{i}", int(rng.integers(10_000, 4_000_000)), int(rng.choice([32, 64, 128])),
+                      float(rng.uniform(1, 60)))
+            for i in range(int(rng.integers(3, 40)))
+        ]
+        ctx = make_context(cluster(2, 4, memory_gib), 2048, cache=CachePolicy("lru", load_factor=0.1))
+        model, arrays = CostModel(ctx), TableArrays.from_specs(tables)
+        search = Search(model, arrays, build_options(model, arrays, set(ShardingType)))
+        assert search.all_rank_bound() == pytest.approx(_all_rank_bound_point_by_point(search), rel=1e-12)
+        assert search.all_rank_bound(chunk=1) == pytest.approx(search.all_rank_bound(), rel=1e-12)
+        total = np.where(search.usable, search.total, np.inf)
+        value, lam, mu = search._lagrangian(total, search._memory_terms(total, 25))
+        assert search.memory_bound() == value / search.W
+        assert search.memory_prices == (lam, mu)
+        quick += search._cheapest_fit(total) is not None
+    # both paths ran: roomy clusters skip the grid; tight ones mostly price memory
+    assert quick == 6 if memory_gib > 1 else quick <= 2
+
+
 def test_memory_bound_holds_for_every_plan_that_fits_by_brute_force():
     """With memory tight, the fastest options do not all fit: the memory bound sees it and
     never exceeds the best plan that fits (every placement of every option, enumerated)."""

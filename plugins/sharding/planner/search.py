@@ -1483,9 +1483,28 @@ class Search:
         total = np.where(self.usable, self.total, np.inf)
         if not np.isfinite(total).any(axis=0).all():
             return 0.0
+        cheapest = self._cheapest_fit(total)
+        if cheapest is not None:  # no price can lift the bound: its value at price 0
+            self.memory_prices = (0.0, 0.0)
+            return cheapest / self.W
         best, lam, mu = self._lagrangian(total, self._memory_terms(total, points))
         self.memory_prices = (lam, mu)  # (0, 0) when no price lifts the bound
         return best / self.W
+
+    def _cheapest_fit(self, total: np.ndarray) -> float | None:
+        """``sum_t min_o total`` where each table's cheapest option, taken together, fits the
+        cluster's memory with room to spare (then no price lifts ``memory_bound``: with ``o*``
+        those options, ``sum_t min_o (total + lam d + mu h) - lam D - mu H <= sum_t total_o* +
+        lam (sum d_o* - D) + mu (sum h_o* - H)``, below the value at price 0); None otherwise."""
+        cheapest = np.argmin(total, axis=0)
+        cols = np.arange(total.shape[1])
+        shards = np.array([o.num_shards for o in self.opts], dtype=np.float64)[cheapest]
+        dev = float((self.shard_dev[cheapest, cols] * shards).sum())
+        host = float((self.shard_host[cheapest, cols] * shards).sum())
+        D, H = self.cap_dev * self.W, self.cap_host * self.W
+        if dev > D * (1 - 1e-6) or (host > 0 and host > H * (1 - 1e-6)):
+            return None
+        return float(total[cheapest, cols][None].sum(axis=1)[0])
 
     def _memory_terms(self, total: np.ndarray, points: int) -> tuple:
         """Per option and table its device and host bytes (all shards; 0 where unusable), the
@@ -1542,7 +1561,7 @@ class Search:
 
         return _min_max_over_shard_times(shard, g)
 
-    def all_rank_bound(self, max_points: int = 2048) -> float:
+    def all_rank_bound(self, max_points: int = 2048, chunk: int = 64) -> float:
         """Bound that charges the shards of every-rank options (DP, RW) to the slowest rank.
 
         In a plan with slowest rank ``M``, let ``A`` be the tables on every-rank options and
@@ -1571,29 +1590,45 @@ class Search:
         else:
             lo = hi = points
         best = np.inf
-        for tau, tau_c in zip(lo, hi):
-            if tau >= best:
+        fx = np.isfinite(x)
+        for start in range(0, len(lo), chunk):  # the taus in order, ``chunk`` at a time
+            if lo[start] >= best:  # the bound at tau is at least tau
                 break
-            c = np.where(other_shard <= tau_c, other_total, np.inf).min(axis=0) if len(other_shard) else np.full(
-                len(x), np.inf
-            )
-            fx, fc = np.isfinite(x), np.isfinite(c)
-            if not (fx | fc).all():
-                continue
-            forced_all = float(x[~fc].sum())
-            forced_other = float(c[~fx].sum())
-            free = fx & fc
-            xf, cf = x[free], np.maximum(c[free], 1e-300)
-            ratio = xf / cf
-            order = np.argsort(-ratio, kind="stable")
-            xf, cf, ratio = xf[order], cf[order], ratio[order]
-            room = max(float(tau) - forced_other, 0.0)
-            before = np.concatenate(([0.0], np.cumsum(cf)[:-1]))
-            inside = np.clip(room - before, 0.0, cf)  # part of each table within the room
-            gain = float((ratio * inside).sum() + (np.maximum(ratio - 1.0, 0.0) * (cf - inside)).sum())
-            value = forced_all + float(xf.sum()) + max(float(tau), forced_other) - gain
-            best = min(best, value)
+            tau, tau_c = lo[start : start + chunk], hi[start : start + chunk]
+            best = min(best, self._all_rank_values(x, fx, other_shard, other_total, tau, tau_c))
         return float(best) if np.isfinite(best) else 0.0
+
+    @staticmethod
+    def _all_rank_values(
+        x: np.ndarray, fx: np.ndarray, other_shard: np.ndarray, other_total: np.ndarray, tau: np.ndarray,
+        tau_c: np.ndarray,
+    ) -> float:
+        """``all_rank_bound``'s least value over the points ``tau`` (``c`` read at ``tau_c``),
+        all at once: per point, the tables forced onto every-rank options or off them, and the
+        fractional optimum over the free ones (in order of ``x / c``; inf where a table has
+        neither)."""
+        P, T = len(tau), len(x)
+        if len(other_shard):
+            c = np.where(other_shard[None] <= tau_c[:, None, None], other_total[None], np.inf).min(axis=1)
+        else:
+            c = np.full((P, T), np.inf)
+        fc = np.isfinite(c)
+        ok = (fx[None] | fc).all(axis=1)
+        free = fx[None] & fc
+        forced_all = np.where(~fc & fx[None], x[None], 0.0).sum(axis=1)
+        forced_other = np.where(~fx[None] & fc, c, 0.0).sum(axis=1)
+        xf = np.where(free, x[None], 0.0)
+        cf = np.where(free, np.maximum(c, 1e-300), 0.0)
+        ratio = np.where(free, xf / np.where(free, cf, 1.0), 0.0)
+        order = np.argsort(-ratio, axis=1, kind="stable")
+        xf, cf, ratio = (np.take_along_axis(a, order, axis=1) for a in (xf, cf, ratio))
+        room = np.maximum(tau - forced_other, 0.0)
+        before = np.cumsum(cf, axis=1) - cf
+        inside = np.clip(room[:, None] - before, 0.0, cf)
+        gain = (ratio * inside).sum(axis=1) + (np.maximum(ratio - 1.0, 0.0) * (cf - inside)).sum(axis=1)
+        value = forced_all + xf.sum(axis=1) + np.maximum(tau, forced_other) - gain
+        value = np.where(ok, value, np.inf)
+        return float(value.min()) if P else float("inf")
 
     def flat_bound(self) -> float:
         """A bound no plan over these options can beat (see docs/cost_model.md).
