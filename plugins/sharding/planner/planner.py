@@ -418,11 +418,19 @@ class NeoPlanner(Planner):
             names = ", ".join(sorted(ShardingType(v).short for v in search.types_used()))
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
             added = ", ".join(sorted(ShardingType(v).short for v in search.types_used() - types))
-            solved = counted(subsets, "alternative")
+            # how the pass found it: alternatives re-placed from the plan, solved anew, or both
+            tried = [
+                f"{counted(n, 'alternative') if not k else n} {how}"
+                for k, (n, how) in enumerate((n, how) for n, how in (
+                    (search.repairs, "re-placed from the plan"), (subsets, "solved anew")) if n)
+            ]
+            how = ", ".join(tried) + (
+                f"; this one {'re-placed' if search.fewer_found_by == 're-placing' else 'solved'}" if len(tried) > 1 else ""
+            )
             head = (
-                f"sharding types swapped for less collective latency ({solved} solved): now {names} ({added} added; "
+                f"sharding types swapped for less collective latency ({how}): now {names} ({added} added; "
                 f"{dropped} left out)"
-                if added else f"fewer sharding types ({solved} solved): {names} only, without {dropped}"
+                if added else f"fewer sharding types ({how}): {names} only, without {dropped}"
             )
             result.notes.append(
                 f"{head}; load {refined * 1e3:.3f} -> {float(search.loads.max()) * 1e3:.3f} ms, collective latency "

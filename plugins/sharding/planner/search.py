@@ -339,6 +339,8 @@ class Search:
         self.restarts = 0  # bound-guided restarts run by the last solve
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
         self.fit_runs = 0  # packing restarts run by the last solve (fit_restarts)
+        self.repairs = 0  # fewer-types alternatives tried by re-placing tables (fewer_types)
+        self.fewer_found_by = ""  # how fewer_types found its plan: "re-placing", "solving" or ""
         self.fit_wins = 0  # those whose plan replaced the best so far
         # told what the search is at, for a status line (NeoPlanner.progress): after the first
         # greedy, each restart and fewer-types solve's, and every 200 refinement moves
@@ -1356,10 +1358,15 @@ class Search:
         cost more than the balance they buy.
 
         Each sharding type in a plan adds fixed-latency collectives (three all-to-alls; one
-        all-reduce for DP) that the load balance does not see. Nothing is tried when the
+        all-reduce for DP) that the load balance does not see. First, always (cheap): each type
+        the plan uses left out, or swapped for an unused one of less latency, by re-placing
+        only its tables, where they are at most half of them (``_repair_types``); a type that
+        serves a few small tables costs its latency for almost no balance. Then the restricted
+        solves, which rebuild the whole plan. Nothing more is tried when the
         latency fewer types could save (the plan's, less that of the cheapest single type) is
-        under ``share`` of the step: there the balance a type buys outweighs it (MLPerf on 8
-        and 16 ranks: 8% of the step, nothing to win; on 128 ranks: 23%, 13% won). Otherwise
+        under ``share`` of the step: there the balance a type buys mostly outweighs it (MLPerf
+        on 8 and 16 ranks: 8% of the step; a share of 0.03 wins nothing at 8 ranks and 2% at 16,
+        for 3x the time; on 128 ranks: 23%, 13% won). Otherwise
         every proper subset ``S`` of the plan's types, every single type the plan does not
         use, and the plan's types with one of them swapped for one it does not use, gets a
         cheap bound: ``flat_bound`` over its options plus ``latency(S)``. Those whose bound is
@@ -1373,15 +1380,20 @@ class Search:
         """
         latency = self.model.latency_time
         used = sorted(self.types_used())
-        if max_solves <= 0 or len(used) <= 1 or latency({ShardingType.TABLE_WISE.value}) <= 0:
+        self.repairs, self.fewer_found_by = 0, ""
+        if len(used) <= 1 or latency({ShardingType.TABLE_WISE.value}) <= 0:
             return 0
         best, keep = self.step(), self.snapshot()
+        unused = [st for st in self.present_types() if st not in used]
         least = min(latency({st}) for st in self.present_types())
-        if latency(set(used)) - least < share * best:
+        gated = latency(set(used)) - least < share * best
+        first = best
+        best, keep = self._repair_types(used, unused, best, keep, refine, time_budget_s)
+        self.fewer_found_by = "re-placing" if best < first else ""
+        if max_solves <= 0 or gated:
             return 0
         restarts = (self.restarts, self.best_restart)
         subsets = {combo for size in range(1, len(used)) for combo in combinations(used, size)}
-        unused = [st for st in self.present_types() if st not in used]
         subsets |= {(st,) for st in unused}  # one type for all
         # one type swapped for another of less latency (MLPerf on 32 nodes of 4 GPUs at 175
         # GB/s: CW+GRID -> DP+GRID); one of as much is a plan the full solve could have made
@@ -1415,9 +1427,74 @@ class Search:
                 self.progress_prefix = ""
             if step < best * (1 - 1e-9):
                 best, keep = step, self.snapshot()
+                self.fewer_found_by = "solving"
         self.restarts, self.best_restart = restarts
         self.restore(keep)
         return solved
+
+    def _repair_types(self, used: list[str], unused: list[str], best: float, keep: tuple, refine: bool,
+                      time_budget_s: float) -> tuple[float, tuple]:
+        """From the plan ``keep`` (step ``best``): each type the plan uses left out, or swapped
+        for an unused one of less latency, by re-placing only the tables that used it
+        (greedily, largest first). The one whose re-placed plan has the least step is refined;
+        if that lowers the step, it is kept and the pass goes on from it. Returns the best step
+        and its snapshot."""
+        latency = self.model.latency_time
+        base = self.usable
+        while len(used) > 1:
+            if self.progress is not None:
+                self.progress(f"{self._best_news}: fewer types, re-placing tables")
+            cands = [tuple(sorted(set(used) - {u})) for u in used]
+            cands += [tuple(sorted(set(used) - {u} | {v})) for u in used for v in unused]
+            cands = sorted({c for c in cands if latency(set(c)) < latency(set(used)) * (1 - 1e-9)})
+            top: tuple[float, np.ndarray, tuple] | None = None
+            for combo in cands:
+                self.usable = base
+                usable = self._of_types(set(combo))
+                moved = int((~usable[keep[3], np.arange(len(keep[3]))]).sum())
+                if 2 * moved > len(keep[3]):  # past half the tables, a restricted solve's work
+                    continue
+                if self._bound_over(usable, cheap=True) + latency(set(combo)) >= best * (1 - 1e-9):
+                    continue
+                self.restore(keep)
+                self.repairs += 1
+                step = self._replace_out(usable)
+                if np.isfinite(step) and (top is None or step < top[0]):
+                    top = (step, usable, self.snapshot())
+            if top is None:
+                break
+            self.restore(top[2])
+            self.usable = top[1]
+            if refine:
+                self.refine(time_budget_s)
+            if self.step() >= best * (1 - 1e-9):
+                break
+            best, keep = self.step(), self.snapshot()
+            used = sorted(self.types_used())
+            unused = [st for st in self.present_types() if st not in used]
+        self.usable = base
+        self.restore(keep)
+        return best, keep
+
+    def _replace_out(self, usable: np.ndarray) -> float:
+        """Re-place the tables whose option ``usable`` leaves out, the largest first, as the
+        greedy would, with the options ``usable`` allows (left as the search's mask); the
+        plan's step, or inf if a table finds no place."""
+        self.usable = usable
+        idx = np.arange(len(self.choice))
+        out = np.flatnonzero(~usable[self.choice, idx])
+        for i in out.tolist():
+            self._apply(i, int(self.choice[i]), self.ranks[i], -1.0)
+            self.choice[i] = -1
+        min_total = self.min_total()
+        rest = float(min_total[out].sum())
+        for i in out[np.lexsort((out, -min_total[out]))].tolist():
+            rest -= float(min_total[i])
+            found = self.best_option(i, max(rest, 0.0))
+            if found is None:
+                return float("inf")
+            self._apply(i, found[0], found[1], +1.0)
+        return self.step()
 
     def step_bound(self, max_evals: int = 16) -> float:
         """A bound on the predicted step (slowest rank plus collective latency) of every plan.
