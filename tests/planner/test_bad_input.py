@@ -73,6 +73,15 @@ def test_a_table_too_big_for_its_allowed_types_names_them_not_the_cluster():
         plan_tables(tables, "zionex", 512, table_sharding_types={"big": ["TW", "CW"]})
     assert "allowed for it (TW, CW)" in str(err.value) and "cache=lru" in str(err.value)  # CW shards fit a host
     plan_tables(tables, "zionex", 512)  # row-wise, it fits
+    # DP only: a cache holds no replicated table, so none is offered, and a chosen one is
+    # said to go unused (it was offered, and then the same refusal asked to lower its load factor)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, "zionex", 512, sharding_types=["DP"])
+    assert "allowed for it (DP)" in str(err.value) and "cache" not in str(err.value)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, "zionex", 512, sharding_types=["DP"], cache={"name": "lru", "load_factor": 0.05})
+    assert "load_factor" not in str(err.value)
+    assert str(err.value).endswith("(cache lru is not used with DP only: replicated tables stay in device memory).")
 
 
 def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():

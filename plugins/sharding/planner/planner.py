@@ -623,8 +623,14 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                  if not on_gpu and cache.load_factor else "")
     host_usable = " usable" if search.model.host_reserve else ""
     kernel = search.model.context.kernel
+    # a cache holds shards of sharded tables; replicated (DP) tables stay in device memory
+    shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
     if kernel.data_parallel_only:  # every table replicated on the dense kernel: no cache applies
         cache_fix = "use kernel=fused, which can shard tables"
+    elif not shardable:  # DP only allowed: the message's first fix (another type) comes first
+        cache_fix = ""
+        if cached:
+            cpu_cache = f" (cache {cache.name} is not used with DP only: replicated tables stay in device memory)"
     elif cached:  # the cache is on: less of each cached table in device memory is the lever
         cache_fix = "lower the cache load_factor"
     elif on_gpu:
@@ -632,7 +638,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     else:
         cache_fix = ""
     # a cache moves tables to host memory: no help where host memory could not hold them either
-    to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only else None
+    to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only and shardable else None
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
     # (summed over shards). Device memory is short when even the least-device options exceed
     # it. Host memory is short when, for some mu >= 0, sum_t min_o (h_o + mu d_o) - mu D > H:

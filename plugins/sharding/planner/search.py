@@ -1768,7 +1768,11 @@ class Search:
             memory = ("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))
         groups = setting_groups(topology, [("num_nodes", self.W + self.L), memory])[0]
         named = NamedSettings(fixes[0], fixes[0], groups) if groups else None
-        if on_gpu and (where == "device" or short <= 0):  # a cache applies on GPUs, to device memory
+        # a cache applies on GPUs, to device memory, for a table that may be sharded (not DP only)
+        shardable = any(
+            self.usable[j, i] and o.sharding_type is not ShardingType.DATA_PARALLEL for j, o in enumerate(self.opts)
+        )
+        if on_gpu and shardable and (where == "device" or short <= 0):
             fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
         if self.model.host_reserve and (where == "host" or short <= 0):
             fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
