@@ -36,6 +36,7 @@ from neo_plugins.sharding.planner.cost import (
     TableArrays,
 )
 from neo_plugins.sharding.planner.search import (
+    ALL,
     NamedSettings,
     Option,
     Search,
@@ -903,6 +904,7 @@ def _ms(seconds: float) -> str:
 def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Collection[str] = ()) -> str:
     """One line that says why this option won, from the figures the search used."""
     t, model = search.t, search.model
+    W_ = search.W
     rows, dim = int(t.rows[i]), int(t.dims[i])
     whole = rows * dim * model.e
     st = opt.sharding_type
@@ -924,17 +926,27 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
             other = search.opts[j]
             label = other.label + (" on device" if opt.placement == CACHED and other.placement != CACHED else "")
             why_not = []
+            slowest = int(np.argmax(search.loads))
+            if other.unit == ALL and W_ > 1:  # a shard on every rank: the slowest one's load grows
+                why_not.append(f"a shard of {_ms(float(other.shard_time[i]))} on every rank, the slowest "
+                               f"({slowest}) too")
             if other.sharding_type.value in left_out:  # the fewer-types pass, not this table's figures
                 why_not.append(f"{other.sharding_type.short} left out of the plan to save its collectives' latency")
             if other.shard_time[i] > opt.shard_time[i]:
                 why_not.append("larger shards")
             if other.cost.mem_device[i] > opt.cost.mem_device[i] * 1.01:  # what memory-tight plans give up
                 why_not.append("more device memory per shard")
+            if not why_not:  # nothing in the table's own figures: the balance of the plan
+                if slowest in set(np.asarray(search.ranks[i]).tolist()):
+                    why_not.append(f"it is on the slowest rank ({slowest}), which no single move of it lowered")
+                else:
+                    why_not.append(f"its ranks are under the slowest ({slowest}): its larger total does not "
+                                   "lengthen the step")
             cmp = f"; least total would be {label} {cost(j)}" + "".join(f", {w}" for w in why_not)
     size = human_bytes(whole)
     reason = {
-        ShardingType.DATA_PARALLEL: "replicated: all-reduce beats all-to-all",
-        ShardingType.TABLE_WISE: "whole table on the least loaded rank",
+        ShardingType.DATA_PARALLEL: "replicated: no all-to-all, its gradients all-reduced",
+        ShardingType.TABLE_WISE: "whole table on one rank",
         ShardingType.COLUMN_WISE: "column shards spread the lookups over ranks",
         ShardingType.TABLE_COLUMN_WISE: "columns spread inside one node",
         ShardingType.ROW_WISE: "rows spread over all ranks",
