@@ -417,17 +417,17 @@ class PlanResult:
             lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables ({rest})")
         has_bytes = any(r.comm_bytes for r in self.ranks)
         kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
-        has_host = any(r.host_memory for r in self.ranks)
+        has_host = any(sum(r.host_memory.values()) > 0 for r in self.ranks)  # cached tables' host bytes
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
-            "device's size" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
+            "device's size, 'free' what is left of it" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
                                "'host cap' the rank's share of its node's, which a rank may pass while its node's sum fits"
                                if has_host else "")
             + ("; 'intra-node'/'inter-node' are the bytes the rank sends per step" if has_bytes else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)
-            + f" {'memory':>10} {'capacity':>10}"
+            + f" {'memory':>10} {'capacity':>10} {'free':>10}"
             + (f" {'host':>10} {'host cap':>10}" if has_host else "")
             + f" {'compute':>10} {'comm':>10} {'total':>10}"
             + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
@@ -450,17 +450,23 @@ class PlanResult:
             if has_host:
                 host = f" {_bytes(sum(r.host_memory.values())):>10} {_bytes(r.host_memory_capacity or 0):>10}"
             lines.append(
-                f"  {r.rank:<6} {by_kind} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10}{host} "
+                f"  {r.rank:<6} {by_kind} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10}"
+                f" {_bytes(r.memory_capacity - r.memory_total):>10}{host} "
                 f"{compute * 1e3:>8.3f}ms {comm * 1e3:>8.3f}ms {r.time_total * 1e3:>8.3f}ms{sent}"
             )
-        if len(shown_ranks) < len(self.ranks):
+        if self.ranks:  # where the step and the memory are tightest, whatever the ranks shown
             totals = sorted(r.time_total for r in self.ranks)
+            slow = self.slowest_ranks(1)[0]
+            compute = sum(v for k, v in slow.time.items() if not k.startswith("comm"))
             fullest = self.fullest_rank()
+            shown = (f"the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown ({rest}); "
+                     if len(shown_ranks) < len(self.ranks) else "")
             lines.append(
-                f"  ... the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown ({rest}); "
-                f"total min {totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, "
-                f"max {totals[-1] * 1e3:.3f}ms; fullest device memory: rank {fullest.rank}, "
-                f"{_bytes(fullest.memory_total)} of {_bytes(fullest.memory_capacity)}"
+                f"  {'... ' if shown else ''}{shown}slowest rank {slow.rank}: {slow.time_total * 1e3:.3f}ms (compute "
+                f"{compute * 1e3:.3f}ms, comm {(slow.time_total - compute) * 1e3:.3f}ms); total min "
+                f"{totals[0] * 1e3:.3f}ms, median {totals[len(totals) // 2] * 1e3:.3f}ms, max {totals[-1] * 1e3:.3f}ms; "
+                f"fullest device memory: rank {fullest.rank}, {_bytes(fullest.memory_total)} of "
+                f"{_bytes(fullest.memory_capacity)} ({_bytes(fullest.memory_capacity - fullest.memory_total)} free)"
             )
         if has_host and self.topology.get("devices_per_node"):  # a plugin's plan may not say its nodes
             used, cap = self.node_host_memory()

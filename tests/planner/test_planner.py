@@ -96,6 +96,18 @@ def test_plan_text_keeps_the_slowest_ranks_on_screen_and_every_rank_in_plan_txt(
     fullest = max(result.ranks, key=lambda r: r.memory_total)
     assert f"fullest device memory: rank {fullest.rank}," in short
     assert f"max {max(r.time_total for r in result.ranks) * 1e3:.3f}ms" in short
+    # the slowest rank is named, shown or not, and each rank's free device memory is a column
+    assert f"slowest rank {slowest[0].rank}: {slowest[0].time_total * 1e3:.3f}ms (compute " in short
+    assert f"slowest rank {slowest[0].rank}: " in result.format_text() and " free)" in short
+    header = next(line for line in short.splitlines() if line.strip().startswith("rank "))
+    assert header.split()[-7:-3] == ["capacity", "free", "compute", "comm"]
+    # host columns only where some rank holds host bytes (a plan of zeros once printed them)
+    import copy
+
+    zeros = copy.deepcopy(result)
+    for r in zeros.ranks:
+        r.host_memory = {"weights": 0.0}
+    assert "host cap" not in zeros.format_text() and "host memory is a node's" not in zeros.format_text()
     # the file has every rank and every table
     text = save_all(result, tmp_path)["text"].read_text()
     assert rank_lines(text) == list(range(64)) and "slowest of" not in text
