@@ -385,3 +385,17 @@ def test_the_local_topologys_memory_advice_stays_with_it() -> None:
 
     emulated = zionex_topology().emulated_on(2, "cpu")  # 40 GiB a device, 192 GiB of host memory
     assert {d.storage.ddr for d in emulated.to_torchrec().devices} == {emulated.device_memory}
+
+
+def test_both_planners_take_time_budget_s_so_one_sweep_limits_both(hydra_conf) -> None:
+    # `plan.py -m sharding=neo,torchrec sharding.time_budget_s=5` was refused for torchrec,
+    # whose own key is timeout_s: it takes neo's name for the same limit
+    from neo_plugins.sharding.torchrec_planner import TorchRecPlanner
+
+    for sharding in ("neo", "torchrec"):
+        validate(compose_run(f"sharding={sharding}", "+sharding.time_budget_s=5"))
+    assert TorchRecPlanner(time_budget_s=5).timeout_s == 5 and TorchRecPlanner(timeout_s=7).timeout_s == 7
+    with pytest.raises(ConfigError, match=r"sharding.timeout_s=7 and sharding.time_budget_s=5: give one"):
+        TorchRecPlanner(timeout_s=7, time_budget_s=5)
+    with pytest.raises(ConfigError, match=r"sharding.time_budget_s must be a positive number of seconds"):
+        TorchRecPlanner(time_budget_s=-1)

@@ -93,11 +93,20 @@ class TorchRecPlanner(Planner):
 
     name = "torchrec"
 
-    def __init__(self, timeout_s: float | None = None) -> None:
+    def __init__(self, timeout_s: float | None = None, time_budget_s: float | None = None) -> None:
         # TorchRec's own timeout_seconds: past it, it stops proposing and keeps its best plan
-        # so far (None: no limit; hundreds of tables can then take many minutes)
+        # so far (None: no limit; hundreds of tables can then take many minutes).
+        # ``time_budget_s`` is the same, under Neo's planner's name for its time limit, so one
+        # sweep over sharding=neo,torchrec can limit both
+        if timeout_s is not None and time_budget_s is not None:
+            raise ConfigError(
+                f"sharding.timeout_s={timeout_s!r} and sharding.time_budget_s={time_budget_s!r}: give one, both "
+                "are TorchRec's planning time limit (time_budget_s is the name neo's planner shares)."
+            )
+        key = "timeout_s" if time_budget_s is None else "time_budget_s"
+        timeout_s = timeout_s if time_budget_s is None else time_budget_s
         if timeout_s is not None and (not is_number(timeout_s) or not 0 < timeout_s < math.inf):
-            raise ConfigError(f"sharding.timeout_s must be a positive number of seconds or null, got {timeout_s!r}.")
+            raise ConfigError(f"sharding.{key} must be a positive number of seconds or null, got {timeout_s!r}.")
         self.timeout_s = timeout_s
 
     def sharders(self, context: PlanningContext) -> list[Any]:
