@@ -421,17 +421,21 @@ class PlanResult:
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
             "device's size, 'free' what is left of it" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
-                               "'host cap' the rank's share of its node's, which a rank may pass while its node's sum fits"
+                               "'node host' how full its node's host memory is, which its ranks share (a rank may hold "
+                               "more than its even share)"
                                if has_host else "")
             + ("; 'intra-node'/'inter-node' are the bytes the rank sends per step" if has_bytes else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)
             + f" {'memory':>10} {'capacity':>10} {'free':>10}"
-            + (f" {'host':>10} {'host cap':>10}" if has_host else "")
+            + (f" {'host':>10} {'node host':>10}" if has_host else "")
             + f" {'compute':>10} {'comm':>10} {'total':>10}"
             + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
         )
+        if has_host:  # a node's host memory, which its ranks share
+            per_node = self.devices_per_node()
+            node_used, node_cap = self.node_host_memory(per_node)
         shown_ranks = self.ranks
         if max_ranks is not None and len(self.ranks) > max_ranks:
             slowest = self.slowest_ranks(max_ranks)
@@ -448,7 +452,9 @@ class PlanResult:
             by_kind = "".join(f"{_bytes(r.memory.get(k, 0.0)):>11}" for k in kinds)
             host = ""
             if has_host:
-                host = f" {_bytes(sum(r.host_memory.values())):>10} {_bytes(r.host_memory_capacity or 0):>10}"
+                node = int(r.rank) // per_node
+                fill = f"{100 * node_used[node] / node_cap[node]:.0f}%" if node_cap.get(node) else "-"
+                host = f" {_bytes(sum(r.host_memory.values())):>10} {fill:>10}"
             lines.append(
                 f"  {r.rank:<6} {by_kind} {_bytes(r.memory_total):>10} {_bytes(r.memory_capacity):>10}"
                 f" {_bytes(r.memory_capacity - r.memory_total):>10}{host} "

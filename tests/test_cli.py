@@ -701,3 +701,30 @@ def test_a_setting_given_twice_is_noted_with_the_value_used() -> None:
     assert repeated_settings(["trainer.batch_size=64", "seed=1", "+trainer.batch_size=32", "-m"]) == [
         "note: trainer.batch_size is given 2 times (64, 32): 32 is used"]
     assert repeated_settings(["trainer.batch_size=64", "kernel=dense", "--config-dir=x"]) == []
+
+
+def test_a_charts_title_says_whose_model_gave_its_times(tmp_path: Path) -> None:
+    # two planners' charts side by side (neo, torchrec) read as one scale: the title says which
+    from matplotlib import pyplot as plt
+
+    from neo_core.sharding import PlanResult, RankReport
+    from neo_plugins.sharding.planner import report
+
+    titles = []
+    real = plt.Axes.set_title
+
+    def spy(ax, text, *args, **kwargs):
+        titles.append(text)
+        return real(ax, text, *args, **kwargs)
+
+    ranks = [RankReport(r, memory={"weights": 1.0}, memory_capacity=10.0, time={"comm_bwd": 1e-3}) for r in range(4)]
+    try:
+        plt.Axes.set_title = spy
+        for source in ("TorchRec's estimator", ""):
+            plan = PlanResult(planner="torchrec", tables=[], ranks=ranks, batch_size_per_rank=1, topology={},
+                              times_from=source)
+            report.save_chart(plan, tmp_path / "c.png")
+    finally:
+        plt.Axes.set_title = real
+    assert titles == ["torchrec: 4 ranks, step 1.000 ms (TorchRec's estimator), imbalance 1.00",
+                      "torchrec: 4 ranks, step 1.000 ms, imbalance 1.00"]

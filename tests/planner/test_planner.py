@@ -107,7 +107,7 @@ def test_plan_text_keeps_the_slowest_ranks_on_screen_and_every_rank_in_plan_txt(
     zeros = copy.deepcopy(result)
     for r in zeros.ranks:
         r.host_memory = {"weights": 0.0}
-    assert "host cap" not in zeros.format_text() and "host memory is a node's" not in zeros.format_text()
+    assert "node host" not in zeros.format_text() and "host memory is a node's" not in zeros.format_text()
     # the file has every rank and every table
     text = save_all(result, tmp_path)["text"].read_text()
     assert rank_lines(text) == list(range(64)) and "slowest of" not in text
@@ -506,7 +506,7 @@ def test_cache_places_tables_in_host_memory_when_device_is_too_small():
     header = next(line for line in text if line.strip().startswith("rank"))
     for column in ("weights", "optimizer", "cache", "reserve", "memory", "host"):
         assert column in header.split(), (column, header)
-    assert "host cap" in header
+    assert "node host" in header
     cached = next(line for line in text if "fused_uvm_caching" in line)
     assert "host memory behind device cache" in cached and " x " in cached  # shards x time per shard
 

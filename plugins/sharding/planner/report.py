@@ -89,9 +89,11 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
         ax_mem.bar(x, use * 100, width=0.85, color="gray")
         ax_mem.set_ylabel("device mem %")
     ax_mem.set_ylim(0, 100)
+    # whose times: two planners' charts side by side are on one scale only if this matches
+    source = f" ({result.times_from})" if result.times_from else ""
     ax_mem.set_title(
-        f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms, "
-        f"imbalance {result.imbalance:.2f}"
+        f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms"
+        f"{source}, imbalance {result.imbalance:.2f}"
         + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else ""),
         fontsize=9,
     )
