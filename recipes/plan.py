@@ -209,6 +209,16 @@ def check_not_trained(out: Path) -> None:
         )
 
 
+def _model_choice() -> str | None:
+    """The plan_model option this run chose (``model=...``), where Hydra says (None: it does not)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get("plan_model")
+    except Exception:  # noqa: BLE001 - no Hydra run (a call from Python): the message goes without it
+        return None
+
+
 def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False) -> tuple:
     """The configured tables, topology, planning context and planner, every key and value
     checked (``run``'s first half, and each job's check before a sweep starts)."""
@@ -224,7 +234,9 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
     try:
         tables = make_tables(model["generator"], **(model.get("params") or {}))
     except ConfigError as exc:  # the generator's own words: say where its parameters are set
-        raise ConfigError(f"plan_model.params (table set {model['generator']!r}): {exc}") from None
+        choice = _model_choice()
+        where = f"model={choice}: " if choice else ""
+        raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
     topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
     if batch is None:

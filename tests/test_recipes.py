@@ -179,7 +179,7 @@ def test_plan_recipe_unknown_option_is_one_sentence_with_choices(tmp_path: Path,
          ("'num_tabels'", "'production_like'", "Did you mean 'num_tables'?")),
         (("batch_size_per_rank=0",), ("batch_size_per_rank must be a positive integer, got 0.",)),
         (("model=production_like", "plan_model.params.num_tables=0"),
-         ("plan_model.params (table set 'production_like'): num_tables must be at least 1, got 0.",)),
+         ("model=production_like: plan_model.params (table set 'production_like'): num_tables must be at least 1, got 0.",)),
     ],
     ids=["plugin-key", "top-level-key", "model-alias-key", "key-without-group", "training-key", "generator-parameter",
          "zero-batch", "generator-value"],
@@ -526,7 +526,7 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
     assert [t["name"] for t in tables] == ["user_id", "item_id"]
     (user / "plan_model" / "my_tables.yaml").write_text(listed.replace("num_embeddings: 2000000", "num_embedings: 2000000"))
     proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_tables", f"hydra.run.dir={tmp_path / 'own'}")
-    assert_one_sentence(proc, "plan_model.params (table set 'listed'): tables[1] ('item_id') has an unknown field "
+    assert_one_sentence(proc, "model=my_tables: plan_model.params (table set 'listed'): tables[1] ('item_id') has an unknown field "
                               "'num_embedings'. Did you mean 'num_embeddings'?")
 
 

@@ -1056,7 +1056,8 @@ def build_result(
     )
     result.notes.append(
         settings_note(context)
-        + f"; reserve {model.params.reserve_fraction:.0%} of device memory"
+        + f"; reserve {model.params.reserve_fraction:.0%} of "
+        + ("device memory" if context.topology.compute_device == "cuda" else "each rank's memory")
         + (
             f", {model.params.host_reserve_fraction:.0%} of host memory"
             if model.params.host_reserve_fraction
