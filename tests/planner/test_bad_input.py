@@ -81,7 +81,34 @@ def test_a_table_too_big_for_its_allowed_types_names_them_not_the_cluster():
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, "zionex", 512, sharding_types=["DP"], cache={"name": "lru", "load_factor": 0.05})
     assert "load_factor" not in str(err.value)
-    assert str(err.value).endswith("(cache lru is not used with DP only: replicated tables stay in device memory).")
+    assert str(err.value).endswith("(cache lru is not used: every table is replicated (DP), in device memory).")
+
+
+@pytest.mark.parametrize("dim", [30, 64])
+def test_replicated_tables_are_not_told_to_add_ranks_or_a_cache(dim):
+    # ten tables of 2M rows on one node of 2 GiB devices, replicated: by a dim the fused kernel
+    # cannot shard (30), or by DP only (64). Each rank holds a copy of each, so more nodes only
+    # add copies (the message offered topology.num_nodes=9, which needed 1 TiB on 72 ranks),
+    # and a cache holds none of them (the message offered one, then asked to lower its share)
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 2_000_000, dim, 2.0) for i in range(10)]
+    kw = {"sharding_types": ["data_parallel"]} if dim % 4 == 0 else {}
+    for cache in (None, {"name": "lru", "load_factor": 0.2}):
+        with pytest.raises(PlanningError) as err:
+            plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2), 512, cache=cache, **kw)
+        msg = str(err.value)
+        assert "more ranks do not help: the replicated tables need" in msg, msg
+        assert "num_nodes" not in msg and "add ranks" not in msg and "load_factor" not in msg, msg
+        assert "topology.device_memory_gib=" in msg
+        assert ("cache lru is not used" in msg) == (cache is not None)
+    # where some tables can be sharded, more nodes still count the copies of the others
+    mixed = [TableSpec(f"t{i}", 2_000_000, 64, 2.0) for i in range(10)]
+    mixed += [TableSpec(f"s{i}", 20_000_000, 64, 2.0) for i in range(4)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(mixed, zionex_topology(num_nodes=1, device_memory_gib=6), 512,
+                    table_sharding_types={"t0": ["data_parallel"], "t1": ["data_parallel"]}, check_settings_s=0)
+    assert "more ranks do not help" not in str(err.value) and "topology.num_nodes=2 or more" in str(err.value)
 
 
 def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():

@@ -933,6 +933,23 @@ def test_why_gives_a_reason_where_an_option_of_less_total_was_passed_over(nodes)
     assert not any("beats" in a.why or "least loaded" in a.why for a in result.tables)
 
 
+@pytest.mark.parametrize("refine", [True, False])
+def test_why_on_the_slowest_rank_says_what_put_it_there(refine):
+    # a table on the slowest rank whose cheaper option lost: refinement left it there, or with
+    # refine=false the greedy did (the line once said no move lowered it, untried without refinement)
+    rng = np.random.default_rng(91)
+    tables = [TableSpec(f"t{i}", int(rng.integers(1000, 5_000_000)), int(rng.choice([16, 32, 64, 128])),
+                        float(rng.uniform(1, 60))) for i in range(int(rng.integers(4, 30)))]
+    ctx = make_context({"name": "zionex", "num_nodes": int(rng.choice([1, 2])),
+                        "devices_per_node": int(rng.choice([2, 4, 8]))}, int(rng.choice([256, 2048])))
+    result = NeoPlanner(refine=refine).plan(tables, ctx)
+    slowest = max(result.ranks, key=lambda r: sum(r.time.values())).rank
+    [line] = [a for a in result.tables if "on the slowest rank" in a.why]
+    assert slowest in line.ranks
+    where = "refinement left it" if refine else "the greedy put it (sharding.refine=false)"
+    assert line.why.endswith(f"it is on the slowest rank ({slowest}), where {where}"), line.why
+
+
 def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
     # 16 tables of 1.43 GiB on 8 ranks of 2 GiB: half of them go to host memory behind the cache
     import re

@@ -352,18 +352,19 @@ class NeoPlanner(Planner):
         model, arrays, allowed, options, search = self._prepared(tables, context)
         search.progress = self._status
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
-        first_unplaced, host_shares = search.first_unplaced, search.host_shares_used
+        first_unplaced = search.first_unplaced
         refined, moves = float(search.loads.max()), search.moves
         step, types = search.step(), search.types_used()
         # fewer sharding types where their collectives' latency outweighs the balance they
-        # buy: up to 3 restricted solves (each costs up to one solve, with its own time
-        # budget), fewer as tables grow and none above 600 tables, where latency is a small
-        # share of the step
+        # buy: re-placing the tables of one type at a time, then up to 3 restricted solves
+        # (each costs up to one solve, with its own time budget), fewer as tables grow and none
+        # above 600 tables, where latency is a small share of the step
         fit_runs, fit_wins = search.fit_runs, search.fit_wins
         subsets = search.fewer_types(
             min(3, 600 // len(tables)), self.refine, self.time_budget_s, share=self.fewer_types_share,
             fit_targets=self.packing_targets,
         )
+        host_shares = search.host_shares_used  # of the plan kept, which the fewer-types pass may replace
         self.last_search = search
         result = build_result(self.name, search, tables, context, left_out=types - search.types_used())
         result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
@@ -624,14 +625,15 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                  if not on_gpu and cache.load_factor else "")
     host_usable = " usable" if search.model.host_reserve else ""
     kernel = search.model.context.kernel
-    # a cache holds shards of sharded tables; replicated (DP) tables stay in device memory
-    shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
+    # a cache holds shards of sharded tables; replicated (DP) tables stay in device memory (DP
+    # may be all the types allowed, or a table's dim may keep the fused kernel from sharding it)
+    shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL and o.valid.any() for o in search.opts)
     if kernel.data_parallel_only:  # every table replicated on the dense kernel: no cache applies
         cache_fix = "use kernel=fused, which can shard tables"
     elif not shardable:  # DP only allowed: the message's first fix (another type) comes first
         cache_fix = ""
         if cached:
-            cpu_cache = f" (cache {cache.name} is not used with DP only: replicated tables stay in device memory)"
+            cpu_cache = f" (cache {cache.name} is not used: every table is replicated (DP), in device memory)"
     elif cached:  # the cache is on: less of each cached table in device memory is the lever
         cache_fix = "lower the cache load_factor"
     elif on_gpu:
@@ -648,6 +650,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     # (a table with no option at all is refused by name below, and left out of these sums)
     D, H = cap_dev * W, cap_host * W
     total_dev = float(need_dev[np.isfinite(need_dev)].sum())
+    # replicated tables (their least-device option on every rank) need a copy per rank: more
+    # ranks add their bytes as fast as they add memory
+    replicated = np.array([search.opts[o].unit == ALL for o in order]) & np.isfinite(need_dev)
+    copy_bytes = float(need_dev[replicated].sum()) / W  # one copy of each, a rank's share
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
     some = finite.any(axis=0)
@@ -664,7 +670,8 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         first = max(topology.num_nodes + 1, math.ceil(least_ranks / per_node - 1e-9)) if per_node else 0
         for nodes in range(first, first + 64 * topology.num_nodes) if per_node else ():
             ranks = nodes * per_node
-            if total_dev <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
+            need = total_dev - copy_bytes * W + copy_bytes * ranks
+            if need <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
                 return "num_nodes", ranks
         return None
 
@@ -825,6 +832,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     if total_dev > D:
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
+        grow = "add ranks or " + mem_short
+        if copy_bytes >= cap_dev:  # each rank's copies alone overfill it, however many ranks
+            grow = (f"more ranks do not help: the replicated tables need {human_bytes(copy_bytes)} on every rank; "
+                    f"give each rank more {mem_short}")
         short = total_dev - D
         biggest = np.argsort(-need_dev, kind="stable")[:5]
         names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i])})" for i in biggest)
@@ -832,7 +843,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short; largest: {names}; {add_memory or 'add ranks or ' + mem_short}"
+            f"({human_bytes(short)}) short; largest: {names}; {add_memory or grow}"
             + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest
@@ -938,7 +949,8 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
                 why_not.append("more device memory per shard")
             if not why_not:  # nothing in the table's own figures: the balance of the plan
                 if slowest in set(np.asarray(search.ranks[i]).tolist()):
-                    why_not.append(f"it is on the slowest rank ({slowest}), which no single move of it lowered")
+                    why_not.append(f"it is on the slowest rank ({slowest}), where " + (
+                        "refinement left it" if search.refined else "the greedy put it (sharding.refine=false)"))
                 else:
                     why_not.append(f"its ranks are under the slowest ({slowest}): its larger total does not "
                                    "lengthen the step")

@@ -339,6 +339,7 @@ class Search:
         self.restarts = 0  # bound-guided restarts run by the last solve
         self.best_restart = 0  # the one whose plan was kept (0: the first greedy or a priced run)
         self.fit_runs = 0  # packing restarts run by the last solve (fit_restarts)
+        self.refined = True  # the last solve refined its plans (``solve``'s ``refine``)
         self.repairs = 0  # fewer-types alternatives tried by re-placing tables (fewer_types)
         self.fewer_found_by = ""  # how fewer_types found its plan: "re-placing", "solving" or ""
         self.fit_wins = 0  # those whose plan replaced the best so far
@@ -896,6 +897,7 @@ class Search:
         the restarts once ``time_budget_s`` has passed (counted in ``clock_stops``).
         """
         start = time.perf_counter()
+        self.refined = refine  # whether its plans are refined (the why-lines say so)
         args = (refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts, fit_targets)
         self.greedy_steps, self.decided = set(), {}
         self.host_shares_used = False
@@ -1387,10 +1389,12 @@ class Search:
         unused = [st for st in self.present_types() if st not in used]
         least = min(latency({st}) for st in self.present_types())
         gated = latency(set(used)) - least < share * best
-        first = best
+        first, shares = best, self.host_shares_used  # shares: the kept plan held ranks to host shares
         best, keep = self._repair_types(used, unused, best, keep, refine, time_budget_s)
-        self.fewer_found_by = "re-placing" if best < first else ""
+        if best < first:  # re-placed under the search's own rule: a node's ranks share its host memory
+            self.fewer_found_by, shares = "re-placing", False
         if max_solves <= 0 or gated:
+            self.host_shares_used = shares
             return 0
         restarts = (self.restarts, self.best_restart)
         subsets = {combo for size in range(1, len(used)) for combo in combinations(used, size)}
@@ -1427,8 +1431,9 @@ class Search:
                 self.progress_prefix = ""
             if step < best * (1 - 1e-9):
                 best, keep = step, self.snapshot()
-                self.fewer_found_by = "solving"
+                self.fewer_found_by, shares = "solving", self.host_shares_used
         self.restarts, self.best_restart = restarts
+        self.host_shares_used = shares
         self.restore(keep)
         return solved
 
