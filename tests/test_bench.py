@@ -338,3 +338,22 @@ def test_capacity_settings_bench_plans_with_every_checked_setting(tmp_path):
     assert counts["cases"] == 12 and counts["refused"] > 0 and counts["checked settings named"] > 0, counts
     assert counts["settings that plan"] == counts["checked settings named"] and result["failures"] == []
     assert "settings that plan" in proc.stdout
+
+
+def test_planner_ab_compares_a_revision_with_the_working_tree(tmp_path):
+    # dada775 plans before the fewer-types pass re-placed tables: on this random cluster (MLPerf
+    # on 64 nodes of 8 GPUs) the working tree's plan is better; each side plans with its own code
+    out = tmp_path / "ab.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/planner_ab.py", "--base", "dada775", "--rounds", "1", "--cases", "random",
+         "--seeds", "13", "14", "--out", str(out)],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["case"] == "random 13" and row["change"].startswith("better"), row
+    assert row["head_step_s"] < 0.97 * row["base_step_s"]
+    assert "plans: 1 better, 0 worse" in proc.stdout
+    bad = subprocess.run([sys.executable, "bench/planner_ab.py", "--base", "no-such-rev"], cwd=ROOT,
+                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--base no-such-rev: not a revision of this repository" in bad.stderr
