@@ -30,6 +30,15 @@ import lightning.pytorch as pl
 
 STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"
 STOPPING_TERM = "\nstopping on SIGTERM: the ranks finish their step, then save a checkpoint"
+
+
+def stopping(term: bool, saves: bool = True) -> str:
+    """What the first Ctrl-C (or SIGTERM) says: the ranks finish their step, then save a
+    checkpoint, or, with ``trainer.checkpoint=false``, validate and end without one."""
+    said = STOPPING_TERM if term else STOPPING
+    if saves:
+        return said
+    return said.replace("then save a checkpoint", "validate and end, saving no checkpoint (trainer.checkpoint=false)")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # a second SIGINT this soon after the first is the same request: coreutils' timeout -s INT
 # sends it to the process and then to its group, microseconds apart (taken for a second
@@ -62,8 +71,10 @@ class StopOnInterrupt(pl.Callback):
         shared: Any = None,
         announce: bool = True,
         parent: int | None = None,
+        saves: bool = True,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
+        self.saves = saves  # the run saves a checkpoint when it stops (what the first Ctrl-C says)
         self.alone = alone
         self.announce = alone and announce  # one rank of a torchrun job says it, not each
         self.shared = shared
@@ -85,7 +96,7 @@ class StopOnInterrupt(pl.Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise HardStop
         if not self.asked and self.announce:
-            print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
+            print(stopping(term, self.saves), file=sys.stderr, flush=True)
         if not self.asked:
             self._first = time.monotonic()
         self.asked = True
@@ -175,7 +186,7 @@ def _nothing(*args: Any) -> None:
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
-def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> bool:
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, saves: bool = True) -> bool:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait;
     returns whether a Ctrl-C or SIGTERM asked them to stop (they may have finished first).
 
@@ -200,7 +211,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> bo
             raise KeyboardInterrupt
         first[0] = time.monotonic()
         stop.set()
-        print(STOPPING_TERM if term else STOPPING, file=sys.stderr, flush=True)
+        print(stopping(term, saves), file=sys.stderr, flush=True)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     try:

@@ -650,7 +650,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     else:
         from neo_core.training.interrupt import run_ranks
 
-        asked = run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size)
+        asked = run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size,
+                          saves=run.trainer.checkpoint)
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
         # every rank ended without an error, yet none wrote this run's results (an earlier
@@ -866,7 +867,8 @@ def rank_main(
     )
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
     stop = StopOnInterrupt(
-        cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0, parent=parent
+        cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0, parent=parent,
+        saves=cfg.checkpoint,
     )
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()

@@ -1127,3 +1127,21 @@ def test_tables_start_from_the_same_weights_whatever_the_plan() -> None:
     again = torch.zeros(rows, dim)
     init(again, seed=8)  # another seed, other weights
     assert not torch.equal(again, whole)
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_the_first_ctrl_c_says_whether_a_checkpoint_will_be_saved(saves, capsys) -> None:
+    # with trainer.checkpoint=false it promised a checkpoint, then reported none
+    import signal
+
+    from neo_core.training.interrupt import StopOnInterrupt
+
+    stop = StopOnInterrupt(1, alone=True, saves=saves)
+    stop._handler(signal.SIGINT, None)
+    said = capsys.readouterr().err
+    assert stop.asked and stop.interrupted
+    if saves:
+        assert "the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)" in said
+    else:
+        assert "the ranks finish their step, validate and end, saving no checkpoint (trainer.checkpoint=false)" in said
+        assert "then save a checkpoint" not in said
