@@ -915,3 +915,20 @@ def test_the_settings_check_keeps_to_what_the_topology_can_take() -> None:
     assert "; checked: the tables plan with it)" in str(err.value)
     assert plan_tables([TableSpec("big", 20_000_000, 128, 1.0)], zionex_topology(num_nodes=1, device_memory_gib=gib),
                        512, kernel="dense").ranks
+
+
+def test_a_refusal_says_when_the_batch_not_the_tables_fills_memory():
+    # 26 small tables and 4M samples per rank: the batch's ids and pooled rows were counted with
+    # the tables, and the message named 200-row tables as the largest, with no word of the batch
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 200 + 1000 * i, 64, 2.0) for i in range(26)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=8), 4_000_000, check_settings_s=0)
+    msg = str(err.value)
+    assert re.search(r"short; [\d.]+ GiB of it is one batch's ids and pooled rows at 4,000,000 samples per rank: "
+                     r"a smaller batch per rank needs less \(trainer.batch_size in training", msg), msg
+    with pytest.raises(PlanningError) as err:  # the tables themselves: no word of the batch
+        plan_tables([TableSpec("big", 2_000_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 512,
+                    check_settings_s=0)
+    assert "batch" not in str(err.value)

@@ -840,10 +840,22 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         biggest = np.argsort(-need_dev, kind="stable")[:5]
         names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i])})" for i in biggest)
         where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
+        # one batch's ids and pooled rows, counted in with the tables: where they are a large
+        # part, the batch per rank is the lever, not the tables
+        shards = np.array([o.num_shards for o in search.opts], dtype=np.float64)
+        batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
+        batch_bytes = float(batch[np.isfinite(need_dev)].sum())
+        per_batch = ""
+        if batch_bytes >= 0.25 * total_dev:
+            per_batch = (
+                f"; {human_bytes(batch_bytes)} of it is one batch's ids and pooled rows at "
+                f"{search.model.context.batch_size_per_rank:,} samples per rank: a smaller batch per rank needs less "
+                "(trainer.batch_size in training, batch_size_per_rank in recipes/plan.py)"
+            )
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short; largest: {names}; {add_memory or grow}"
+            f"({human_bytes(short)}) short{per_batch}; largest: {names}; {add_memory or grow}"
             + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest
