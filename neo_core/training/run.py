@@ -688,6 +688,16 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         since = metrics.get("samples_per_sec_from_step", metrics.get("timed_from_step", 1))
         segment = " of this segment" if metrics.get("timed_from_step", 1) > 1 else ""
         timed = f" over steps {since}-{metrics['steps']}{segment}" if since > 1 else ""
+        history = metrics.get("history") or []
+        first, last = (history[0]["loss"], metrics.get("train_loss")) if history else (None, None)
+        if first is not None and last is not None and math.isfinite(last) and last > max(10 * first, 10.0):
+            # a finite loss that exploded: the run ends as usual, but its results mean nothing
+            print(
+                f"warning: the training loss grew from {first:.4g} (step {history[0]['step']}) to {last:.4g} (the "
+                "last steps' mean): training diverged though the loss stayed finite; lower the tables' learning "
+                "rate (kernel.learning_rate) or the dense layers' (trainer.dense_learning_rate)",
+                file=sys.stderr,
+            )
         print(
             f"done: {metrics['steps']} steps, {validated}, {metrics['samples_per_sec']:,.0f} samples/s{timed} "
             f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"

@@ -1145,3 +1145,18 @@ def test_the_first_ctrl_c_says_whether_a_checkpoint_will_be_saved(saves, capsys)
     else:
         assert "the ranks finish their step, validate and end, saving no checkpoint (trainer.checkpoint=false)" in said
         assert "then save a checkpoint" not in said
+
+
+def test_a_run_whose_loss_exploded_but_stayed_finite_is_warned_of(tmp_path: Path, capsys) -> None:
+    # kernel.learning_rate=1e6: the loss went from 0.7 to 4.5e9 and the run printed "done" with
+    # no word of it (the divergence error fires on NaN and inf only)
+    from neo_core.training.run import train
+
+    settings = ["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=20", "trainer.checkpoint=false",
+                "trainer.progress_bar=false"]
+    metrics = train(composed([*settings, "kernel.learning_rate=1e6"], tmp_path / "hot"))
+    err = capsys.readouterr().err
+    assert metrics["train_loss"] > 10 * metrics["history"][0]["loss"]
+    assert "warning: the training loss grew from" in err and "lower the tables' learning rate" in err
+    train(composed(settings, tmp_path / "calm"))
+    assert "training loss grew" not in capsys.readouterr().err
