@@ -190,6 +190,25 @@ def load_plugins(
                 named = sorted(n for n in dir(module) if n.startswith("neo_register_") and callable(getattr(module, n)))
                 said = (f" ({', '.join(named)} without @neo_core.hookimpl?)" if named else "")
                 _report_failure(ep.name, PluginError(f"it implements no Neo hook{said}"), failed, strict)
+    # plugin modules named in NEO_PLUGINS (comma-separated import paths, found on sys.path /
+    # PYTHONPATH): a plugin tried without installing it, under its module's name
+    for module_name in (m.strip() for m in os.environ.get("NEO_PLUGINS", "").split(",")):
+        if not module_name:
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # as a broken entry point: reported by name, Neo goes on
+            _report_failure(module_name, PluginError(
+                f"NEO_PLUGINS names module {module_name!r}, which failed to import ({type(exc).__name__}: {exc}); "
+                "give its import path, with its folder on PYTHONPATH"), failed, strict)
+            continue
+        try:
+            _register_module(pm, module, module_name, f"NEO_PLUGINS {module_name}", providers)
+        except pluggy.PluginValidationError as exc:
+            _report_failure(module_name, PluginError(_invalid_hook(exc)), failed, strict)
+            continue
+        if not pm.get_hookcallers(module):
+            _report_failure(module_name, PluginError("it implements no Neo hook (@neo_core.hookimpl)"), failed, strict)
     for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
         if pm.has_plugin(module_name) or any(
             getattr(p, "__name__", None) == module_name for p in pm.get_plugins()

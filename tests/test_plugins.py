@@ -998,3 +998,37 @@ def test_an_emulated_cluster_keeps_as_many_nodes_as_its_ranks_allow(shape, ranks
     assert (topo.num_nodes, topo.devices_per_node, topo.compute_device) == (*emulated, "cpu")
     assert topo.world_size == ranks and topo.emulated_from == f"zionex ({shape[0]}x{shape[1]})"
     assert topo.device_memory == 40 * 2**30  # a device's memory model is the cluster's
+
+
+def test_neo_plugins_loads_a_plugin_module_without_installing_it(tmp_path, monkeypatch) -> None:
+    # a plugin tried before it is packaged: its module's import path in NEO_PLUGINS, its folder
+    # on the path (entry points need an installed distribution)
+    import subprocess
+
+    from tests.conftest import ROOT, subprocess_env
+
+    (tmp_path / "my_neo_cache.py").write_text(
+        "from neo_core import hookimpl\n"
+        "from neo_core.cache import CachePolicy\n\n\n"
+        "def warm_lfu(load_factor: float = 0.3) -> CachePolicy:\n"
+        "    return CachePolicy(name='warm_lfu', load_factor=load_factor, algorithm='lfu')\n\n\n"
+        "@hookimpl\n"
+        "def neo_register_cache_policies(registry):\n"
+        "    registry.register('warm_lfu', warm_lfu)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("NEO_PLUGINS", "my_neo_cache")
+    plugins = load_plugins(autoload=False)
+    assert plugins.create("cache", "warm_lfu").load_factor == 0.3
+    assert plugins.registry("cache").get("warm_lfu").provider == "NEO_PLUGINS my_neo_cache"
+    monkeypatch.setenv("NEO_PLUGINS", "my_neo_cache, no_such_module")
+    with pytest.warns(PluginLoadWarning, match=r"NEO_PLUGINS names module 'no_such_module', which failed to import"):
+        plugins = load_plugins(autoload=False)
+    assert "warm_lfu" in plugins.registry("cache").names()
+    # the recipes and the CLI see it too (ranks inherit the environment)
+    env = {**subprocess_env(), "NEO_PLUGINS": "my_neo_cache",
+           "PYTHONPATH": f"{tmp_path}:{subprocess_env().get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, "-m", "neo_core", "plugins"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "warm_lfu" in proc.stdout and "NEO_PLUGINS my_neo_cache" in proc.stdout
