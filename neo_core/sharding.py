@@ -515,10 +515,9 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
             if context.kernel.data_parallel_only
             else "every table is data parallel (replicated)"
         )
-        notes.append(
-            f"{' and '.join(unused)} not used: {why}, so no table sits behind a cache and no pooled "
-            "embeddings are exchanged"
-        )
+        effects = ["no table sits behind a cache"] if cache.load_factor is not None else []
+        effects += ["no pooled embeddings are exchanged"] if compressed else []
+        notes.append(f"{' and '.join(unused)} not used: {why}, so {' and '.join(effects)}")
         return notes
     if cache.load_factor is not None and context.topology.compute_device != "cuda":
         notes.append(

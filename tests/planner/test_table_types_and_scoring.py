@@ -124,7 +124,13 @@ def test_cache_and_compression_unused_by_the_dense_kernel_are_noted() -> None:
     ctx = make_context({"name": "zionex", "num_nodes": 2}, 256, kernel="dense", compressor="fp16", cache="lru")
     notes = NeoPlanner().plan(tables, ctx).notes
     assert any(n.startswith("cache lru and compression fp16 not used: kernel dense replicates every table")
+               and n.endswith("so no table sits behind a cache and no pooled embeddings are exchanged")
                for n in notes), notes
+    # the compressor alone: the cache's clause is not said (it read as if a cache were chosen)
+    alone = make_context({"name": "zionex", "num_nodes": 2}, 256, kernel="dense", compressor="fp16")
+    notes = NeoPlanner().plan(tables, alone).notes
+    assert "compression fp16 not used: kernel dense replicates every table (data parallel), so no pooled " \
+           "embeddings are exchanged" in notes, notes
     fused = make_context({"name": "zionex", "num_nodes": 2}, 256, compressor="fp16", cache="lru")
     sharded = NeoPlanner(sharding_types=["TW", "RW"]).plan(tables, fused)
     # the compression is used; the cache is not, as these small tables fit in device memory
