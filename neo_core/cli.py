@@ -156,6 +156,7 @@ class SweepFailures:
         self.folders: dict[int, Path] = {}  # every job's folder
         self.sweep_dir: Path | None = None  # hydra.sweep.dir, as the jobs ran
         self.refused: list[int] = []  # failed jobs whose folder was another run's: no error.txt written
+        self.started: dict[int, str] = {}  # every job begun: its overrides (a Ctrl-C's job among them)
 
     def _seen(self, num: int, out: Path) -> None:
         from hydra.core.hydra_config import HydraConfig
@@ -181,6 +182,7 @@ class SweepFailures:
         import traceback
 
         self._seen(num, out)
+        self.started[num] = overrides
         started = time.time()
         ours = before is None
         try:
@@ -230,12 +232,15 @@ class SweepFailures:
         ``stopped``: the job a Ctrl-C stopped, the results so far (the jobs after it not run)."""
         import csv
 
-        if self.row is None or not self.done or (len(self.folders) < 2 and stopped is None):
+        if self.row is None or (not self.done and stopped is None) or (len(self.folders) < 2 and stopped is None):
             return
         failed = {num: (overrides, message) for num, overrides, message in self.jobs}
+        if stopped is not None and stopped not in self.done and stopped not in failed and stopped in self.started:
+            failed[stopped] = (self.started[stopped], "stopped")
         nums = sorted(set(self.done) | set(failed))
         words = {num: (self.done.get(num) or failed[num])[0].split() for num in nums}
-        common = set.intersection(*(set(w) for w in words.values()))
+        # what tells the jobs apart: against one another, or (one job so far) the sweep's axes
+        common = set.intersection(*(set(w) for w in words.values())) if len(nums) > 1 else set()
         folders = [str(f) for f in self.folders.values()]
         where = Path(os.path.commonpath(folders))
         where = self.sweep_dir or (where.parent if str(where) in folders else where)
@@ -249,6 +254,8 @@ class SweepFailures:
                 row = self.done[num][1]
                 said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
                                  else f"{c} n/a" for c, v in row.items())
+            elif num == stopped and failed[num][1] == "stopped":
+                said = "stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"
             else:
                 said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
             print(f"  #{num} {label}: {said}")
@@ -260,7 +267,8 @@ class SweepFailures:
                 for num in nums:
                     row = self.done.get(num, ("", {}))[1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
-                                    "done" if num in self.done else "not run" if num in self.refused else "failed",
+                                    "done" if num in self.done else "not run" if num in self.refused
+                                    else "stopped" if num == stopped and failed[num][1] == "stopped" else "failed",
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)

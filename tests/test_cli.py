@@ -687,12 +687,34 @@ def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> Non
     for num, auc in enumerate((0.61, 0.72)):
         (tmp_path / str(num)).mkdir()
         sweep.job(lambda auc=auc: auc, tmp_path / str(num), num, f"seed={num} trainer=smoke")
-    sweep._seen(2, tmp_path / "2")  # the job a Ctrl-C stopped
+    sweep._seen(2, tmp_path / "2")  # the job a Ctrl-C stopped, as it was running
+    sweep.started[2] = "seed=2 trainer=smoke"
     sweep.summary(stopped=2)
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"sweep results so far, the sweep stopped at job #2 ({tmp_path / 'summary.csv'}):"
-    assert out[1:] == ["  #0 seed=0: val AUC 0.6100", "  #1 seed=1: val AUC 0.7200"]
-    assert [r[0] for r in csv.reader((tmp_path / "summary.csv").open())] == ["job", "0", "1"]
+    assert out[1:] == ["  #0 seed=0: val AUC 0.6100", "  #1 seed=1: val AUC 0.7200",
+                       "  #2 seed=2: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"]
+    rows = list(csv.reader((tmp_path / "summary.csv").open()))
+    assert [(r[0], r[3]) for r in rows] == [("job", "status"), ("0", "done"), ("1", "done"), ("2", "stopped")]
+    # one job finished before the stop: named by what differs from the stopped one (it was "(the
+    # sweep's settings)", the stopped job left out)
+    one = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    one.job(lambda: 0.61, tmp_path / "0", 0, "compression=none trainer=smoke")
+    one._seen(1, tmp_path / "1")
+    one.started[1] = "compression=fp16 trainer=smoke"
+    one.summary(stopped=1)
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  #0 compression=none: val AUC 0.6100",
+        "  #1 compression=fp16: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"]
+    # the first job stopped: the summary says so (none was written)
+    first = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    first.sweep_dir = tmp_path / "first"
+    first.sweep_dir.mkdir()
+    first._seen(0, first.sweep_dir / "0")
+    first.started[0] = "compression=none"
+    first.summary(stopped=0)
+    assert "#0 compression=none: stopped by the Ctrl-C" in capsys.readouterr().out
+    assert (first.sweep_dir / "summary.csv").is_file()
 
 
 def test_a_setting_given_twice_is_noted_with_the_value_used() -> None:
