@@ -86,8 +86,11 @@ def test_neo_calibrate_takes_the_measurements_flags_and_says_how_to_use_its_file
         "device_memory_bw": 1e10, "measured_at": time.mktime((2026, 12, 5, 9, 30, 0, 0, 0, -1))})
     out = tmp_path / "cal.json"
     assert neo_main(["calibrate", "--output", str(out), "--ranks", "4"]) == 0
-    shown = capsys.readouterr().out.splitlines()
+    said = capsys.readouterr()
+    shown = said.out.splitlines()
     assert asked == [4] and out.is_file()
+    # what runs is said before the measurements start (about 15 s of silence otherwise)
+    assert "measuring this machine's memory bandwidth, lookup rate and gloo collectives on 4 ranks" in said.err
     assert shown[-2:] == ["             measured_at: 2026-12-05 09:30:00",
                           f"wrote {out}: plan with it by topology.calibration={out} (or NEO_CALIBRATION={out})"]
     with pytest.raises(SystemExit):

@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -403,6 +404,9 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
             os.nice(-args.nice)  # inherited by the spawned ranks
         except PermissionError:
             parser.error(f"--nice {args.nice} needs root (raising priority); run without --nice")
+    # about 15 s with nothing to show until the figures: say what runs
+    print(f"measuring this machine's memory bandwidth, lookup rate and gloo collectives on {args.ranks} ranks "
+          "(about 15 s) ...", file=sys.stderr, flush=True)
     data = calibrate(args.ranks)
     try:  # a path that passed the check can still refuse the write (/proc, a full disk)
         path.write_text(json.dumps(data, indent=2) + "\n")
