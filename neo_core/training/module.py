@@ -204,6 +204,10 @@ class NeoModule(pl.LightningModule):
             self.on_plan(self.plan)
         pg = dist.group.WORLD if dist.is_initialized() else None
         env = ShardingEnv.from_process_group(pg) if pg is not None else ShardingEnv.from_local(1, 0)
+        held = sum(r.memory.get("weights", 0.0) + r.memory.get("optimizer", 0.0) for r in self.plan.ranks)
+        if held >= 2**30 and (not dist.is_initialized() or dist.get_rank() == 0):  # seconds with nothing on screen
+            print(f"building the tables' shards: {held / 2**30:.1f} GiB of weights and optimizer state over "
+                  f"{len(self.plan.ranks)} rank(s) ...", flush=True)
         self.model = DistributedModelParallel(
             self.model,
             env=env,
