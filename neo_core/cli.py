@@ -64,6 +64,7 @@ def plugin_blame(exc: BaseException) -> str | None:
     except Exception:  # noqa: BLE001 - no plugins to blame
         return None
     found = []
+    groups: dict[int, str] = {}  # each plugin found: its config group
     for registry in registries:
         for entry in registry.entries():
             module = sys.modules.get(getattr(entry.factory, "__module__", "") or "")
@@ -76,8 +77,12 @@ def plugin_blame(exc: BaseException) -> str | None:
             mark = f'File "{Path(file).parent}{os.sep}' if Path(file).name == "__init__.py" else f'File "{file}"'
             if mark in text:
                 found.append((registry.kind, entry))
+                groups[id(entry)] = registry.group
     if len(found) > 1:  # one package's several plugins: the one whose code the frames ran, if they tell
         found = _ran_in_frames(exc, found) or found
+    if len(found) > 1:  # or the one the run chose (a spawned rank's error has no frames, only text)
+        chosen = _run_choices()
+        found = [(k, e) for k, e in found if chosen.get(groups[id(e)]) in (e.name, *e.options)] or found
     if len(found) == 1:
         kind, entry = found[0]
         return f"{kind} plugin {entry.name!r} ({entry.provider})"
@@ -85,6 +90,16 @@ def plugin_blame(exc: BaseException) -> str | None:
         return None
     providers = ", ".join(dict.fromkeys(entry.provider for _, entry in found))
     return f"code of {providers}, which provides the {', '.join(f'{kind} plugin {e.name!r}' for kind, e in found)}"
+
+
+def _run_choices() -> dict[str, str]:
+    """The options the running Hydra job chose per config group (``data=flaky``); empty outside one."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return {str(k): str(v) for k, v in HydraConfig.get().runtime.choices.items() if v is not None}
+    except Exception:  # noqa: BLE001 - not in a Hydra job
+        return {}
 
 
 def _ran_in_frames(exc: BaseException, found: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

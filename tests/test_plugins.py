@@ -955,6 +955,11 @@ def test_a_bug_in_one_of_a_packages_plugins_is_not_blamed_on_another(tmp_path, r
                         "qcomm_codecs_registry\nRuntimeError: codec broke")
     assert plugin_blame(rank) == ("code of two_plugins, which provides the topology plugin 'mini2', compressor "
                                   "plugin 'codec'")
+    # ... unless the run chose one of them (compression=codec): that one
+    import neo_core.cli as cli
+
+    monkeypatch.setattr(cli, "_run_choices", lambda: {"compression": "codec", "topology": "local"})
+    assert plugin_blame(rank) == "compressor plugin 'codec' (two_plugins)"
 
 
 def test_neo_plugins_says_a_plugin_that_failed_to_load_once(tmp_path: Path, monkeypatch, capsys) -> None:
