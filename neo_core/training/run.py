@@ -1026,8 +1026,35 @@ def _write_results(
         ] + val_history
     last = history[-10:]
     val = val_history[-1] if val_history else {"auc": math.nan, "loss": math.nan}
+    steps = module.global_step + module.step_offset
+    # the plugins each stretch of steps trained with (a resumed run may change some: the
+    # top-level fields are the last stretch's)
+    settings = {
+        "sharding": run.sharding["name"], "kernel": run.kernel["name"], "compression": run.compression["name"],
+        "cache": run.cache["name"],
+        "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
+    }
+    segments: list[dict[str, Any]] = []
+    if module.step_offset and previous.exists():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            earlier = json.loads(previous.read_text())
+            kept = earlier.get("segments") or [
+                {"from_step": 1, "to_step": earlier["steps"], **{k: earlier.get(k) for k in settings}}]
+            segments = [{**seg, "to_step": min(seg["to_step"], module.step_offset)}
+                        for seg in kept if seg["from_step"] <= module.step_offset]
+    saved = out / "checkpoint" / "config.json"
+    if module.step_offset and not segments and saved.is_file():  # no earlier record: the checkpoint's settings
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
+            cfg = json.loads(saved.read_text())
+            segments = [{"from_step": 1, "to_step": module.step_offset,
+                         **{k: cfg[k]["name"] for k in ("sharding", "kernel", "compression", "cache")},
+                         "cache_load_factor": cfg["cache"].get("load_factor")}]
+    if segments and {k: segments[-1].get(k) for k in settings} == settings:
+        segments[-1]["to_step"] = steps  # the same settings go on
+    else:
+        segments.append({"from_step": module.step_offset + 1, "to_step": steps, **settings})
     metrics = {
-        "steps": module.global_step + module.step_offset,
+        "steps": steps,
         "max_steps": run.trainer.max_steps,
         "interrupted": interrupted,  # stopped by Ctrl-C before max_steps
         "world_size": launch.world_size,
@@ -1042,11 +1069,8 @@ def _write_results(
         # the first step samples/s counts (the first steps build kernels and caches)
         "samples_per_sec_from_step": module.step_offset + 1 + module.warmup_steps(),
         "wall_time_s": wall,
-        "sharding": run.sharding["name"],
-        "kernel": run.kernel["name"],
-        "compression": run.compression["name"],
-        "cache": run.cache["name"],
-        "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
+        **settings,
+        "segments": segments,  # [{from_step, to_step, and the settings above}], one per resumed stretch
         "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],

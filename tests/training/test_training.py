@@ -1160,3 +1160,20 @@ def test_a_run_whose_loss_exploded_but_stayed_finite_is_warned_of(tmp_path: Path
     assert "warning: the training loss grew from" in err and "lower the tables' learning rate" in err
     train(composed(settings, tmp_path / "calm"))
     assert "training loss grew" not in capsys.readouterr().err
+
+
+def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_path: Path) -> None:
+    # a run resumed with compression=fp16 after 2 steps of none was recorded as fp16 throughout
+    from neo_core.training.run import train
+
+    smoke = ["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=1", "trainer.progress_bar=false",
+             "trainer.checkpoint=true"]
+    first = train(composed([*smoke, "trainer.max_steps=2"], tmp_path))
+    assert first["segments"] == [{"from_step": 1, "to_step": 2, "sharding": "neo", "kernel": "fused",
+                                  "compression": "none", "cache": "none", "cache_load_factor": None}]
+    more = train(composed([*smoke, "trainer.max_steps=4", "trainer.resume=true", "compression=fp16"], tmp_path))
+    assert [(s["from_step"], s["to_step"], s["compression"]) for s in more["segments"]] == [(1, 2, "none"), (3, 4, "fp16")]
+    assert more["compression"] == "fp16"  # the top-level fields: the last stretch's
+    same = train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true", "compression=fp16"], tmp_path))
+    assert [(s["from_step"], s["to_step"], s["compression"]) for s in same["segments"]] == [(1, 2, "none"), (3, 5, "fp16")]
+    assert json.loads((tmp_path / "metrics.json").read_text())["segments"] == same["segments"]
