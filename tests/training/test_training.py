@@ -1007,7 +1007,7 @@ def test_a_stop_asked_of_ranks_that_finished_anyway_is_told_to_the_caller(tmp_pa
     from neo_core.training.run import train
 
     real = interrupt.run_ranks
-    monkeypatch.setattr(interrupt, "run_ranks", lambda *args: real(*args) or True)  # as if asked
+    monkeypatch.setattr(interrupt, "run_ranks", lambda *args, **kwargs: real(*args, **kwargs) or True)  # as if asked
     metrics = train(composed(["trainer=smoke", "trainer.max_steps=2"], tmp_path))
     assert metrics["steps"] == 2 and not metrics["interrupted"]
     assert interrupt.asked_as_it_finished() and not interrupt.asked_as_it_finished()  # told once
