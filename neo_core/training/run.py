@@ -1036,19 +1036,12 @@ def _write_results(
     }
     segments: list[dict[str, Any]] = []
     if module.step_offset and previous.exists():
-        with contextlib.suppress(ValueError, KeyError, TypeError):
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
             earlier = json.loads(previous.read_text())
             kept = earlier.get("segments") or [
                 {"from_step": 1, "to_step": earlier["steps"], **{k: earlier.get(k) for k in settings}}]
             segments = [{**seg, "to_step": min(seg["to_step"], module.step_offset)}
                         for seg in kept if seg["from_step"] <= module.step_offset]
-    saved = out / "checkpoint" / "config.json"
-    if module.step_offset and not segments and saved.is_file():  # no earlier record: the checkpoint's settings
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-            cfg = json.loads(saved.read_text())
-            segments = [{"from_step": 1, "to_step": module.step_offset,
-                         **{k: cfg[k]["name"] for k in ("sharding", "kernel", "compression", "cache")},
-                         "cache_load_factor": cfg["cache"].get("load_factor")}]
     if segments and {k: segments[-1].get(k) for k in settings} == settings:
         segments[-1]["to_step"] = steps  # the same settings go on
     else:
