@@ -318,9 +318,6 @@ def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) 
         print(f"    all {len(jobs)}: {message[:width]}", file=sys.stderr)
 
 
-# sweep folders given on the command line that were there before the launch (check_sweep_jobs)
-_KEPT_DIRS: set[str] = set()
-
 # the check a sweep runs on its jobs before they start (check_sweep_jobs: the last one given)
 _SWEEP_CHECK: list[Callable[[dict[str, Any]], None]] = []
 
@@ -351,11 +348,6 @@ def check_sweep_jobs(check: Callable[[dict[str, Any]], None]) -> None:
 
         validate_batch_is_legal.neo_checks_jobs = True  # type: ignore[attr-defined]
         Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
-    # a sweep folder named on the command line that is there already: a refused sweep leaves it
-    # (Hydra makes the folder, and its multirun.yaml, before the jobs are checked)
-    for arg in sys.argv[1:]:
-        if arg.lstrip("+").startswith("hydra.sweep.dir=") and Path(arg.split("=", 1)[1]).exists():
-            _KEPT_DIRS.add(os.path.abspath(arg.split("=", 1)[1]))
 
 
 def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
@@ -409,19 +401,7 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
                     "leave them out of the sweep):")
         print(f"error: {head}", file=sys.stderr)
         print_failed_jobs(failed, width=400)
-        if not first:  # the sweep's folder, as Hydra made it for this refused sweep: not left behind
-            _remove_new_sweep_dir(sweeper)
         raise SystemExit(2)
-
-
-def _remove_new_sweep_dir(sweeper: Any) -> None:
-    """Remove the sweep folder Hydra made for this launch before its jobs were checked, where it
-    holds nothing but its ``multirun.yaml`` (a folder given that was there before is left)."""
-    with contextlib.suppress(Exception):
-        folder = Path(os.path.abspath(str(sweeper.config.hydra.sweep.dir)))
-        if str(folder) not in _KEPT_DIRS and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
-            (folder / "multirun.yaml").unlink()
-            folder.rmdir()
 
 
 # keys a recipe took under another name (plan.py: model= for plan_model=): named as typed

@@ -426,19 +426,6 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
     assert proc.returncode == 2 and "ran" not in proc.stdout, proc.stderr
     assert proc.stderr.splitlines()[0].startswith("error: 2 of the 4 jobs of the sweep would fail, so none was started")
     assert proc.stderr.splitlines()[2].endswith(f"x=3 is bad (job 3 in {out / '3'})")
-    # refused in a new folder: the folder Hydra made for it (its multirun.yaml alone) goes too
-    fresh = subprocess.run(
-        [sys.executable, str(app), "-m", "+x=0,3", "+num=${hydra:job.num}", "+out=${hydra:runtime.output_dir}",
-         f"hydra.sweep.dir={tmp_path / 'fresh'}"], capture_output=True, text=True, env=subprocess_env(ROOT), timeout=120,
-    )
-    assert fresh.returncode == 2 and not (tmp_path / "fresh").exists(), fresh.stderr
-    assert (out / "multirun.yaml").is_file()  # an earlier sweep's folder keeps it
-    (tmp_path / "mine").mkdir()  # a folder the user made for it: kept, even empty of jobs
-    kept = subprocess.run(
-        [sys.executable, str(app), "-m", "+x=0,3", "+num=${hydra:job.num}", "+out=${hydra:runtime.output_dir}",
-         f"hydra.sweep.dir={tmp_path / 'mine'}"], capture_output=True, text=True, env=subprocess_env(ROOT), timeout=120,
-    )
-    assert kept.returncode == 2 and (tmp_path / "mine").is_dir(), kept.stderr
 
 
 def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys, monkeypatch) -> None:
