@@ -250,8 +250,10 @@ class SweepFailures:
         if self.row is None or (not self.done and stopped is None) or (len(self.folders) < 2 and stopped is None):
             return
         failed = {num: (overrides, message) for num, overrides, message in self.jobs}
+        halted = set()  # the job a Ctrl-C stopped, as it ran
         if stopped is not None and stopped not in self.done and stopped not in failed and stopped in self.started:
             failed[stopped] = (self.started[stopped], "stopped")
+            halted.add(stopped)
         nums = sorted(set(self.done) | set(failed))
         words = {num: (self.done.get(num) or failed[num])[0].split() for num in nums}
         # what tells the jobs apart: against one another, or (one job so far) the sweep's axes
@@ -269,7 +271,7 @@ class SweepFailures:
                 row = self.done[num][1]
                 said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
                                  else f"{c} n/a" for c, v in row.items())
-            elif num == stopped and failed[num][1] == "stopped":
+            elif num in halted:
                 said = "stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"
             else:
                 said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
@@ -283,7 +285,7 @@ class SweepFailures:
                     row = self.done.get(num, ("", {}))[1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
                                     "done" if num in self.done else "not run" if num in self.refused
-                                    else "stopped" if num == stopped and failed[num][1] == "stopped" else "failed",
+                                    else "stopped" if num in halted else "failed",
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)

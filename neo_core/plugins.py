@@ -8,6 +8,7 @@ an error instead of a warning.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import logging
@@ -15,7 +16,7 @@ import os
 import sys
 import threading
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +138,32 @@ def _invalid_hook(exc: BaseException) -> str:
             "pass; Neo's hooks take one argument, registry")
 
 
+def _load_plugin(
+    pm: pluggy.PluginManager, load: Callable[[], Any], name: str, provider: str, providers: dict[str, str],
+    failed: dict[str, str], strict: bool, import_hint: str | None = None,
+) -> None:
+    """Import a third-party plugin module (``load``) and register it as ``name``; a module that
+    fails to import, has a hook whose signature is not Neo's, or implements no Neo hook is
+    reported by name and skipped (``import_hint``: the import failure's message, ``{}`` the
+    error)."""
+    try:
+        module = load()
+    except Exception as exc:  # a broken third-party plugin must not stop Neo
+        if import_hint is not None:
+            exc = PluginError(import_hint.format(f"{type(exc).__name__}: {exc}"))
+        _report_failure(name, exc, failed, strict)
+        return
+    try:  # a hook whose signature is not Neo's (pluggy's PluginValidationError)
+        _register_module(pm, module, name, provider, providers)
+    except pluggy.PluginValidationError as exc:
+        _report_failure(name, PluginError(_invalid_hook(exc)), failed, strict)
+        return
+    if not pm.get_hookcallers(module):  # loads, yet gives Neo nothing
+        named = sorted(n for n in dir(module) if n.startswith("neo_register_") and callable(getattr(module, n)))
+        said = (f" ({', '.join(named)} without @neo_core.hookimpl?)" if named else "")
+        _report_failure(name, PluginError(f"it implements no Neo hook{said}"), failed, strict)
+
+
 def _report_failure(name: str, exc: BaseException, failed: dict[str, str], strict: bool) -> None:
     message = f"Neo plugin {name!r} failed to load and was skipped: {type(exc).__name__}: {exc}"
     if strict:
@@ -176,39 +203,17 @@ def load_plugins(
     if autoload:
         for ep in importlib.metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
             dist = ep.dist.name if ep.dist is not None else "unknown"
-            try:
-                module = ep.load()
-            except Exception as exc:  # a broken third-party plugin must not stop Neo
-                _report_failure(ep.name, exc, failed, strict)
-                continue
-            try:  # a hook whose signature is not Neo's (pluggy's PluginValidationError)
-                _register_module(pm, module, ep.name, dist, providers)
-            except pluggy.PluginValidationError as exc:
-                _report_failure(ep.name, PluginError(_invalid_hook(exc)), failed, strict)
-                continue
-            if not pm.get_hookcallers(module):  # loads, yet gives Neo nothing
-                named = sorted(n for n in dir(module) if n.startswith("neo_register_") and callable(getattr(module, n)))
-                said = (f" ({', '.join(named)} without @neo_core.hookimpl?)" if named else "")
-                _report_failure(ep.name, PluginError(f"it implements no Neo hook{said}"), failed, strict)
+            _load_plugin(pm, ep.load, ep.name, dist, providers, failed, strict)
     # plugin modules named in NEO_PLUGINS (comma-separated import paths, found on sys.path /
     # PYTHONPATH): a plugin tried without installing it, under its module's name
     for module_name in (m.strip() for m in os.environ.get("NEO_PLUGINS", "").split(",")):
-        if not module_name:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # as a broken entry point: reported by name, Neo goes on
-            _report_failure(module_name, PluginError(
-                f"NEO_PLUGINS names module {module_name!r}, which failed to import ({type(exc).__name__}: {exc}); "
-                "give its import path, with its folder on PYTHONPATH"), failed, strict)
-            continue
-        try:
-            _register_module(pm, module, module_name, f"NEO_PLUGINS {module_name}", providers)
-        except pluggy.PluginValidationError as exc:
-            _report_failure(module_name, PluginError(_invalid_hook(exc)), failed, strict)
-            continue
-        if not pm.get_hookcallers(module):
-            _report_failure(module_name, PluginError("it implements no Neo hook (@neo_core.hookimpl)"), failed, strict)
+        if module_name:
+            _load_plugin(
+                pm, functools.partial(importlib.import_module, module_name), module_name,
+                f"NEO_PLUGINS {module_name}", providers, failed, strict,
+                import_hint=f"NEO_PLUGINS names module {module_name!r}, which failed to import "
+                            "({}); give its import path, with its folder on PYTHONPATH",
+            )
     for module_name in DEFAULT_PLUGINS:  # built-ins not reached through entry points
         if pm.has_plugin(module_name) or any(
             getattr(p, "__name__", None) == module_name for p in pm.get_plugins()

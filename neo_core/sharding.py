@@ -441,7 +441,7 @@ class PlanResult:
             slowest = self.slowest_ranks(max_ranks)
             shown_ranks = sorted(slowest, key=lambda r: r.rank)
         for r in shown_ranks:
-            compute = sum(v for k, v in r.time.items() if not k.startswith("comm"))
+            compute = _compute_time(r)
             comm = r.time_total - compute
             sent = ""
             if has_bytes:
@@ -463,7 +463,7 @@ class PlanResult:
         if self.ranks:  # where the step and the memory are tightest, whatever the ranks shown
             totals = sorted(r.time_total for r in self.ranks)
             slow = self.slowest_ranks(1)[0]
-            compute = sum(v for k, v in slow.time.items() if not k.startswith("comm"))
+            compute = _compute_time(slow)
             fullest = self.fullest_rank()
             shown = (f"the {len(shown_ranks)} slowest of {len(self.ranks)} ranks shown ({rest}); "
                      if len(shown_ranks) < len(self.ranks) else "")
@@ -625,6 +625,11 @@ def check_plan(
             result.settings = plan_settings(context)
         result.notes.extend(n for n in context_notes(result, context) if n not in result.notes)
     return result
+
+
+def _compute_time(rank: RankReport) -> float:
+    """A rank's predicted time other than communication (seconds)."""
+    return sum(v for k, v in rank.time.items() if not k.startswith("comm"))
 
 
 def _bytes(n: float) -> str:

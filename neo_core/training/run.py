@@ -1016,9 +1016,12 @@ def _write_results(
 ) -> None:
     history, val_history = list(module.history), list(module.val_history)
     previous = out / "metrics.json"
-    if module.step_offset and not module.history_restored and previous.exists():
+    earlier: Any = None  # the earlier stretch's results, where this run resumed one
+    if module.step_offset and previous.exists():
+        with contextlib.suppress(ValueError):
+            earlier = json.loads(previous.read_text())
+    if module.step_offset and not module.history_restored and isinstance(earlier, dict):
         # a checkpoint saved without its record: the earlier run's metrics.json keeps it
-        earlier = json.loads(previous.read_text())
         history = [h for h in earlier.get("history", []) if h["step"] <= module.step_offset] + history
         val_history = [
             {k: math.nan if v is None else v for k, v in h.items()}  # null in the file: not measured
@@ -1035,9 +1038,8 @@ def _write_results(
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
     }
     segments: list[dict[str, Any]] = []
-    if module.step_offset and previous.exists():
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
-            earlier = json.loads(previous.read_text())
+    if isinstance(earlier, dict):
+        with contextlib.suppress(KeyError, TypeError):
             kept = earlier.get("segments") or [
                 {"from_step": 1, "to_step": earlier["steps"], **{k: earlier.get(k) for k in settings}}]
             segments = [{**seg, "to_step": min(seg["to_step"], module.step_offset)}

@@ -421,11 +421,8 @@ class NeoPlanner(Planner):
             dropped = ", ".join(sorted(ShardingType(v).short for v in types - search.types_used()))
             added = ", ".join(sorted(ShardingType(v).short for v in search.types_used() - types))
             # how the pass found it: alternatives re-placed from the plan, solved anew, or both
-            tried = [
-                f"{counted(n, 'alternative') if not k else n} {how}"
-                for k, (n, how) in enumerate((n, how) for n, how in (
-                    (search.repairs, "re-placed from the plan"), (subsets, "solved anew")) if n)
-            ]
+            kinds = [(n, how) for n, how in ((search.repairs, "re-placed from the plan"), (subsets, "solved anew")) if n]
+            tried = [f"{counted(n, 'alternative') if k == 0 else n} {how}" for k, (n, how) in enumerate(kinds)]
             how = ", ".join(tried) + (
                 f"; this one {'re-placed' if search.fewer_found_by == 're-placing' else 'solved'}" if len(tried) > 1 else ""
             )
@@ -927,7 +924,6 @@ def _ms(seconds: float) -> str:
 def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Collection[str] = ()) -> str:
     """One line that says why this option won, from the figures the search used."""
     t, model = search.t, search.model
-    W_ = search.W
     rows, dim = int(t.rows[i]), int(t.dims[i])
     whole = rows * dim * model.e
     st = opt.sharding_type
@@ -950,7 +946,7 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
             label = other.label + (" on device" if opt.placement == CACHED and other.placement != CACHED else "")
             why_not = []
             slowest = int(np.argmax(search.loads))
-            if other.unit == ALL and W_ > 1:  # a shard on every rank: the slowest one's load grows
+            if other.unit == ALL and search.W > 1:  # a shard on every rank: the slowest one's load grows
                 why_not.append(f"a shard of {_ms(float(other.shard_time[i]))} on every rank, the slowest "
                                f"({slowest}) too")
             if other.sharding_type.value in left_out:  # the fewer-types pass, not this table's figures
@@ -960,7 +956,7 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
             if other.cost.mem_device[i] > opt.cost.mem_device[i] * 1.01:  # what memory-tight plans give up
                 why_not.append("more device memory per shard")
             if not why_not:  # nothing in the table's own figures: the balance of the plan
-                if slowest in set(np.asarray(search.ranks[i]).tolist()):
+                if slowest in np.asarray(search.ranks[i]):
                     why_not.append(f"it is on the slowest rank ({slowest}), where " + (
                         "refinement left it" if search.refined else "the greedy put it (sharding.refine=false)"))
                 else:
