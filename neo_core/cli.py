@@ -537,7 +537,9 @@ def _failed_note() -> str:
     failed = get_plugins().failed
     note = f" (Plugin(s) {', '.join(map(repr, failed))} failed to load; see the warning above.)" if failed else ""
     if _env_flag("NEO_DISABLE_PLUGIN_AUTOLOAD"):  # installed plugins' options are not offered
-        note += " (NEO_DISABLE_PLUGIN_AUTOLOAD is set: installed plugins are not loaded, only the built-ins.)"
+        named = [m.strip() for m in os.environ.get("NEO_PLUGINS", "").split(",") if m.strip()]
+        note += (" (NEO_DISABLE_PLUGIN_AUTOLOAD is set: installed plugins are not loaded, only the built-ins"
+                 + (f" and NEO_PLUGINS' {', '.join(named)}" if named else "") + ".)")
     return note
 
 

@@ -1,8 +1,10 @@
 """The plugin manager: loads built-in and third-party plugins and fills the registries.
 
 Built-in plugins are ordinary plugins listed in the ``neo`` entry-point group of this
-distribution. ``NEO_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points and loads only the
-built-ins (imported directly); ``NEO_STRICT_PLUGINS=1`` turns a plugin that fails to load into
+distribution. ``NEO_PLUGINS=<module>[,...]`` loads plugin modules by import path, without
+installing them. ``NEO_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points and loads only the
+built-ins (imported directly) and the modules ``NEO_PLUGINS`` names, which are asked for by
+name; ``NEO_STRICT_PLUGINS=1`` turns a plugin that fails to load into
 an error instead of a warning.
 """
 

@@ -673,6 +673,10 @@ def test_an_unknown_option_says_when_installed_plugins_are_not_loaded(monkeypatc
     monkeypatch.setenv("NEO_DISABLE_PLUGIN_AUTOLOAD", "1")
     with pytest.raises(ConfigError, match=r"NEO_DISABLE_PLUGIN_AUTOLOAD is set: installed plugins are not loaded"):
         check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
+    monkeypatch.setenv("NEO_PLUGINS", "neo_no_such_module")  # named modules are still loaded: the note says so
+    with pytest.raises(ConfigError, match=r"only the built-ins and NEO_PLUGINS' neo_no_such_module\.\)"):
+        check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
+    monkeypatch.delenv("NEO_PLUGINS")
     monkeypatch.delenv("NEO_DISABLE_PLUGIN_AUTOLOAD")
     with pytest.raises(ConfigError) as err:
         check_group_options(["cache=warm_lfu"], ROOT / "conf", ("cache",))
