@@ -32,13 +32,25 @@ STOPPING = "\nstopping: the ranks finish their step, then save a checkpoint (Ctr
 STOPPING_TERM = "\nstopping on SIGTERM: the ranks finish their step, then save a checkpoint"
 
 
-def stopping(term: bool, saves: bool = True) -> str:
-    """What the first Ctrl-C (or SIGTERM) says: the ranks finish their step, then save a
-    checkpoint, or, with ``trainer.checkpoint=false``, validate and end without one."""
+def after_stop(checkpoint: bool = True, every_n_steps: int = 0, validates: bool = True) -> str:
+    """What the ranks do once they have finished their step, for the first Ctrl-C's line:
+    save a checkpoint; or, with ``trainer.checkpoint=false``, validate (unless
+    ``trainer.val_batches=0``) and end, keeping the periodic checkpoints there are."""
+    if checkpoint:
+        return "then save a checkpoint"
+    end = "validate and end" if validates else "end"
+    kept = (f"; the checkpoints saved every {every_n_steps} steps are kept" if every_n_steps
+            else "")
+    return f"{end}, saving no checkpoint at the stop (trainer.checkpoint=false{kept})"
+
+
+def stopping(term: bool, then: str | None = None) -> str:
+    """What the first Ctrl-C (or SIGTERM) says: the ranks finish their step, then what
+    ``after_stop`` says they do (save a checkpoint, by default)."""
     said = STOPPING_TERM if term else STOPPING
-    if saves:
-        return said
-    return said.replace("then save a checkpoint", "validate and end, saving no checkpoint (trainer.checkpoint=false)")
+    return said if then is None else said.replace("then save a checkpoint", then)
+
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # a second SIGINT this soon after the first is the same request: coreutils' timeout -s INT
 # sends it to the process and then to its group, microseconds apart (taken for a second
@@ -71,10 +83,10 @@ class StopOnInterrupt(pl.Callback):
         shared: Any = None,
         announce: bool = True,
         parent: int | None = None,
-        saves: bool = True,
+        then: str | None = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
-        self.saves = saves  # the run saves a checkpoint when it stops (what the first Ctrl-C says)
+        self.then = then  # what the ranks do once stopped (``after_stop``; what the first Ctrl-C says)
         self.alone = alone
         self.announce = alone and announce  # one rank of a torchrun job says it, not each
         self.shared = shared
@@ -96,7 +108,7 @@ class StopOnInterrupt(pl.Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise HardStop
         if not self.asked and self.announce:
-            print(stopping(term, self.saves), file=sys.stderr, flush=True)
+            print(stopping(term, self.then), file=sys.stderr, flush=True)
         if not self.asked:
             self._first = time.monotonic()
         self.asked = True
@@ -186,7 +198,7 @@ def _nothing(*args: Any) -> None:
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
-def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, saves: bool = True) -> bool:
+def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then: str | None = None) -> bool:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait;
     returns whether a Ctrl-C or SIGTERM asked them to stop (they may have finished first).
 
@@ -211,7 +223,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, saves
             raise KeyboardInterrupt
         first[0] = time.monotonic()
         stop.set()
-        print(stopping(term, saves), file=sys.stderr, flush=True)
+        print(stopping(term, then), file=sys.stderr, flush=True)
 
     previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     try:

@@ -651,7 +651,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         from neo_core.training.interrupt import run_ranks
 
         asked = run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size,
-                          saves=run.trainer.checkpoint)
+                          then=_after_stop(run.trainer))
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
         # every rank ended without an error, yet none wrote this run's results (an earlier
@@ -787,6 +787,13 @@ def rank_in_this_process() -> Iterator[None]:
             torch.distributed.destroy_process_group()  # a failed run's: the next would reuse it
 
 
+def _after_stop(trainer: Any) -> str:
+    """What the ranks do after the step a Ctrl-C stops them at (the first Ctrl-C's line)."""
+    from neo_core.training.interrupt import after_stop
+
+    return after_stop(trainer.checkpoint, trainer.checkpoint_every_n_steps, bool(trainer.val_batches))
+
+
 def rank_main(
     rank: int,
     launch: Launch,
@@ -878,7 +885,7 @@ def rank_main(
     # Ctrl-C: all ranks stop after the same step and save (the checkpoint callback, at train end)
     stop = StopOnInterrupt(
         cfg.log_every_n_steps, alone=stop_event is None, shared=stop_event, announce=rank == 0, parent=parent,
-        saves=cfg.checkpoint,
+        then=_after_stop(cfg),
     )
     external_env = launch.external and TorchElasticEnvironment.detect()
     environment = TorchElasticEnvironment() if external_env else LightningEnvironment()

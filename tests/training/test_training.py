@@ -1129,22 +1129,31 @@ def test_tables_start_from_the_same_weights_whatever_the_plan() -> None:
     assert not torch.equal(again, whole)
 
 
-@pytest.mark.parametrize("saves", [True, False])
-def test_the_first_ctrl_c_says_whether_a_checkpoint_will_be_saved(saves, capsys) -> None:
+@pytest.mark.parametrize(("checkpoint", "every", "val_batches", "expected"), [
+    (True, 0, 2, "the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"),
+    (False, 0, 2, "the ranks finish their step, validate and end, saving no checkpoint at the stop "
+                  "(trainer.checkpoint=false) (Ctrl-C again"),
+    # no validation to run; the periodic checkpoints are kept (it said "no checkpoint")
+    (False, 5, 0, "the ranks finish their step, end, saving no checkpoint at the stop "
+                  "(trainer.checkpoint=false; the checkpoints saved every 5 steps are kept)"),
+])
+def test_the_first_ctrl_c_says_whether_a_checkpoint_will_be_saved(checkpoint, every, val_batches, expected,
+                                                                   capsys) -> None:
     # with trainer.checkpoint=false it promised a checkpoint, then reported none
     import signal
 
+    from neo_core.config import TrainerConfig
     from neo_core.training.interrupt import StopOnInterrupt
+    from neo_core.training.run import _after_stop
 
-    stop = StopOnInterrupt(1, alone=True, saves=saves)
+    trainer = TrainerConfig(checkpoint=checkpoint, checkpoint_every_n_steps=every, val_batches=val_batches)
+    stop = StopOnInterrupt(1, alone=True, then=_after_stop(trainer))
     stop._handler(signal.SIGINT, None)
     said = capsys.readouterr().err
     assert stop.asked and stop.interrupted
-    if saves:
-        assert "the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)" in said
-    else:
-        assert "the ranks finish their step, validate and end, saving no checkpoint (trainer.checkpoint=false)" in said
-        assert "then save a checkpoint" not in said
+    assert expected in said
+    assert ("then save a checkpoint" in said) == checkpoint
+    assert ("validate" in said) == (val_batches > 0 and not checkpoint)
 
 
 def test_a_run_whose_loss_exploded_but_stayed_finite_is_warned_of(tmp_path: Path, capsys) -> None:
