@@ -928,6 +928,21 @@ def test_a_refusal_says_when_the_batch_not_the_tables_fills_memory():
     msg = str(err.value)
     assert re.search(r"short; [\d.]+ GiB of it is one batch's ids and pooled rows at 4,000,000 samples per rank: "
                      r"a smaller batch per rank needs less \(trainer.batch_size in training", msg), msg
+    # with the batch per rank held, its buffers grow with the ranks: more ranks or a cache
+    # cannot help (it named topology.num_nodes=4, which is refused the same way), and the
+    # tables are named by their own bytes (t25's 8.11 GiB was its batch's)
+    assert re.search(r"more ranks do not help: one batch's ids and pooled rows need [\d.]+ GiB on every rank, "
+                     r"whatever the ranks; lower the batch per rank or give each rank more device memory", msg), msg
+    assert "num_nodes" not in msg and "cache" not in msg, msg
+    assert "largest tables, without their batch buffers: t25 (6.2 MiB)" in msg, msg
+    # where more ranks do help, the batch's growth with them is counted in the nodes named
+    tables = [TableSpec(f"t{i}", 3_000_000, 128, 20.0) for i in range(20)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=4), 200_000, check_settings_s=0)
+    nodes = int(re.search(r"topology.num_nodes=(\d+) or more", str(err.value)).group(1))
+    assert nodes > 2  # was 2, which is refused as short of device memory
+    with pytest.raises(PlanningError, match="Device memory is short"):
+        plan_tables(tables, zionex_topology(num_nodes=nodes - 1, device_memory_gib=4), 200_000, check_settings_s=0)
     with pytest.raises(PlanningError) as err:  # the tables themselves: no word of the batch
         plan_tables([TableSpec("big", 2_000_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 512,
                     check_settings_s=0)

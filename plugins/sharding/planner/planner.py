@@ -651,6 +651,13 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     # ranks add their bytes as fast as they add memory
     replicated = np.array([search.opts[o].unit == ALL for o in order]) & np.isfinite(need_dev)
     copy_bytes = float(need_dev[replicated].sum()) / W  # one copy of each, a rank's share
+    # one batch's ids and pooled rows, counted in with the tables: with the batch per rank held,
+    # the global batch, and so these buffers, grow with the ranks too (a rank's share stays)
+    shards = np.array([o.num_shards for o in search.opts], dtype=np.float64)
+    batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
+    batch_bytes = float(batch[np.isfinite(need_dev)].sum())
+    batch_rank = float(batch[np.isfinite(need_dev) & ~replicated].sum()) / W
+    fixed_rank = copy_bytes + batch_rank  # what each rank holds however many ranks there are
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
     some = finite.any(axis=0)
@@ -667,7 +674,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         first = max(topology.num_nodes + 1, math.ceil(least_ranks / per_node - 1e-9)) if per_node else 0
         for nodes in range(first, first + 64 * topology.num_nodes) if per_node else ():
             ranks = nodes * per_node
-            need = total_dev - copy_bytes * W + copy_bytes * ranks
+            need = total_dev - fixed_rank * W + fixed_rank * ranks
             if need <= cap_dev * ranks and host_needed(cap_dev * ranks) <= cap_host * ranks:
                 return "num_nodes", ranks
         return None
@@ -830,29 +837,33 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
         grow = "add ranks or " + mem_short
-        if copy_bytes >= cap_dev:  # each rank's copies alone overfill it, however many ranks
-            grow = (f"more ranks do not help: the replicated tables need {human_bytes(copy_bytes)} on every rank; "
-                    f"give each rank more {mem_short}")
+        # where the batch's buffers are a large part, the batch per rank is the lever, not the tables
+        big_batch = batch_bytes >= 0.25 * total_dev
+        if fixed_rank >= cap_dev:  # what each rank holds alone overfills it, however many ranks
+            held = [f"the replicated tables need {human_bytes(copy_bytes)}" if copy_bytes else "",
+                    f"one batch's ids and pooled rows need {human_bytes(batch_rank)}" if batch_rank else ""]
+            grow = (f"more ranks do not help: {' and '.join(filter(None, held))} on every rank, whatever the ranks; "
+                    + ("lower the batch per rank or " if big_batch else "") + f"give each rank more {mem_short}")
+            if batch_rank >= cap_dev:  # a cache holds table rows, not the batch's buffers
+                cache_fix = ""
         short = total_dev - D
-        biggest = np.argsort(-need_dev, kind="stable")[:5]
-        names = ", ".join(f"{t.names[i]} ({human_bytes(need_dev[i])})" for i in biggest)
         where = " even with every cacheable table in host memory" if np.any(need_host > 0) else ""
-        # one batch's ids and pooled rows, counted in with the tables: where they are a large
-        # part, the batch per rank is the lever, not the tables
-        shards = np.array([o.num_shards for o in search.opts], dtype=np.float64)
-        batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
-        batch_bytes = float(batch[np.isfinite(need_dev)].sum())
         per_batch = ""
-        if batch_bytes >= 0.25 * total_dev:
+        tables_dev = need_dev
+        if big_batch:
             per_batch = (
                 f"; {human_bytes(batch_bytes)} of it is one batch's ids and pooled rows at "
                 f"{search.model.context.batch_size_per_rank:,} samples per rank: a smaller batch per rank needs less "
                 "(trainer.batch_size in training, batch_size_per_rank in recipes/plan.py)"
             )
+            tables_dev = need_dev - batch  # name the tables by their own bytes, not their batch's
+        biggest = np.argsort(-tables_dev, kind="stable")[:5]
+        names = ", ".join(f"{t.names[i]} ({human_bytes(tables_dev[i])})" for i in biggest)
+        names = f"largest{' tables, without their batch buffers' if big_batch else ''}: {names}"
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short{per_batch}; largest: {names}; {add_memory or grow}"
+            f"({human_bytes(short)}) short{per_batch}; {names}; {add_memory or grow}"
             + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest
