@@ -399,3 +399,18 @@ def test_both_planners_take_time_budget_s_so_one_sweep_limits_both(hydra_conf) -
         TorchRecPlanner(timeout_s=7, time_budget_s=5)
     with pytest.raises(ConfigError, match=r"sharding.time_budget_s must be a positive number of seconds"):
         TorchRecPlanner(time_budget_s=-1)
+
+
+@pytest.mark.parametrize("sharding", ["neo", "torchrec"])
+def test_the_bytes_said_before_building_the_shards_count_every_table(hydra_conf, sharding) -> None:
+    # the "building the tables' shards" line read the Neo planner's memory kinds: a TorchRec
+    # plan has none of them, so it said nothing before a long build
+    from neo_core.training.module import table_weight_bytes
+
+    run = validate(compose_run(f"sharding={sharding}", "trainer.world_size=2"))
+    parts = build_parts(run, resolve_launch(run))
+    result = plan_run(parts)
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    copies = {a.name: len(a.ranks) if a.sharding_type == "data_parallel" else 1 for a in result.tables}
+    expected = sum(t.num_embeddings * t.embedding_dim * 4 * copies[t.name] for t in parts.tables)
+    assert expected > 0 and table_weight_bytes(model, result) == expected

@@ -41,6 +41,22 @@ def plan_digest(plan: Any) -> str:
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()
 
 
+def table_weight_bytes(model: nn.Module, plan: PlanResult) -> float:
+    """Bytes of the model's embedding tables once sharded by ``plan``: every table's rows x dim
+    x element size, a replicated (data-parallel) table once per rank that holds it."""
+    from torchrec.modules.embedding_configs import data_type_to_dtype
+
+    copies = {a.name: len(a.ranks) if a.sharding_type == "data_parallel" else 1 for a in plan.tables}
+    total = 0
+    for module in model.modules():
+        configs = (module.embedding_bag_configs() if hasattr(module, "embedding_bag_configs")
+                   else module.embedding_configs() if hasattr(module, "embedding_configs") else ())
+        for config in configs:
+            size = data_type_to_dtype(config.data_type).itemsize
+            total += config.num_embeddings * config.embedding_dim * size * copies.get(config.name, 1)
+    return float(total)
+
+
 def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
     """Every rank plans for itself; all must build the same plan, or DMP shards tables
     differently per rank (a table held twice, another by no rank) and trains on silently.
@@ -205,8 +221,13 @@ class NeoModule(pl.LightningModule):
         pg = dist.group.WORLD if dist.is_initialized() else None
         env = ShardingEnv.from_process_group(pg) if pg is not None else ShardingEnv.from_local(1, 0)
         held = sum(r.memory.get("weights", 0.0) + r.memory.get("optimizer", 0.0) for r in self.plan.ranks)
+        # the plan's memory kinds are the planner's own (a TorchRec plan has none of these, a
+        # cached table's host part is not among them): the tables' weights, from the model
+        weights = table_weight_bytes(self.model, self.plan)
+        what = "weights and optimizer state" if held >= weights else "weights"
+        held = max(held, weights)
         if held >= 2**30 and (not dist.is_initialized() or dist.get_rank() == 0):  # seconds with nothing on screen
-            print(f"building the tables' shards: {held / 2**30:.1f} GiB of weights and optimizer state over "
+            print(f"building the tables' shards: {held / 2**30:.1f} GiB of {what} over "
                   f"{len(self.plan.ranks)} rank(s) ...", flush=True)
         self.model = DistributedModelParallel(
             self.model,
