@@ -905,7 +905,8 @@ def test_the_settings_check_keeps_to_what_the_topology_can_take() -> None:
     with pytest.raises(PlanningError) as err:
         plan_tables(two, zionex_topology(num_nodes=1, device_memory_gib=4), 512, table_sharding_types={"s": ["RW"]})
     msg = str(err.value)
-    assert "topology.num_nodes=4 or more, now 1 (the least it could be" in msg
+    assert ("topology.num_nodes=4 or more, now 1, the least memory allows, but the tables do not plan even with "
+            "topology.num_nodes=7: checked by planning") in msg, msg
     assert "; the others checked: the tables plan with each)" in msg
     # kernel dense replicates every table: the memory named is checked too
     with pytest.raises(PlanningError) as err:
@@ -943,6 +944,16 @@ def test_a_refusal_says_when_the_batch_not_the_tables_fills_memory():
     assert nodes > 2  # was 2, which is refused as short of device memory
     with pytest.raises(PlanningError, match="Device memory is short"):
         plan_tables(tables, zionex_topology(num_nodes=nodes - 1, device_memory_gib=4), 200_000, check_settings_s=0)
+    # checked by planning, no number of nodes up to 1.6x that holds them (the batch's buffers
+    # per table grow with the ranks): the message says so rather than "packing may need more"
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=4), 200_000)
+    msg = str(err.value)
+    most = math.ceil(nodes * 1.6)
+    assert (f"topology.num_nodes={nodes} or more, now 1, the least memory allows, but the tables do not plan even "
+            f"with topology.num_nodes={most}: checked by planning; or topology.device_memory_gib=") in msg, msg
+    with pytest.raises(PlanningError, match="Device memory is short|fits on no rank"):
+        plan_tables(tables, zionex_topology(num_nodes=most, device_memory_gib=4), 200_000, check_settings_s=0)
     with pytest.raises(PlanningError) as err:  # the tables themselves: no word of the batch
         plan_tables([TableSpec("big", 2_000_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 512,
                     check_settings_s=0)

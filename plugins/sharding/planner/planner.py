@@ -284,8 +284,9 @@ class NeoPlanner(Planner):
     ) -> list[Setting] | str | None:
         """``group``'s settings (as a message names them), raised step by step until the
         tables plan with them, then lowered again between the last refused step and that one
-        (two halvings); None where no step planned before ``deadline``, and "limit" where a
-        setting reached its largest value (``Topology.config_limits``) without a plan. A step
+        (two halvings); None where no step planned before ``deadline``, "limit" where a
+        setting reached its largest value (``Topology.config_limits``) without a plan, and
+        "tried: <settings>" where every step was refused, up to those settings. A step
         plans where the search places every table within memory (``_fits``: what the plan
         would be is not worked out)."""
         topology = context.topology
@@ -320,8 +321,8 @@ class NeoPlanner(Planner):
             low = scale
             if any(v >= limits.get(w, math.inf) for w, v in at(scale).items()):
                 return "limit"  # refused at the most the setting can be
-        if high is None:
-            return None
+        if high is None:  # refused at every step: say how far it was checked
+            return "tried: " + ", ".join(f"{topology.config_keys[w][0]}={v:g}" for w, v in at(scale).items())
         for _ in range(2 if high > 1.0 else 0):
             mid = (low + high) / 2
             if time.perf_counter() > deadline:
@@ -903,6 +904,11 @@ def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]],
             most = ", ".join(f"{topology.config_keys[w][0]}={topology.config_limits[w]:g}"
                              for w, _ in group if w in topology.config_limits)
             texts.append(f"not even {most}, the most it can be, holds them")
+            continue
+        if isinstance(state, str) and state.startswith("tried: "):
+            named = [topology.setting_for(what, need) for what, need in group]
+            texts.append(f"{' and '.join(named)}, the least memory allows, but the tables do not plan even "
+                         f"with {state.removeprefix('tried: ')}: checked by planning")
             continue
         named = [topology.setting_for(what, need) for what, need in group]
         text = named[0] if len(named) == 1 else "both " + ", and ".join(named)
