@@ -424,7 +424,8 @@ class PlanResult:
                                "'node host' how full its node's host memory is, which its ranks share (a rank may hold "
                                "more than its even share)"
                                if has_host else "")
-            + ("; 'intra-node'/'inter-node' are the bytes the rank sends per step" if has_bytes else "")
+            + ("; 'intra-node'/'inter-node' are the bytes the rank's shards move per step (their ids, pooled "
+               "rows and gradients, charged to the shard's rank as its time is)" if has_bytes else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)

@@ -378,8 +378,9 @@ class CostModel:
     def comm_bytes(
         self, t: TableArrays, sharding_type: ShardingType, num_col_shards: int = 1
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Bytes one shard's rank sends per step (input ids, pooled outputs, their gradients,
-        all-reduce), split into (intra-node, inter-node), as the time formulas charge them.
+        """Bytes one shard's collectives move per step (input ids, pooled outputs, their
+        gradients, all-reduce), split into (intra-node, inter-node), charged to the shard's rank
+        as the time formulas charge them (the ranks that send its ids are not charged).
 
         An all-to-all spread evenly over all ranks keeps ``(L-1)/W`` of its bytes inside the
         node; TWRW/GRID reduce-scatter inside the node first and send ``1/L`` to the ranks of the
