@@ -324,6 +324,24 @@ class NeoModule(pl.LightningModule):
         times = self._step_times[self.warmup_steps(warmup):]
         return self.global_batch_size * len(times) / sum(times) if times else 0.0
 
+    def samples_per_second_spread(self, warmup: int = 5) -> tuple[float, float] | None:
+        """The 10th and 90th percentile of the per-step samples/s over the steps
+        ``samples_per_second`` counts: how steady the rate was (None below 10 such steps, too
+        few to say)."""
+        times = self._step_times[self.warmup_steps(warmup):]
+        if len(times) < 10:
+            return None
+        rates = sorted(self.global_batch_size / t for t in times if t > 0)
+        if len(rates) < 10:
+            return None
+
+        def at(q: float) -> float:  # linear interpolation between the closest ranks
+            x = q * (len(rates) - 1)
+            lo = int(x)
+            return rates[lo] + (rates[min(lo + 1, len(rates) - 1)] - rates[lo]) * (x - lo)
+
+        return at(0.1), at(0.9)
+
     def warmup_steps(self, warmup: int = 5) -> int:
         """How many of this run's first steps ``samples_per_second`` leaves out."""
         n = len(self._step_times)

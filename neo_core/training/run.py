@@ -688,6 +688,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         since = metrics.get("samples_per_sec_from_step", metrics.get("timed_from_step", 1))
         segment = " of this segment" if metrics.get("timed_from_step", 1) > 1 else ""
         timed = f" over steps {since}-{metrics['steps']}{segment}" if since > 1 else ""
+        if spread := metrics.get("samples_per_sec_p10_p90"):  # how steady it was
+            timed += f" (per step {spread[0]:,.0f}-{spread[1]:,.0f}, 10th-90th percentile)"
         history = metrics.get("history") or []
         first, last = (history[0]["loss"], metrics.get("train_loss")) if history else (None, None)
         if first is not None and last is not None and math.isfinite(last) and last > max(10 * first, 10.0):
@@ -1066,6 +1068,8 @@ def _write_results(
         "val_auc": val["auc"],
         "val_loss": val["loss"],
         "samples_per_sec": module.samples_per_second(),
+        # per-step samples/s over the same steps: 10th and 90th percentile (null below 10 steps)
+        "samples_per_sec_p10_p90": module.samples_per_second_spread(),
         # a resumed run times its own steps only: the steps its samples/s and wall time cover
         "timed_from_step": module.step_offset + 1,
         # the first step samples/s counts (the first steps build kernels and caches)

@@ -866,6 +866,25 @@ def test_a_short_runs_throughput_leaves_out_its_first_step() -> None:
     assert rate([0.5]) == pytest.approx(20.0) and rate([]) == 0.0
 
 
+def test_the_per_step_rate_is_given_with_its_spread() -> None:
+    # samples/s came as one figure: a run on a machine another process shared read as steady
+    from types import SimpleNamespace
+
+    from neo_core.training.module import NeoModule
+
+    def spread(times: list[float]) -> tuple[float, float] | None:
+        module = SimpleNamespace(_step_times=times, global_batch_size=100)
+        module.warmup_steps = lambda warmup=5: NeoModule.warmup_steps(module, warmup)
+        return NeoModule.samples_per_second_spread(module)
+
+    # after the 5 warm-up steps: 10 steps at 1.0 s (100/s) and 10 at 0.5 s (200/s)
+    p10, p90 = spread([9.0] * 5 + [1.0] * 10 + [0.5] * 10)
+    assert p10 == pytest.approx(100.0) and p90 == pytest.approx(200.0)
+    p10, p90 = spread([9.0] * 5 + [1.0 / (k + 1) for k in range(11)])  # 100 ... 1100/s
+    assert p10 == pytest.approx(200.0) and p90 == pytest.approx(1000.0)
+    assert spread([9.0] * 5 + [1.0] * 9) is None  # 9 timed steps: too few to say
+
+
 def test_a_finished_run_whose_last_checkpoint_is_earlier_trains_nothing_when_resumed(tmp_path: Path, capsys) -> None:
     """Periodic checkpoints without the end-of-training save (trainer.checkpoint=false): the last
     one is before max_steps, yet the run finished; restarting it reports its results."""
