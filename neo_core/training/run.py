@@ -688,8 +688,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         since = metrics.get("samples_per_sec_from_step", metrics.get("timed_from_step", 1))
         segment = " of this segment" if metrics.get("timed_from_step", 1) > 1 else ""
         timed = f" over steps {since}-{metrics['steps']}{segment}" if since > 1 else ""
-        if spread := metrics.get("samples_per_sec_p10_p90"):  # how steady it was
-            timed += f" (per step {spread[0]:,.0f}-{spread[1]:,.0f}, 10th-90th percentile)"
+        spread = metrics.get("samples_per_sec_p10_p90")  # how steady it was
+        steady = f"per step {spread[0]:,.0f}-{spread[1]:,.0f}, 10th-90th percentile; " if spread else ""
         history = metrics.get("history") or []
         first, last = (history[0]["loss"], metrics.get("train_loss")) if history else (None, None)
         if first is not None and last is not None and math.isfinite(last) and last > max(10 * first, 10.0):
@@ -702,7 +702,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
             )
         print(
             f"done: {metrics['steps']} steps, {validated}, {metrics['samples_per_sec']:,.0f} samples/s{timed} "
-            f"({launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
+            f"({steady}{launch.world_size} {launch.device_type} rank(s)); outputs in {out}"
         )
     return metrics
 
