@@ -173,12 +173,15 @@ def train_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     y = list(range(len(rows)))[::-1]
     vals = [r["samples_per_sec"] for r in rows]
     ax.barh(y, vals, color=["0.6"] + ["C0"] * (len(rows) - 1))
+    for yi, r in zip(y, rows):  # the per-step rate's 10th-90th percentile, where the run had it
+        if spread := r.get("samples_per_sec_p10_p90"):
+            ax.plot(spread, [yi, yi], color="k", lw=1.2, marker="|", ms=8)
     for yi, r in zip(y, rows):
-        ax.text(r["samples_per_sec"], yi, f"  {r.get('ratio', float('nan')):.2f}x, AUC {r.get('val_auc', float('nan')):.3f}",
+        ax.text(max([r["samples_per_sec"], *(r.get("samples_per_sec_p10_p90") or ())]), yi, f"  {r.get('ratio', float('nan')):.2f}x, AUC {r.get('val_auc', float('nan')):.3f}",
                 va="center", fontsize=8)
     ax.set_yticks(y, [r["config"] for r in rows], fontsize=8)
-    ax.set_xlim(0, 1.3 * max(vals))
-    ax.set_xlabel("samples/s (global)")
+    ax.set_xlim(0, 1.3 * max(v for r in rows for v in (r["samples_per_sec"], *(r.get("samples_per_sec_p10_p90") or ()))))
+    ax.set_xlabel("samples/s (global); whiskers: per-step rate, 10th-90th percentile")
     first = rows[0]
     ax.set_title(
         f"Training throughput, {first.get('world_size', '?')} ranks, global batch {first.get('global_batch_size', '?')}, "

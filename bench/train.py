@@ -97,15 +97,18 @@ def main(argv: list[str] | None = None) -> int:
                 if line.startswith("warning:") or (line.startswith("note: ") and "core(s)" in line):
                     print(f"    {line}", file=sys.stderr)
             results.append({"config": name, "overrides": overrides, **{
-                k: metrics[k] for k in ("samples_per_sec", "val_auc", "steps", "world_size", "global_batch_size")
+                k: metrics.get(k) for k in ("samples_per_sec", "samples_per_sec_p10_p90", "val_auc", "steps",
+                                            "world_size", "global_batch_size")
             }, **plan_of(out)})
             print(f"    {metrics['samples_per_sec']:,.0f} samples/s, val AUC {metrics['val_auc']:.4f}, plan "
                   f"{results[-1]['plan']}" + (f" (run folder {out})" if args.keep else ""), file=sys.stderr, flush=True)
     base = results[0]["samples_per_sec"]
-    print(f"\n{'configuration':<44} {'samples/s':>10} {'vs baseline':>12} {'val AUC':>8}")
+    print(f"\n{'configuration':<44} {'samples/s':>10} {'per step p10-p90':>18} {'vs baseline':>12} {'val AUC':>8}")
     for r in results:
         r["ratio"] = r["samples_per_sec"] / base
-        print(f"{r['config']:<44} {r['samples_per_sec']:>10,.0f} {r['ratio']:>11.2f}x {r['val_auc']:>8.4f}")
+        spread = r.get("samples_per_sec_p10_p90")  # how steady each run was: ratios inside it are noise
+        steady = f"{spread[0]:,.0f}-{spread[1]:,.0f}" if spread else "-"
+        print(f"{r['config']:<44} {r['samples_per_sec']:>10,.0f} {steady:>18} {r['ratio']:>11.2f}x {r['val_auc']:>8.4f}")
     print(f"\nmachine: {platform.machine()}, {platform.processor() or 'cpu'}, python {platform.python_version()}")
     calibrations = sorted({r["calibration"] or "none (the local topology's defaults)" for r in results})
     print(f"calibration: {', '.join(calibrations)}: it changes Neo's plans (the plan column of the JSON)")
