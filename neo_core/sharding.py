@@ -168,6 +168,9 @@ class PlanningContext:
     kernel: EmbeddingKernel
     compressor: Compressor
     cache: CachePolicy
+    # the global batch the batch per rank was divided from (recipes/plan.py's table sets), so
+    # that on more or fewer ranks it is divided again; None: the batch per rank is held (training)
+    global_batch: int | None = None
 
 
 def plan_settings(context: PlanningContext) -> dict[str, Any]:

@@ -263,6 +263,8 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
                     "its share with cache.load_factor=<share>."
                 ) from None
     context = make_context(topology, batch, kernel, cfg["compression"], cache)
+    if cfg.get("batch_size_per_rank") is None:  # the table set's global batch, divided by the ranks
+        context = dataclasses.replace(context, global_batch=int(model.get("global_batch", 65536)))
     return tables, topology, context, resolve("sharding", cfg["sharding"])
 
 

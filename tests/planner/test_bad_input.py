@@ -958,3 +958,51 @@ def test_a_refusal_says_when_the_batch_not_the_tables_fills_memory():
         plan_tables([TableSpec("big", 2_000_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 512,
                     check_settings_s=0)
     assert "batch" not in str(err.value)
+
+
+def test_a_table_that_fits_no_rank_because_of_the_batch_is_told_to_lower_it():
+    # 3M samples per rank: one batch's buffers filled most of each rank; the refusal asked for
+    # one more node at every size (1, 2, 3, 4, 8, 50) and for a cache, neither of which helps
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec("hist_items", 2_000_000, 128, 200.0), TableSpec("hist_queries", 1_000_000, 128, 150.0),
+              TableSpec("user", 5_000_000, 64, 1.0), TableSpec("country", 300, 64, 1.0)]
+    for nodes in (1, 4):
+        with pytest.raises(PlanningError) as err:
+            plan_tables(tables, zionex_topology(num_nodes=nodes, devices_per_node=2, device_memory_gib=16),
+                        3_000_000, check_settings_s=0)
+        msg = str(err.value)
+        assert "fits on no rank once the larger tables are placed" in msg, msg
+        assert re.search(r"lower the batch per rank \([\d.]+ GiB of each rank's device memory is one batch's ids "
+                         r"and pooled rows at 3,000,000 samples per rank, which more ranks do not shrink; "
+                         r"trainer.batch_size in training", msg), msg
+        assert "give each rank more device memory" in msg, msg
+        assert "num_nodes" not in msg and "cache" not in msg and "add ranks" not in msg, msg
+
+
+def test_a_global_batch_is_divided_again_when_a_refusal_checks_more_nodes():
+    # recipes/plan.py divides a table set's global batch by the ranks, but the check planned
+    # more nodes with the batch per rank held: it said no node count up to 5632 planned one
+    # table, and 3526 nodes did in the recipe
+    import dataclasses
+
+    from neo_core.api import make_context
+    from neo_plugins.sharding.planner import NeoPlanner
+
+    tables = [TableSpec("monster", 20_000_000_000, 256, 1.0)]
+    held = make_context({"name": "zionex", "num_nodes": 1}, 65536 // 8)
+    divided = dataclasses.replace(held, global_batch=65536)
+    said = {}
+    for name, context in (("held", held), ("divided", divided)):
+        with pytest.raises(PlanningError) as err:
+            NeoPlanner(check_settings_s=60).plan(tables, context)
+        said[name] = str(err.value)
+    nodes = int(re.search(r"topology.num_nodes=(\d+) or more, now 1", said["divided"]).group(1))
+    assert "checked: the tables plan with each" in said["divided"], said["divided"]
+    # what the recipe would run: that many nodes, the global batch divided by their ranks
+    NeoPlanner(check_settings_s=0).plan(tables, make_context({"name": "zionex", "num_nodes": nodes},
+                                                              65536 // (8 * nodes)))
+    # held at 8,192 per rank, a row-wise shard's pooled rows (the global batch's) grow with the
+    # ranks: more nodes are needed (84 against 71)
+    assert int(re.search(r"topology.num_nodes=(\d+) or more", said["held"]).group(1)) > nodes
+

@@ -308,7 +308,12 @@ class NeoPlanner(Planner):
                 changed = topology
                 for what, value in key:
                     changed = changed.with_setting(what, value)
-                tried[key] = self._fits(tables, dataclasses.replace(context, topology=changed), deadline)
+                checked = dataclasses.replace(context, topology=changed)
+                if context.global_batch and changed.world_size != topology.world_size:
+                    # a global batch is divided by the ranks again (recipes/plan.py's rule)
+                    checked = dataclasses.replace(
+                        checked, batch_size_per_rank=max(1, context.global_batch // changed.world_size))
+                tried[key] = self._fits(tables, checked, deadline)
             return tried[key]
 
         low, high = 1.0, None
@@ -658,6 +663,8 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
     batch_bytes = float(batch[np.isfinite(need_dev)].sum())
     batch_rank = float(batch[np.isfinite(need_dev) & ~replicated].sum()) / W
+    if search.model.context.global_batch:  # a global batch is divided by the ranks: a rank's share shrinks
+        batch_rank = 0.0
     fixed_rank = copy_bytes + batch_rank  # what each rank holds however many ranks there are
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)

@@ -70,6 +70,14 @@ def planning_error(message: str, named: NamedSettings | None) -> PlanningError:
     return exc
 
 
+def batch_keys(context: Any) -> str:
+    """Where the batch per rank is set, for a message that asks for a smaller one."""
+    if context.global_batch:  # recipes/plan.py divides a table set's global batch by the ranks
+        return (f"plan_model.global_batch in recipes/plan.py, now {context.global_batch:,} over "
+                f"{context.topology.world_size} ranks, or batch_size_per_rank; trainer.batch_size in training")
+    return "trainer.batch_size in training, batch_size_per_rank in recipes/plan.py"
+
+
 def human_bytes(n: float) -> str:
     """A byte count at a readable scale: GiB down to a tenth of one, then MiB, then KiB."""
     if n >= GiB / 10:
@@ -1764,20 +1772,42 @@ class Search:
                 "together (TWRW and TWCW keep a table in one node; GRID row-splits each column block "
                 "within one node; the cached shards a node takes share its host memory)"
             )
+        # one batch's ids and pooled rows, on the ranks' device memory with the tables placed so
+        # far: where they fill half of it, the batch per rank is the lever. With the batch per
+        # rank held, more ranks keep (DP) or grow (TW: the global batch) each shard's buffers,
+        # and a cache holds table rows, not those.
+        placed = [(j, c) for j, c in enumerate(self.choice) if c >= 0 and j != i]
+        batch_held = sum(float(self.opts[c].cost.batch[j]) * self.opts[c].num_shards for j, c in placed)
+        used = float(self.mem_dev.sum())
+        batch_bound = where == "device" and short > 0 and used > 0 and batch_held >= 0.5 * used
+        context = self.model.context
         fixes = [topology.memory_fix or f"add ranks or {memory if short > 0 else 'memory'}"]
+        nodes: Setting | None = ("num_nodes", self.W + self.L)
+        if batch_bound:
+            held = human_bytes(batch_held / self.W)
+            per_rank = f"{context.batch_size_per_rank:,} samples per rank"
+            if context.global_batch:  # divided by the ranks: more ranks shrink it
+                fixes.insert(0, f"lower the batch ({held} of each rank's device memory is one batch's ids and "
+                                f"pooled rows at {per_rank}; {batch_keys(context)})")
+            else:
+                fixes = [f"lower the batch per rank ({held} of each rank's device memory is one batch's ids and "
+                         f"pooled rows at {per_rank}, which more ranks do not shrink; {batch_keys(context)})",
+                         f"give each rank more {memory}"]
+                nodes = None
         # what the planner may check by planning: a node more, or the memory short by ``short``
-        memory: Setting | None = None
+        memory_setting: Setting | None = None
         if short > 0 and where == "device":
-            memory = ("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))
+            memory_setting = ("device_memory", (self.cap_dev + short) / (1 - self.model.params.reserve_fraction))
         elif short > 0:
-            memory = ("host_memory", (self.cap_node + short) / self.L / (1 - self.model.params.host_reserve_fraction))
-        groups = setting_groups(topology, [("num_nodes", self.W + self.L), memory])[0]
-        named = NamedSettings(fixes[0], fixes[0], groups) if groups else None
+            memory_setting = ("host_memory", (self.cap_node + short) / self.L
+                              / (1 - self.model.params.host_reserve_fraction))
+        groups = setting_groups(topology, [nodes, memory_setting])[0]
+        named = NamedSettings(fixes[-1], fixes[-1], groups) if groups else None
         # a cache applies on GPUs, to device memory, for a table that may be sharded (not DP only)
         shardable = any(
             self.usable[j, i] and o.sharding_type is not ShardingType.DATA_PARALLEL for j, o in enumerate(self.opts)
         )
-        if on_gpu and shardable and (where == "device" or short <= 0):
+        if on_gpu and shardable and (where == "device" or short <= 0) and not batch_bound:
             fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
         if self.model.host_reserve and (where == "host" or short <= 0):
             fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
