@@ -147,7 +147,10 @@ def check_table_names(tables: Sequence[TableSpec]) -> None:
     names = [t.name for t in tables]
     dupes = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
     if dupes:
-        raise ConfigError(f"Table names must be unique; repeated: {', '.join(dupes)}.")
+        where = "; ".join(f"{n!r} is tables[{'], tables['.join(str(k) for k, m in enumerate(names) if m == n)}]"
+                          for n in dupes)
+        raise ConfigError(f"Table names must be unique (a name keys its table's plan entry): {where}; rename "
+                          "all but one of each.")
     readers: dict[str, str] = {}
     for t in tables:
         for feature in t.feature_names:

@@ -163,6 +163,9 @@ def test_a_table_row_wise_types_could_not_split_is_not_told_to_allow_them():
     with pytest.raises(PlanningError) as err:
         plan_tables([TableSpec("odd", 1_000_000_000, 130, 5.0)], "zionex", 512)
     assert "pad its dim to 132" in str(err.value) and "row-wise sharding type" not in str(err.value)
+    # replicated, it is whole on every rank: more ranks are not offered
+    assert "more ranks do not help, as it is whole on every rank: give each rank more device memory" in str(err.value)
+    assert "add ranks" not in str(err.value) and "num_nodes" not in str(err.value)
 
 
 def test_device_short_message_names_the_fix():
@@ -788,7 +791,7 @@ def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -
         plan_tables([TableSpec("c", 1_000_000, 128, 1.0)], zionex_topology(num_nodes=1), 100_000_000)
     msg = str(err.value)
     assert "lower the batch per rank (now 100000000:" in msg and "cache=" not in msg
-    assert "batch_size_per_rank in recipes/plan.py, trainer.batch_size in training" in msg
+    assert "trainer.batch_size in training, batch_size_per_rank in recipes/plan.py" in msg
 
 
 def test_an_empty_listed_table_set_says_it_is_empty() -> None:
@@ -1006,3 +1009,57 @@ def test_a_global_batch_is_divided_again_when_a_refusal_checks_more_nodes():
     # ranks: more nodes are needed (84 against 71)
     assert int(re.search(r"topology.num_nodes=(\d+) or more", said["held"]).group(1)) > nodes
 
+
+
+def test_a_lower_cache_load_factor_is_offered_with_the_most_it_could_be_or_not_at_all():
+    # "lower the cache load_factor" came without a value, and again at load_factor=0.000001,
+    # where a cached table's per-row device state (row map, row-wise optimizer state) is what
+    # fills the devices
+    from neo_plugins.topology.zionex import zionex_topology
+
+    def topo():
+        return zionex_topology(num_nodes=1, devices_per_node=2, device_memory_gib=16)
+
+    def refusal(n: int, load_factor: float) -> str:
+        tables = [TableSpec(f"t{i}", 1_000_000_000, 64, 1.0) for i in range(n)]
+        with pytest.raises(PlanningError) as err:
+            plan_tables(tables, topo(), 512, cache={"name": "lru", "load_factor": load_factor}, check_settings_s=0)
+        return str(err.value)
+
+    msg = refusal(4, 1e-6)
+    assert re.search(r"a lower cache load_factor does not help: even at the least, the tables need [\d.]+ GiB of "
+                     r"device memory \(a cached table keeps its 4-byte row map and its row-wise optimizer state", msg)
+    assert "lower the cache load_factor" not in msg, msg
+    msg = refusal(3, 0.05)
+    most = float(re.search(r"lower the cache load_factor \(now 0.05; ([\d.]+) or less, the most memory allows",
+                           msg).group(1))
+    tables = [TableSpec(f"t{i}", 1_000_000_000, 64, 1.0) for i in range(3)]
+    with pytest.raises(PlanningError):  # a bound: just above it, the devices are short
+        plan_tables(tables, topo(), 512, cache={"name": "lru", "load_factor": most * 1.03}, check_settings_s=0)
+    assert plan_tables(tables, topo(), 512, cache={"name": "lru", "load_factor": most}, check_settings_s=0).ranks
+
+
+def test_a_repeated_table_name_is_named_with_where_it_is_given():
+    # "Table names must be unique; repeated: user." gave no place and no fix
+    from neo_plugins.sharding.planner.tables import make_tables
+
+    tables = [TableSpec("user", 10, 8, 1.0), TableSpec("item", 10, 8, 1.0), TableSpec("user", 20, 8, 1.0)]
+    expected = (r"Table names must be unique \(a name keys its table's plan entry\): 'user' is tables\[0\], "
+                r"tables\[2\]; rename all but one of each\.")
+    with pytest.raises(ConfigError, match=expected):
+        plan_tables(tables, "zionex", 512)
+    listed = [{"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim} for t in tables]
+    with pytest.raises(ConfigError, match=expected):  # a table set of one's own: checked as it is read
+        make_tables("listed", tables=listed)
+
+
+def test_a_table_whose_allowed_types_are_all_impossible_is_told_why():
+    # "allows only TWRW, none of which is possible on this topology or with the global
+    # sharding_types" did not say which of the two, nor why
+    tables = [TableSpec("a", 1000, 64, 1.0), TableSpec("b", 1000, 64, 1.0)]
+    with pytest.raises(ConfigError, match=r"allows only TWRW, .*\(TWRW: needs 2 or more nodes of 2 or more ranks "
+                                          r"\(here 1 x 2\)\); allow another type"):
+        plan_tables(tables, {"name": "local", "world_size": 2}, 64, table_sharding_types={"a": ["TWRW"]})
+    with pytest.raises(ConfigError, match=r"allows only CW, .*\(CW: not in sharding.sharding_types\)"):
+        plan_tables(tables, {"name": "local", "world_size": 2}, 64, table_sharding_types={"a": ["CW"]},
+                    sharding_types=["TW", "DP"])

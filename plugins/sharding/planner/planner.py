@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import difflib
 import math
@@ -41,6 +42,7 @@ from neo_plugins.sharding.planner.search import (
     Option,
     Search,
     Setting,
+    batch_keys,
     build_options,
     human_bytes,
     setting_groups,
@@ -53,6 +55,8 @@ ESTIMATORS = ("neo", "torchrec")
 PACKING_TARGETS = 12
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 
+
+LOWER_CACHE = "lower the cache load_factor"  # a refusal's advice where a cache is on
 
 def rw_sizes(rows: int, n: int) -> list[int]:
     """Row counts of ``n`` row-wise shards, as TorchRec splits them (equal blocks, last short)."""
@@ -465,7 +469,8 @@ class NeoPlanner(Planner):
             check_data_parallel_allowed(context.kernel.name, self.allowed, self.table_types, tables)
             allowed = {ShardingType.DATA_PARALLEL}
         options = build_options(model, arrays, allowed, self.col_shard_counts, self.min_col_width)
-        restrict_per_table(options, tables, self.table_types, self.min_col_width)
+        restrict_per_table(options, tables, self.table_types, self.min_col_width,
+                           (context.topology, self.allowed, self.col_shard_counts))
         restrict_unaligned(options, tables, context)
         if self.estimator == "torchrec":
             from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
@@ -514,8 +519,11 @@ def restrict_per_table(
     tables: Sequence[TableSpec],
     table_types: dict[str, set[ShardingType]],
     min_col_width: int = 16,
+    where: tuple[Any, set[ShardingType] | None, Sequence[int]] | None = None,
 ) -> None:
-    """Mark options invalid for tables whose allowed types (``table_sharding_types``) exclude them."""
+    """Mark options invalid for tables whose allowed types (``table_sharding_types``) exclude them
+    (``where``: the topology, the global sharding types and the column-shard counts, to say why
+    none of a table's types applies)."""
     if not table_types:
         return
     names = {t.name for t in tables}
@@ -539,9 +547,18 @@ def restrict_per_table(
                     f" (column splits of its dim {t.embedding_dim} would be narrower than "
                     f"sharding.min_col_width={min_col_width}; lower that, to a multiple of 4)"
                 )
+            why = ""
+            if where is not None:
+                topology, global_types, counts = where
+                left_out = sorted(s.short for s in table_types[t.name] - (global_types or table_types[t.name]))
+                reasons = why_no_option(table_types[t.name], t.num_embeddings, t.embedding_dim, topology.world_size,
+                                        topology.devices_per_node, topology.num_nodes, tuple(counts), min_col_width)
+                why = "; ".join(filter(None, [reasons, f"{', '.join(left_out)}: not in sharding.sharding_types"
+                                               if left_out else ""]))
+                why = f" ({why})" if why and not narrow else ""
             raise ConfigError(
                 f"Table {t.name!r} allows only {allowed}, none of which is possible on this "
-                f"topology or with the global sharding_types{narrow}; allow another type."
+                f"topology or with the global sharding_types{narrow}{why}; allow another type."
             )
 
 
@@ -638,11 +655,24 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         if cached:
             cpu_cache = f" (cache {cache.name} is not used: every table is replicated (DP), in device memory)"
     elif cached:  # the cache is on: less of each cached table in device memory is the lever
-        cache_fix = "lower the cache load_factor"
+        cache_fix = LOWER_CACHE
     elif on_gpu:
         cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
     else:
         cache_fix = ""
+    # the cached options' device bytes at the least load factor (one set of 32 slots a shard):
+    # (whole table, per shard) per option, for a message that would ask for a lower one
+    least_cached = None
+    if cache_fix == LOWER_CACHE:
+        tiny = copy.copy(search.model)
+        tiny.cache_load_factor = 1e-12
+        whole_least, shard_least = dev.copy(), np.full_like(dev, np.inf)
+        for r, o in enumerate(search.opts):
+            per_shard = (tiny.costs(t, o.sharding_type, o.k, CACHED).mem_device if o.placement == CACHED
+                         else o.cost.mem_device)
+            shard_least[r] = np.where(o.valid, per_shard, np.inf)
+            whole_least[r] = np.where(o.valid, per_shard * o.num_shards, np.inf)
+        least_cached = (whole_least, shard_least)
     # a cache moves tables to host memory: no help where host memory could not hold them either
     to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only and shardable else None
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
@@ -775,6 +805,9 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                         float(alt.cost.mem_host[i]) * alt.per_node(L, search.N) / L / (1 - params.host_reserve_fraction))
         joined = (" or " if alt_host else " and ").join(fixes)  # the cache's option needs host memory alone
         fix = add_memory if add_memory and fixes == [mem_short] else f"add ranks or {joined}"
+        if all(o.sharding_type is ShardingType.DATA_PARALLEL for o in opts) and not add_memory:
+            # replicated: the whole table on every rank, however many
+            fix = f"more ranks do not help, as it is whole on every rank: give each rank more {joined}"
         # the memory the closest options' shards need, and no less than the whole cluster's
         # bounds ask (the tables' least device bytes, and the host bytes they then leave) per rank
         dev_rank = max(dev_need, total_dev / W) if dev_need > 0 or total_dev > D else 0.0
@@ -796,16 +829,23 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                  for o in rw), default=math.inf))
         nodes_setting = more_nodes(ranks_need) if W < ranks_need < math.inf else None
         fix += note([nodes_setting, memory_settings, alt_host])
-        if alt_host is not None and cache_fix == "lower the cache load_factor":
+        if alt_host is not None and cache_fix == LOWER_CACHE:
             cache_fix = ""  # the cached option fits the devices already: host memory stops it
         batch = float(best.cost.batch[i])
         if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
             fix = (f"lower the batch per rank (now {search.model.context.batch_size_per_rank}: {human_bytes(batch)} of the shard is one "
-                   f"batch's ids and pooled rows; batch_size_per_rank in recipes/plan.py, trainer.batch_size in "
-                   f"training), {fix}")
+                   f"batch's ids and pooled rows; {batch_keys(search.model.context)}), {fix}")
             cache_fix = ""  # those stay in device memory wherever the rows live
         if cache_fix == to_host and shard_dev * per_node > cap_node:  # nor would the node's host memory hold it
             cache_fix = ""
+        if cache_fix == LOWER_CACHE and least_cached is not None:
+            # device bytes grow with the load factor from their least (``least_cached``): the
+            # largest factor at which some cached option's shard fits a rank's device memory
+            lf = float(search.model.cache_load_factor)
+            fits = [lf * (cap_dev - low) / (float(o.cost.mem_device[i]) - low)
+                    for o, low in zip(search.opts, least_cached[1][:, i])
+                    if o.placement == CACHED and o.valid[i] and low < cap_dev < float(o.cost.mem_device[i])]
+            cache_fix = _lower_cache(lf, max(fits)) if fits else ""  # "": not even the least fits
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
         row_split = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
@@ -844,6 +884,20 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     if total_dev > D:
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
+        floor = ""
+        if cache_fix == LOWER_CACHE and least_cached is not None:
+            whole = least_cached[0].min(axis=0)
+            least = float(whole[np.isfinite(whole)].sum())
+            if least < D < total_dev:  # the largest load factor the whole cluster's memory allows
+                lf = float(search.model.cache_load_factor)
+                cache_fix = _lower_cache(lf, lf * (D - least) / (total_dev - least))
+            elif least > D:  # what a cached table keeps per row in device memory does not shrink with it
+                cache_fix = ""
+                floor = (f"; a lower cache load_factor does not help: even at the least, the tables need "
+                         f"{human_bytes(least)} of {mem} (a cached table keeps its 4-byte row map"
+                         + (", its LFU counters" if search.model.cache_algorithm == "lfu" else "")
+                         + (" and its row-wise optimizer state" if search.model._rowwise_state() else "")
+                         + " in device memory, for every row)")
         grow = "add ranks or " + mem_short
         # where the batch's buffers are a large part, the batch per rank is the lever, not the tables
         big_batch = batch_bytes >= 0.25 * total_dev
@@ -862,7 +916,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             per_batch = (
                 f"; {human_bytes(batch_bytes)} of it is one batch's ids and pooled rows at "
                 f"{search.model.context.batch_size_per_rank:,} samples per rank: a smaller batch per rank needs less "
-                "(trainer.batch_size in training, batch_size_per_rank in recipes/plan.py)"
+                f"({batch_keys(search.model.context)})"
             )
             tables_dev = need_dev - batch  # name the tables by their own bytes, not their batch's
         biggest = np.argsort(-tables_dev, kind="stable")[:5]
@@ -871,7 +925,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short{per_batch}; {names}; {add_memory or grow}"
+            f"({human_bytes(short)}) short{per_batch}{floor}; {names}; {add_memory or grow}"
             + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest
@@ -895,6 +949,15 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             + note([more_nodes(), ("host_memory", host_need / W / (1 - params.host_reserve_fraction))])
             + ", or shrink the tables."
         )
+
+
+def _lower_cache(now: float, most: float) -> str:
+    """The advice to lower the cache's load factor, with the most it could be (a bound from
+    memory: placing the tables may need it lower)."""
+    step = 10.0 ** (math.floor(math.log10(most)) - 1) if most > 0 else 1.0
+    most = math.floor(most / step * (1 + 1e-9)) * step  # two significant digits, rounded down
+    return (f"{LOWER_CACHE} (now {now:g}; {most:.2g} or less, the most memory allows, placing the "
+            "tables may need less)")
 
 
 def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]],

@@ -1808,7 +1808,9 @@ class Search:
             self.usable[j, i] and o.sharding_type is not ShardingType.DATA_PARALLEL for j, o in enumerate(self.opts)
         )
         if on_gpu and shardable and (where == "device" or short <= 0) and not batch_bound:
-            fixes.append("lower the cache load_factor" if self.model.cache_load_factor is not None else "use a cache")
+            fixes.append(f"lower the cache load_factor (now {self.model.cache_load_factor:g})"
+                         if self.model.cache_load_factor is not None
+                         else "use a cache (e.g. cache=lru cache.load_factor=0.05)")
         if self.model.host_reserve and (where == "host" or short <= 0):
             fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
         return planning_error(

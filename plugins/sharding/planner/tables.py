@@ -13,7 +13,7 @@ import numpy as np
 from neo_core.checks import is_number
 from neo_core.errors import ConfigError
 from neo_core.registry import check_kind
-from neo_core.sharding import TableSpec
+from neo_core.sharding import TableSpec, check_table_names
 
 # MLPerf DLRM-DCNv2, Criteo 1TB with the 40M cap (mlcommons/training recommendation_v2).
 CRITEO_1TB_CAPPED = (
@@ -138,6 +138,7 @@ def listed(tables: list | None = None) -> list[TableSpec]:  # type: ignore[type-
         if isinstance(spec.get("feature_names"), list):
             spec["feature_names"] = tuple(spec["feature_names"])
         out.append(TableSpec(**spec))  # its own checks name the table and the field
+    check_table_names(out)  # here, so that a recipe's message says where the list was given
     return out
 
 
