@@ -1205,3 +1205,12 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
     same = train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true", "compression=fp16"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in same["segments"]] == [(1, 2, "none"), (3, 5, "fp16")]
     assert json.loads((tmp_path / "metrics.json").read_text())["segments"] == same["segments"]
+
+
+def test_metrics_json_says_a_cache_chosen_on_cpu_ranks_held_no_table(tmp_path: Path) -> None:
+    # metrics.json recorded cache lru and its load factor, as if the tables trained behind it
+    from neo_core.training.run import train
+
+    metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.val_batches=1",
+                              "trainer.progress_bar=false", "trainer.checkpoint=false", "cache=lru"], tmp_path))
+    assert metrics["cache"] == "lru" and metrics["cached_tables"] == 0
