@@ -101,3 +101,36 @@ def test_whole_numbers_written_as_floats_give_the_same_data() -> None:
     a, b = exact.global_batch("train", 0, 16), floats.global_batch("train", 0, 16)
     assert torch.equal(a.dense_features, b.dense_features) and torch.equal(a.labels, b.labels)
     assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+
+def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
+    # a plan_model table set could be planned but not trained: training took data.rows and
+    # data.pooling cycled over tables named t_cat_<i>, at the model's one dim
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from neo_core.training.run import train
+    from tests.conftest import ROOT
+
+    listed = [{"name": "user", "num_embeddings": 3000, "pooling_factor": 2.0, "hot_fraction": 0.5},
+              {"name": "item", "num_embeddings": 500, "embedding_dim": 16}]
+    data = synthetic(tables=listed)
+    tables = data.tables(16)
+    assert [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor, t.hot_fraction) for t in tables] == [
+        ("user", 3000, 16, 2.0, 0.5), ("item", 500, 16, 1.0, None)]
+    batch = data.global_batch("train", 0, 64)
+    assert batch.sparse_features.keys() == ["user", "item"] == data.feature_names()
+    assert int(batch.sparse_features["item"].values().max()) < 500
+    assert data.tables(8)[0].embedding_dim == 8 and data.tables(8)[1].embedding_dim == 16  # its own dim is kept
+    with pytest.raises(ConfigError, match=r"data.tables: tables\[0\] \('a'\) lacks num_embeddings"):
+        synthetic(tables=[{"name": "a"}])
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2",
+                                          "trainer.val_batches=1", "trainer.progress_bar=false",
+                                          "trainer.checkpoint=false", f"data.tables={listed}".replace("'", ""),
+                                          f"output_dir={tmp_path}"])
+    metrics = train(OmegaConf.to_container(cfg, resolve=True))
+    assert metrics["steps"] == 2
+    import json
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert sorted(t["name"] for t in plan["tables"]) == ["item", "user"]

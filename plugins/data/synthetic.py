@@ -13,6 +13,7 @@ ranks of 64, 1 of 128) see the same global batches; another size gives other bat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -59,10 +60,14 @@ class SyntheticData(DataSource):
         sparse_scale: float,
         bias: float,
         seed: int,
+        specs: Sequence[TableSpec] = (),
+        own_dims: Sequence[bool] = (),
     ) -> None:
         self._num_dense = num_dense
         self.rows = list(rows)
         self.pooling = list(pooling)
+        self.specs = list(specs)  # tables of one's own (``data.tables``): names, dims, hot fractions
+        self.own_dims = list(own_dims) or [True] * len(self.specs)  # False: the model's dim
         self.zipf_alpha = zipf_alpha
         self.dense_scale = dense_scale
         self.sparse_scale = sparse_scale
@@ -95,9 +100,14 @@ class SyntheticData(DataSource):
         return self._num_dense
 
     def feature_names(self) -> list[str]:
+        if self.specs:
+            return [t.feature_names[0] for t in self.specs]
         return [f"cat_{i}" for i in range(len(self.rows))]
 
     def tables(self, embedding_dim: int) -> list[TableSpec]:
+        if self.specs:  # as listed; a table without its own dim takes the model's
+            return [t if own else dataclasses.replace(t, embedding_dim=embedding_dim)
+                    for t, own in zip(self.specs, self.own_dims)]
         return [
             TableSpec(
                 name=f"t_cat_{i}",
@@ -181,8 +191,12 @@ def synthetic(
     sparse_scale: float = 3.0,
     bias: float = -0.5,
     seed: int = 0,
+    tables: Any = None,
 ) -> SyntheticData:
-    """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables."""
+    """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables.
+    ``tables``, a list of one's own tables (each a mapping of ``name``, ``num_embeddings`` and
+    optionally ``pooling_factor``, ``embedding_dim``, ``hot_fraction``, as in a ``plan_model``
+    file's ``listed`` table set), replaces ``num_sparse``, ``rows`` and ``pooling``."""
     whole = {key: as_whole(value) for key, value in (("num_dense", num_dense), ("num_sparse", num_sparse), ("seed", seed))}
     if whole["num_dense"] is None or whole["num_dense"] < 0:
         raise ConfigError(f"data.num_dense must be a whole number >= 0, got {num_dense!r}.")
@@ -196,6 +210,10 @@ def synthetic(
     for key, value in (("dense_scale", dense_scale), ("sparse_scale", sparse_scale), ("bias", bias)):
         if not is_number(value) or not math.isfinite(value):
             raise ConfigError(f"data.{key} must be a finite number, got {value!r}.")
+    if tables is not None:
+        specs, own_dims = _listed_tables(tables)
+        return SyntheticData(num_dense, [t.num_embeddings for t in specs], [t.pooling_factor for t in specs],
+                             zipf_alpha, dense_scale, sparse_scale, bias, seed, specs, own_dims)
     row_list = _cycled(rows, num_sparse, "rows", int)
     pool_list = _cycled(pooling, num_sparse, "pooling", float)
     for i, n in enumerate(row_list):
@@ -207,3 +225,22 @@ def synthetic(
     return SyntheticData(
         num_dense, row_list, pool_list, zipf_alpha, dense_scale, sparse_scale, bias, seed
     )
+
+
+def _listed_tables(tables: Any) -> tuple[list[TableSpec], list[bool]]:
+    """``data.tables`` as table specs, and whether each gave its own dim (one left out takes
+    the model's: ``SyntheticData.tables``); each table's one feature is named after it."""
+    from neo_plugins.sharding.planner.tables import listed
+
+    filled, own = [], []
+    for n, item in enumerate(tables if isinstance(tables, (list, tuple)) else ()):
+        item = dict(item) if isinstance(item, dict) else item
+        if isinstance(item, dict):
+            own.append("embedding_dim" in item)
+            item.setdefault("embedding_dim", 4)  # a stand-in, replaced by the model's
+            item.setdefault("feature_names", [str(item.get("name", f"t{n}"))])
+        filled.append(item)
+    try:
+        return listed(filled if isinstance(tables, (list, tuple)) else tables), own
+    except ConfigError as exc:
+        raise ConfigError(f"data.tables: {exc}") from None
