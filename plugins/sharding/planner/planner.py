@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import difflib
 import math
@@ -660,19 +659,6 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         cache_fix = "hold tables in host memory behind a device cache (cache=lru cache.load_factor=0.05)"
     else:
         cache_fix = ""
-    # the cached options' device bytes at the least load factor (one set of 32 slots a shard):
-    # (whole table, per shard) per option, for a message that would ask for a lower one
-    least_cached = None
-    if cache_fix == LOWER_CACHE:
-        tiny = copy.copy(search.model)
-        tiny.cache_load_factor = 1e-12
-        whole_least, shard_least = dev.copy(), np.full_like(dev, np.inf)
-        for r, o in enumerate(search.opts):
-            per_shard = (tiny.costs(t, o.sharding_type, o.k, CACHED).mem_device if o.placement == CACHED
-                         else o.cost.mem_device)
-            shard_least[r] = np.where(o.valid, per_shard, np.inf)
-            whole_least[r] = np.where(o.valid, per_shard * o.num_shards, np.inf)
-        least_cached = (whole_least, shard_least)
     # a cache moves tables to host memory: no help where host memory could not hold them either
     to_host = cache_fix if not cached and on_gpu and not kernel.data_parallel_only and shardable else None
     # Whole-cluster memory. Each table takes one option: device bytes d_o and host bytes h_o
@@ -686,15 +672,15 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     # replicated tables (their least-device option on every rank) need a copy per rank: more
     # ranks add their bytes as fast as they add memory
     replicated = np.array([search.opts[o].unit == ALL for o in order]) & np.isfinite(need_dev)
-    copy_bytes = float(need_dev[replicated].sum()) / W  # one copy of each, a rank's share
     # one batch's ids and pooled rows, counted in with the tables: with the batch per rank held,
-    # the global batch, and so these buffers, grow with the ranks too (a rank's share stays)
+    # the global batch, and so these buffers, grow with the ranks too (a rank's share stays; a
+    # replica's are its own batch's); a global batch divided by the ranks shrinks a rank's share
     shards = np.array([o.num_shards for o in search.opts], dtype=np.float64)
     batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
     batch_bytes = float(batch[np.isfinite(need_dev)].sum())
-    batch_rank = float(batch[np.isfinite(need_dev) & ~replicated].sum()) / W
-    if search.model.context.global_batch:  # a global batch is divided by the ranks: a rank's share shrinks
-        batch_rank = 0.0
+    held_batch = not search.model.context.global_batch
+    batch_rank = float(batch[np.isfinite(need_dev)].sum()) / W if held_batch else 0.0
+    copy_bytes = float((need_dev - batch)[replicated].sum()) / W  # one copy of each table, a rank's share
     fixed_rank = copy_bytes + batch_rank  # what each rank holds however many ranks there are
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
@@ -828,24 +814,30 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                 (W * max(float(o.cost.mem_device[j]) / cap_dev, float(o.cost.mem_host[j]) * L / max(cap_node, 1.0))
                  for o in rw), default=math.inf))
         nodes_setting = more_nodes(ranks_need) if W < ranks_need < math.inf else None
+        batch = float(best.cost.batch[i])
+        batch_fills = short_dev > 0 and batch > 0.5 * shard_dev  # the batch's buffers, not the table, fill the shard
+        if batch_fills and not search.model.context.global_batch and nodes_setting is None and not add_memory:
+            # with the batch per rank held, a shard's buffers do not shrink with more ranks (and
+            # no row-wise shard shrinks enough to fit: ``ranks_need``)
+            fix = f"more ranks do not help, as a shard's batch buffers stay: give each rank more {joined}"
         fix += note([nodes_setting, memory_settings, alt_host])
         if alt_host is not None and cache_fix == LOWER_CACHE:
             cache_fix = ""  # the cached option fits the devices already: host memory stops it
-        batch = float(best.cost.batch[i])
-        if short_dev > 0 and batch > 0.5 * shard_dev:  # the batch's buffers, not the table, fill the shard
-            fix = (f"lower the batch per rank (now {search.model.context.batch_size_per_rank}: {human_bytes(batch)} of the shard is one "
-                   f"batch's ids and pooled rows; {batch_keys(search.model.context)}), {fix}")
+        if batch_fills:
+            fix = (f"lower the batch per rank (now {search.model.context.batch_size_per_rank:,}: {human_bytes(batch)} of the "
+                   f"shard is one batch's ids and pooled rows; {batch_keys(search.model.context)}), {fix}")
             cache_fix = ""  # those stay in device memory wherever the rows live
         if cache_fix == to_host and shard_dev * per_node > cap_node:  # nor would the node's host memory hold it
             cache_fix = ""
-        if cache_fix == LOWER_CACHE and least_cached is not None:
-            # device bytes grow with the load factor from their least (``least_cached``): the
-            # largest factor at which some cached option's shard fits a rank's device memory
-            lf = float(search.model.cache_load_factor)
-            fits = [lf * (cap_dev - low) / (float(o.cost.mem_device[i]) - low)
-                    for o, low in zip(search.opts, least_cached[1][:, i])
-                    if o.placement == CACHED and o.valid[i] and low < cap_dev < float(o.cost.mem_device[i])]
-            cache_fix = _lower_cache(lf, max(fits)) if fits else ""  # "": not even the least fits
+        if cache_fix == LOWER_CACHE:
+            # the most the load factor could be for a shard of it, and the whole cluster, to fit
+            # device memory; none where the cached option's host bytes overfill a node too (the
+            # factor does not change those)
+            cached_host = [float(o.cost.mem_host[i]) * o.per_node(L, search.N) for o in search.opts
+                           if o.placement == CACHED and o.valid[i]]
+            bound = search.cache_bound(i) or 0.0
+            host_short = bool(cached_host) and min(cached_host) > cap_node
+            cache_fix = _lower_cache(float(search.model.cache_load_factor), bound) if bound > 0 and not host_short else ""
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
         row_split = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
@@ -885,19 +877,21 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
         floor = ""
-        if cache_fix == LOWER_CACHE and least_cached is not None:
-            whole = least_cached[0].min(axis=0)
-            least = float(whole[np.isfinite(whole)].sum())
-            if least < D < total_dev:  # the largest load factor the whole cluster's memory allows
-                lf = float(search.model.cache_load_factor)
-                cache_fix = _lower_cache(lf, lf * (D - least) / (total_dev - least))
-            elif least > D:  # what a cached table keeps per row in device memory does not shrink with it
+        if cache_fix == LOWER_CACHE:
+            bound = search.cache_bound() or 0.0
+            if bound > 0:
+                cache_fix = _lower_cache(float(search.model.cache_load_factor), bound)
+            else:  # what stays in device memory whatever the load factor
+                whole = search.least_cache_bytes()[0].min(axis=0)  # type: ignore[index]
+                least = float(whole[np.isfinite(whole)].sum())
                 cache_fix = ""
+                state = ("4-byte row map" + (", LFU counter" if search.model.cache_algorithm == "lfu" else "")
+                         + (" and row-wise optimizer state" if search.model._rowwise_state() else ""))
+                in_batch = (f", {human_bytes(batch_bytes)} of it one batch's ids and pooled rows"
+                            if batch_bytes >= 0.25 * least else "")
                 floor = (f"; a lower cache load_factor does not help: even at the least, the tables need "
-                         f"{human_bytes(least)} of {mem} (a cached table keeps its 4-byte row map"
-                         + (", its LFU counters" if search.model.cache_algorithm == "lfu" else "")
-                         + (" and its row-wise optimizer state" if search.model._rowwise_state() else "")
-                         + " in device memory, for every row)")
+                         f"{human_bytes(least)} of {mem}{in_batch} (a cached table keeps its {state} in device "
+                         "memory for every row)")
         grow = "add ranks or " + mem_short
         # where the batch's buffers are a large part, the batch per rank is the lever, not the tables
         big_batch = batch_bytes >= 0.25 * total_dev
@@ -956,7 +950,7 @@ def _lower_cache(now: float, most: float) -> str:
     memory: placing the tables may need it lower)."""
     step = 10.0 ** (math.floor(math.log10(most)) - 1) if most > 0 else 1.0
     most = math.floor(most / step * (1 + 1e-9)) * step  # two significant digits, rounded down
-    return (f"{LOWER_CACHE} (now {now:g}; {most:.2g} or less, the most memory allows, placing the "
+    return (f"{LOWER_CACHE} (now {now:g}; about {most:.2g} or less, the most memory allows, placing the "
             "tables may need less)")
 
 
@@ -975,22 +969,21 @@ def _settings_note(topology: Any, groups: Sequence[Sequence[Setting]],
                              for w, _ in group if w in topology.config_limits)
             texts.append(f"not even {most}, the most it can be, holds them")
             continue
-        if isinstance(state, str) and state.startswith("tried: "):
-            named = [topology.setting_for(what, need) for what, need in group]
-            texts.append(f"{' and '.join(named)}, the least memory allows, but the tables do not plan even "
-                         f"with {state.removeprefix('tried: ')}: checked by planning")
-            continue
         named = [topology.setting_for(what, need) for what, need in group]
         text = named[0] if len(named) == 1 else "both " + ", and ".join(named)
-        if state is not True and True in status:
+        if isinstance(state, str) and state.startswith("tried: "):
+            texts.append(f"{text}, the least memory allows, but the tables do not plan even with "
+                         f"{state.removeprefix('tried: ')}: checked by planning")
+            continue
+        if state is False and any(s is not False for s in status):  # beside checked ones: marked itself
             text += " (the least it could be, packing may need more)"
         texts.append(text)
     if not texts:
         return ""
-    bounds = [state is False for state in status]
     one = len(groups) == 1 and len(groups[0]) == 1
     if True not in status:
-        tail = f"; the least {'this' if one else 'these'} could be, packing may need more" if any(bounds) else ""
+        tail = (f"; the least {'this' if one else 'these'} could be, packing may need more"
+                if all(state is False for state in status) else "")
     elif all(state is True for state in status):
         tail = f"; checked: the tables plan with {'it' if one else 'each'}"
     else:

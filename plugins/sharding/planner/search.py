@@ -13,6 +13,7 @@ Everything is deterministic: ties go to the lowest option index and the lowest r
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
 from collections.abc import Callable, Sequence
@@ -1742,6 +1743,60 @@ class Search:
 
         return _min_max_over_shard_times(shard, f)
 
+    def least_cache_bytes(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Each option's device bytes per table at the least cache load factor (one set of 32
+        slots a shard: what a cached shard keeps whatever the factor), as (whole table, one
+        shard); options on device as they are. None without a cache. For a refusal that would
+        ask for a lower load factor."""
+        if self.model.cache_load_factor is None:
+            return None
+        if getattr(self, "_least_cache", None) is None:
+            tiny = copy.copy(self.model)
+            tiny.cache_load_factor = 1e-12
+            shard = np.stack([
+                np.where(o.valid, tiny.costs(self.t, o.sharding_type, o.k, CACHED).mem_device
+                         if o.placement == CACHED else o.cost.mem_device, np.inf)
+                for o in self.opts])
+            whole = shard * np.array([o.num_shards for o in self.opts], dtype=np.float64)[:, None]
+            self._least_cache = (whole, shard)
+        return self._least_cache
+
+    def cache_bound(self, i: int | None = None) -> float | None:
+        """The largest cache load factor at which memory bounds let the tables fit device
+        memory (table ``i``: also a shard of it fit one rank), from each option's bytes at the
+        current factor and at the least (``least_cache_bytes``; bytes grow linearly with the
+        factor between them); None without a cache, 0.0 where no factor fits."""
+        least = self.least_cache_bytes()
+        if least is None:
+            return None
+        lf = float(self.model.cache_load_factor)
+        now_whole = np.stack([np.where(o.valid, o.cost.mem_device * o.num_shards, np.inf) for o in self.opts])
+        low_total = float(np.where(np.isfinite(m := least[0].min(axis=0)), m, 0.0).sum())
+        now_total = float(np.where(np.isfinite(m := now_whole.min(axis=0)), m, 0.0).sum())
+        D = self.cap_dev * self.W
+        bound = lf if now_total <= D else (lf * (D - low_total) / (now_total - low_total) if low_total < D else 0.0)
+        if i is not None:  # a shard of table i on one rank: the best of its cached options
+            fits = [lf if now <= self.cap_dev else lf * (self.cap_dev - low) / (now - low)
+                    for o, low in zip(self.opts, least[1][:, i])
+                    if o.placement == CACHED and o.valid[i] and low < self.cap_dev
+                    for now in (float(o.cost.mem_device[i]),)]
+            bound = min(bound, max(fits, default=0.0))
+        return bound
+
+    def _fits_at_least_cache(self, i: int) -> bool:
+        """Whether, at the least cache load factor, the tables placed so far would leave room
+        for a shard of table ``i`` (as many ranks as its option has shards) on device memory."""
+        least = self.least_cache_bytes()
+        if least is None:
+            return False
+        used = np.zeros(self.W)
+        for j in np.flatnonzero(self.choice >= 0).tolist():
+            if j != i:
+                np.add.at(used, np.asarray(self.ranks[j]), least[1][self.choice[j], j])
+        free = np.sort(self.cap_dev - used)[::-1]
+        return any(o.valid[i] and least[1][r, i] <= free[min(o.num_shards, self.W) - 1]
+                   for r, o in enumerate(self.opts))
+
     def no_fit_error(self, i: int) -> PlanningError:
         name = self.t.names[i]
         free_dev = np.sort(self.cap_dev - self.mem_dev)[::-1]  # most free first
@@ -1786,10 +1841,11 @@ class Search:
         if batch_bound:
             held = human_bytes(batch_held / self.W)
             per_rank = f"{context.batch_size_per_rank:,} samples per rank"
-            if context.global_batch:  # divided by the ranks: more ranks shrink it
+            if context.global_batch or batch_held / self.W < self.cap_dev:
+                # more ranks may still help: they spread the tables (and a global batch)
                 fixes.insert(0, f"lower the batch ({held} of each rank's device memory is one batch's ids and "
                                 f"pooled rows at {per_rank}; {batch_keys(context)})")
-            else:
+            else:  # the batch alone overfills a rank, and its share stays with more ranks
                 fixes = [f"lower the batch per rank ({held} of each rank's device memory is one batch's ids and "
                          f"pooled rows at {per_rank}, which more ranks do not shrink; {batch_keys(context)})",
                          f"give each rank more {memory}"]
@@ -1808,9 +1864,10 @@ class Search:
             self.usable[j, i] and o.sharding_type is not ShardingType.DATA_PARALLEL for j, o in enumerate(self.opts)
         )
         if on_gpu and shardable and (where == "device" or short <= 0) and not batch_bound:
-            fixes.append(f"lower the cache load_factor (now {self.model.cache_load_factor:g})"
-                         if self.model.cache_load_factor is not None
-                         else "use a cache (e.g. cache=lru cache.load_factor=0.05)")
+            if self.model.cache_load_factor is None:
+                fixes.append("use a cache (e.g. cache=lru cache.load_factor=0.05)")
+            elif self._fits_at_least_cache(i):  # not where the per-row state alone leaves it no room
+                fixes.append(f"lower the cache load_factor (now {self.model.cache_load_factor:g})")
         if self.model.host_reserve and (where == "host" or short <= 0):
             fixes.append(f"lower sharding.host_reserve_fraction (now {self.model.params.host_reserve_fraction:g})")
         return planning_error(
