@@ -57,6 +57,7 @@ MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingT
 
 LOWER_CACHE = "lower the cache load_factor"  # a refusal's advice where a cache is on
 
+
 def rw_sizes(rows: int, n: int) -> list[int]:
     """Row counts of ``n`` row-wise shards, as TorchRec splits them (equal blocks, last short)."""
     block = -(-rows // n)
@@ -679,7 +680,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     batch = np.stack([o.cost.batch for o in search.opts])[order, cols] * shards[order]
     batch_bytes = float(batch[np.isfinite(need_dev)].sum())
     held_batch = not search.model.context.global_batch
-    batch_rank = float(batch[np.isfinite(need_dev)].sum()) / W if held_batch else 0.0
+    batch_rank = batch_bytes / W if held_batch else 0.0
     copy_bytes = float((need_dev - batch)[replicated].sum()) / W  # one copy of each table, a rank's share
     fixed_rank = copy_bytes + batch_rank  # what each rank holds however many ranks there are
     finite = np.isfinite(host) & np.isfinite(dev)
