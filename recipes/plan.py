@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import io
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,20 @@ def times_by(plan: Any) -> str:
     return plan.times_from or f"the {plan.planner} planner"
 
 
+def moved(plan: Any, where: str) -> float:
+    """MiB a plan's shards move per step inside nodes or across them (``where``: intra_node,
+    inter_node); NaN where the planner predicts none (TorchRec's)."""
+    if not any(r.comm_bytes for r in plan.ranks):
+        return math.nan
+    return sum(r.comm_bytes.get(where, 0.0) for r in plan.ranks) / 2**20
+
+
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
+    # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
+    "types": (plan.types_note().removeprefix("types: "), "s"),
+    "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
 })
 
 

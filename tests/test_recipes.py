@@ -559,6 +559,12 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     launched = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA] \t#" in line]
     assert len(launched) == 2 and launched[0].endswith(  # the overrides as typed, not as the recipe passes them
         "#0 : +topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
+    # the summary says how each plan shards and where its traffic goes, as its plan.json does
+    plan = json.loads((tmp_path / "0" / "plan.json").read_text())
+    inter = sum(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
+    types = next(n for n in plan["notes"] if n.startswith("types: ")).removeprefix("types: ")
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("  #0 model=mlperf_dcnv2:"))
+    assert f"types {types}, intra-node " in row and f"inter-node {inter:,.0f} MiB" in row, row
 
 
 @pytest.mark.slow
@@ -814,7 +820,8 @@ def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> 
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     neo = SimpleNamespace(planner="neo", notes=["searched 6 options"], predicted_step_time=3e-3,
-                          predicted_samples_per_second=1.0, imbalance=1.0, times_from="Neo's cost model")
+                          predicted_samples_per_second=1.0, imbalance=1.0, times_from="Neo's cost model",
+                          ranks=[], types_note=lambda: "types: TW 3")
     scored = SimpleNamespace(**{**vars(neo), "times_from": "TorchRec's estimator"})
     torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec", "times_from": "TorchRec's estimator"})
     theirs = SimpleNamespace(**{**vars(neo), "planner": "mine", "times_from": ""})  # a plugin that did not say
