@@ -20,6 +20,7 @@ from typing import Any
 from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError, PluginClash
 from neo_core.plugins import KINDS, Plugins, get_plugins
+from neo_core.registry import meanwhile
 
 PLUGIN_GROUPS: tuple[str, ...] = tuple(group for _, group in KINDS.values())
 DEFAULT_TOPOLOGY = "local"
@@ -258,6 +259,7 @@ def option_clashes(conf_dir: str | Path | None = None, plugins: Plugins | None =
     clashes = []
     for registry in plugins.registries.values():
         taken = {e.name: f"the {registry.kind} plugin {e.name!r} ({e.provider})" for e in registry.entries()}
+        providers = {e.name: e.provider for e in registry.entries()}
         for entry in registry.entries():
             for option in entry.options:
                 other = taken.get(option)
@@ -266,8 +268,8 @@ def option_clashes(conf_dir: str | Path | None = None, plugins: Plugins | None =
                 if other is not None:
                     clashes.append(
                         f"{registry.group} option {option!r} of {registry.kind} plugin {entry.name!r} "
-                        f"({entry.provider}) clashes with {other}; rename the option (meanwhile "
-                        "NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
+                        f"({entry.provider}) clashes with {other}; rename the option "
+                        f"({meanwhile(entry.provider, providers.get(option, ''))})."
                     )
                 else:
                     taken[option] = f"an option of the {registry.kind} plugin {entry.name!r} ({entry.provider})"

@@ -94,6 +94,15 @@ class Entry(Generic[T]):
         )
 
 
+def meanwhile(*providers: str) -> str:
+    """How to run until a clash between plugins of these providers is mended: leave a module
+    named in NEO_PLUGINS out of it (those load even without autoload), or load the built-ins only."""
+    named = [p.removeprefix("NEO_PLUGINS ") for p in providers if p.startswith("NEO_PLUGINS ")]
+    if named:
+        return f"meanwhile leave {', '.join(named)} out of NEO_PLUGINS"
+    return "meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only"
+
+
 class Registry(Generic[T]):
     """Plugins of one kind (``group`` is the config group that selects them)."""
 
@@ -134,7 +143,7 @@ class Registry(Generic[T]):
             other = self._entries[name].provider
             raise PluginClash(
                 f"{self.kind} plugin {name!r} is registered twice ({other} and {self._provider}); "
-                "rename one of them (meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only)."
+                f"rename one of them ({meanwhile(other, self._provider)})."
             )
         if not callable(factory):
             raise PluginError(

@@ -14,7 +14,7 @@ import pytest
 
 from neo_core import hookimpl, hookspecs
 from neo_core.cache import CachePolicy
-from neo_core.errors import ConfigError, PluginError
+from neo_core.errors import ConfigError, PluginClash, PluginError
 from neo_core.plugins import (
     BUILTIN_DISTRIBUTION,
     DEFAULT_PLUGINS,
@@ -1037,3 +1037,19 @@ def test_neo_plugins_loads_a_plugin_module_without_installing_it(tmp_path, monke
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "warm_lfu" in proc.stdout and "NEO_PLUGINS my_neo_cache" in proc.stdout
+
+
+def test_a_clash_with_a_neo_plugins_module_says_to_leave_it_out(tmp_path, monkeypatch) -> None:
+    # it advised NEO_DISABLE_PLUGIN_AUTOLOAD=1, which still loads the modules NEO_PLUGINS names
+    (tmp_path / "my_clash.py").write_text(
+        "from neo_core import hookimpl\n"
+        "from neo_core.cache import CachePolicy\n\n\n"
+        "@hookimpl\n"
+        "def neo_register_cache_policies(registry):\n"
+        "    registry.register('lru', lambda: CachePolicy(name='lru', load_factor=0.1, algorithm='lru'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("NEO_PLUGINS", "my_clash")
+    with pytest.raises(PluginClash, match=r"registered twice \(neo-dlrm and NEO_PLUGINS my_clash\); rename one of "
+                                          r"them \(meanwhile leave my_clash out of NEO_PLUGINS\)"):
+        load_plugins(autoload=False)
