@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -92,6 +93,29 @@ class Entry(Generic[T]):
         return any(
             p.kind is p.VAR_KEYWORD for p in inspect.signature(self.factory).parameters.values()
         )
+
+
+FASTEST_NIC = 100e9  # bytes/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
+
+
+def _doubt_bandwidths(topology: Any, who: str) -> None:
+    """Warn of a plugin topology's bandwidths that are most often a slip: a per-rank
+    inter-node figure faster than any NIC (a NIC's Gb/s typed as GB/s, or a node's one NIC
+    given to each of its ranks), or node-internal links slower than the network."""
+    import sys
+
+    if getattr(topology, "num_nodes", 1) < 2 or os.environ.get("RANK", "0") != "0":
+        return
+    inter, intra = topology.inter_node_bw, topology.intra_node_bw
+    if inter > FASTEST_NIC:
+        print(f"warning: {who} gives each rank {inter / 1e9:g} GB/s across nodes ({inter * 8 / 1e9:,.0f} Gb/s), "
+              "faster than any scale-out NIC: a NIC's Gb/s is its GB/s x 8, and a NIC a node's ranks share is "
+              f"given as its bandwidth over the {topology.devices_per_node} ranks (Topology.inter_node_bw is "
+              "per rank).", file=sys.stderr)
+    if topology.devices_per_node > 1 and intra < inter:
+        print(f"warning: {who} gives its ranks {intra / 1e9:g} GB/s inside a node, less than the {inter / 1e9:g} "
+              "GB/s across nodes: the planner then keeps traffic off the node's links (are the two swapped?).",
+              file=sys.stderr)
 
 
 def meanwhile(*providers: str) -> str:
@@ -284,8 +308,11 @@ class Registry(Generic[T]):
             if entry.provider == BUILTIN or not isinstance(exc, ConfigError):
                 raise
             # a check of Neo's classes (Topology, CachePolicy...) on what a third-party factory gave
-            # them: it names the class's field, which the user may not have typed
-            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}") from exc
+            # them: it names the class's field, which the user may not have typed: and what they typed
+            given = ", ".join(f"{self.group}.{k}={v!r}" for k, v in params.items() if k != "name")
+            made_from = f" (built by the plugin from {given})" if given else ""
+            said = str(exc).rstrip(".") + made_from + "." if made_from else str(exc)
+            raise ConfigError(f"{self.group}={name} ({entry.provider}): {said}") from exc
         except Exception as exc:  # a plugin's own failure: name the plugin, keep the traceback chained
             raise PluginError(
                 f"{self.kind} plugin {name!r} ({entry.provider}) failed to build: {type(exc).__name__}: {exc}"
@@ -297,6 +324,8 @@ class Registry(Generic[T]):
                 f"{self.kind} plugin {name!r} ({entry.provider}) returned {type(made).__name__}, not "
                 f"{expected}: its factory must return one (README, 'Writing a plugin')."
             )
+        if self.kind == "topology" and entry.provider != BUILTIN:
+            _doubt_bandwidths(made, f"{self.group}={name} ({entry.provider})")
         return made
 
     def _set_provider(self, provider: str, plugin: str = "") -> None:

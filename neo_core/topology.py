@@ -36,7 +36,10 @@ class Topology:
     host_memory_bw: float  # bytes/s, lookups from host memory
     host_to_device_bw: float  # bytes/s, PCIe / UVM traffic per device
     intra_node_bw: float  # bytes/s per device inside a node (NVLink/NVSwitch, or shared memory)
-    inter_node_bw: float  # bytes/s per device across nodes (the scale-out NIC of each device)
+    # bytes/s per device across nodes: the scale-out NIC of each device, or, where a node's
+    # devices share NICs, their bandwidth over the devices (one 100 GB/s NIC for 4 GPUs: 25 GB/s),
+    # as all of them send at once in the all-to-alls the cost model charges
+    inter_node_bw: float
     sources: dict[str, str] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()
     emulated_from: str | None = None  # set when a large topology is emulated on fewer ranks

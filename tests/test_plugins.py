@@ -1053,3 +1053,36 @@ def test_a_clash_with_a_neo_plugins_module_says_to_leave_it_out(tmp_path, monkey
     with pytest.raises(PluginClash, match=r"registered twice \(neo-dlrm and NEO_PLUGINS my_clash\); rename one of "
                                           r"them \(meanwhile leave my_clash out of NEO_PLUGINS\)"):
         load_plugins(autoload=False)
+
+
+def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_values_named_as_given(
+        tmp_path, monkeypatch, capsys) -> None:
+    # a per-node NIC given to each GPU (or Gb/s typed as GB/s) planned 2x too fast in silence,
+    # and a refused figure was named only as the Topology field the plugin filled
+    (tmp_path / "my_topo.py").write_text(
+        "from neo_core import hookimpl\n"
+        "from neo_core.topology import GB, GiB, Topology\n\n\n"
+        "def acme(nic_gbps: float = 100.0, nvlink_gbps: float = 300.0) -> Topology:\n"
+        "    return Topology(name='acme', num_nodes=4, devices_per_node=4, device_memory=80 * GiB,\n"
+        "                    host_memory=256 * GiB, device_memory_bw=2000 * GB, host_memory_bw=100 * GB,\n"
+        "                    host_to_device_bw=32 * GB, intra_node_bw=nvlink_gbps * GB,\n"
+        "                    inter_node_bw=nic_gbps * GB, compute_device='cuda')\n\n\n"
+        "@hookimpl\n"
+        "def neo_register_topologies(registry):\n"
+        "    registry.register('acme', acme)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("NEO_PLUGINS", "my_topo")
+    plugins = load_plugins(autoload=False)
+    capsys.readouterr()
+    plugins.create("topology", "acme", {"nic_gbps": 25.0})  # the NIC over the 4 GPUs: no word
+    assert capsys.readouterr().err == ""
+    plugins.create("topology", "acme", {"nic_gbps": 800.0, "nvlink_gbps": 300.0})
+    err = capsys.readouterr().err
+    assert ("warning: topology=acme (NEO_PLUGINS my_topo) gives each rank 800 GB/s across nodes (6,400 Gb/s), "
+            "faster than any scale-out NIC") in err and "over the 4 ranks" in err, err
+    assert "less than the" in err  # 300 GB/s inside a node, 800 across
+    with pytest.raises(ConfigError, match=r"topology=acme \(NEO_PLUGINS my_topo\): topology.inter_node_bw must be a "
+                                          r"positive finite number, got -1000000000.0 \(built by the plugin from "
+                                          r"topology.nic_gbps=-1\)\."):
+        plugins.create("topology", "acme", {"nic_gbps": -1})

@@ -1051,7 +1051,7 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
         ShardingType.COLUMN_WISE: "column shards spread the lookups over ranks",
         ShardingType.TABLE_COLUMN_WISE: "columns spread inside one node",
         ShardingType.ROW_WISE: "rows spread over all ranks",
-        ShardingType.TABLE_ROW_WISE: "rows spread inside one node, its NICs share the traffic",
+        ShardingType.TABLE_ROW_WISE: "rows spread inside one node, whose ranks share its traffic across nodes",
         ShardingType.GRID_SHARD: "column shards, each row-split over one node",
     }[st]
     if opt.placement == CACHED:
