@@ -280,8 +280,13 @@ class Registry(Generic[T]):
                     raise ConfigError(self.unknown_key(name, key))
             annotations = entry.annotations()
             for key, value in params.items():
+                annotation = annotations.get(key)
+                default = accepted.get(key, inspect.Parameter.empty)
+                if annotation is None and isinstance(default, (bool, int, float)):
+                    # none given: its default says the kind (a number: any number; a flag: a flag)
+                    annotation = "bool" if isinstance(default, bool) else "float"
                 try:
-                    params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))
+                    params[key] = check_kind(f"{self.group}.{key}", value, annotation)
                 except ConfigError as exc:
                     if not _is_default(value, accepted.get(key, inspect.Parameter.empty)):
                         raise

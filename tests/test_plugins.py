@@ -1086,3 +1086,25 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
                                           r"positive finite number, got -1000000000.0 \(built by the plugin from "
                                           r"topology.nic_gbps=-1\)\."):
         plugins.create("topology", "acme", {"nic_gbps": -1})
+
+
+def test_an_unannotated_parameter_is_checked_by_its_defaults_kind(tmp_path, monkeypatch) -> None:
+    # topology.nic=fast reached the factory and failed inside it ("can't multiply sequence by
+    # non-int of type 'float'"), without the key
+    (tmp_path / "my_loose.py").write_text(
+        "from neo_core import hookimpl\n"
+        "from neo_core.cache import CachePolicy\n\n\n"
+        "def loose(share=0.2, prefetch=False):\n"
+        "    return CachePolicy(name='loose', load_factor=share * 1.0, algorithm='lru')\n\n\n"
+        "@hookimpl\n"
+        "def neo_register_cache_policies(registry):\n"
+        "    registry.register('loose', loose)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("NEO_PLUGINS", "my_loose")
+    plugins = load_plugins(autoload=False)
+    assert plugins.create("cache", "loose", {"share": 1}).load_factor == 1.0  # a whole number is a number
+    with pytest.raises(ConfigError, match=r"cache.share must be a number, got 'fast'\."):
+        plugins.create("cache", "loose", {"share": "fast"})
+    with pytest.raises(ConfigError, match=r"cache.prefetch must be true or false, got 'yes'\."):
+        plugins.create("cache", "loose", {"prefetch": "yes"})
