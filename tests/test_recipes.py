@@ -445,6 +445,7 @@ def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp
     assert "Neo plugin 'broken' failed to load and was skipped" in proc.stderr
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["steps"] == 2 and metrics["topology"] == "zionex" and metrics["cache"] == "my_policy"
+    assert metrics["emulated_from"] == "zionex (16x8)"  # planned for the cluster, run on these ranks
     # the cores split between the machine's 2 ranks: Lightning gave each of them every core, as a
     # node of one rank (the emulated 2 nodes x 1) would have, and samples/s fell 10-25x
     assert metrics["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)

@@ -1082,6 +1082,8 @@ def _write_results(
         "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],
+        # the cluster the plan was made for, where it was emulated on these ranks ("zionex (16x8)")
+        "emulated_from": (module.plan.topology or {}).get("emulated_from") if module.plan else None,
         "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
         "history": history,
         "val_history": val_history,
