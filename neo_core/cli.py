@@ -931,18 +931,18 @@ def _listing(plugins: Any, conf_dir: str | os.PathLike[str] | None, clash: bool 
     for registry in plugins.registries.values():
         lines.append(f"{registry.kind} (config group '{registry.group}'):")
         entries = list(registry.entries())
-        width = max((len(e.name) for e in entries), default=0)  # descriptions in one column
+        width = max([14, *(len(e.name) for e in entries)])  # descriptions in one column
         wide = max((len(e.provider) + 2 for e in entries), default=0)
         for entry in entries:
             desc = f"  {' ' * (wide - len(entry.provider) - 2)}{entry.description}" if entry.description else ""
-            lines.append(f"  {entry.name:<14}{' ' * max(width - 14, 0)} [{entry.provider}]{desc}")
+            lines.append(f"  {entry.name:<{width}} [{entry.provider}]{desc}")
             keys = ", ".join(
                 k if v is inspect.Parameter.empty else f"{k}={_as_typed(v)}" for k, v in entry.parameters().items()
             )
             if keys:
-                lines.append(f"  {'':<14} keys: {keys}")
+                lines.append(f"  {'':<{width}} keys: {keys}")
             if entry.options:
-                lines.append(f"  {'':<14} options: {', '.join(entry.options)}")
+                lines.append(f"  {'':<{width}} options: {', '.join(entry.options)}")
         if not len(registry):
             lines.append("  (none)")
     for name, error in plugins.failed.items():

@@ -39,6 +39,7 @@ class ListedPlugin:
             return CachePolicy("listed_cache", load_factor)
 
         registry.register("listed_cache", listed_cache, options={"listed_cache_small": {"load_factor": 0.01}})
+        registry.register("listed_cache_with_a_long_name", listed_cache)
 
 
 def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> None:
@@ -47,14 +48,16 @@ def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> 
     out = capsys.readouterr().out
     for registry in plugins.registries.values():
         assert f"{registry.kind} (config group '{registry.group}'):" in out
-        for entry in registry.entries():
-            assert f"  {entry.name:<14} [{entry.provider}]" in out
-    assert "  listed_cache   [neo-listed-dist]  A cache policy that shows up in the listing." in out
+        width = max([14, *(len(e.name) for e in registry.entries())])
+        for entry in registry.entries():  # a name longer than the column widens it for its group
+            assert f"  {entry.name:<{width}} [{entry.provider}]" in out
+    assert "  listed_cache                  [neo-listed-dist]  A cache policy that shows up in the listing." in out
+    assert "  listed_cache_with_a_long_name [neo-listed-dist]" in out
     # descriptions in one column whatever the provider's name
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "[" in line}
     assert lines["lru"].index(lines["lru"].split("]")[1].strip()) == lines["listed_cache"].index("A cache policy")
-    assert "                 keys: load_factor=0.1" in out  # what cache.<key>= takes
-    assert "                 options: listed_cache_small" in out
+    assert f"  {'':<29} keys: load_factor=0.1" in out  # what cache.<key>= takes
+    assert f"  {'':<29} options: listed_cache_small" in out
     assert "  zionex         [neo-dlrm]" in out
     assert "failed to load" not in out
 
