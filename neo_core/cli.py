@@ -289,6 +289,15 @@ class SweepFailures:
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
+        labels = {num: " ".join(w for w in words[num] if w not in common) or f"#{num}" for num in nums}
+        try:  # the same, to look at
+            from neo_core.training.plots import plot_sweep
+
+            if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1]) for num in nums if num in self.done],
+                          where / "summary.png", f"sweep results ({where})"):
+                print(f"chart: {where / 'summary.png'}")
+        except (OSError, ImportError, ValueError) as exc:
+            print(f"warning: could not draw {where / 'summary.png'}: {exc}", file=sys.stderr)
 
     def exit(self, note: Callable[[], str | None] | None = None) -> None:
         """List the jobs' results (``row``), then ``note()`` on them if it has one; exit 0 when

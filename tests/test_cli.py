@@ -461,7 +461,9 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         "  #1 kernel=dense: failed (error.txt)",
         "  #2 kernel=dense cache=lru: val AUC 0.7000, step 10.2 ms",
         "  #3 kernel=fused seed=1: val AUC 0.5000, step 1.0 ms",
+        f"chart: {tmp_path / 'summary.png'}",  # the same, to look at: a panel per result, a bar per job
     ]
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
     assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)"]
     assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", ""]
@@ -480,7 +482,8 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         nested.job(lambda auc=auc: auc, tmp_path / "sweep" / "by-kernel" / str(num), num, f"seed={num}")
     with pytest.raises(SystemExit):
         nested.exit()
-    assert capsys.readouterr().out.splitlines()[-1] == "  #1 seed=1: val AUC n/a"
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "  #1 seed=1: val AUC n/a", f"chart: {tmp_path / 'sweep' / 'summary.png'}"]
     assert list(csv.reader((tmp_path / "sweep" / "summary.csv").open()))[2][-1] == ""
     monkeypatch.undo()
     # one job, or none finished: nothing to set side by side
@@ -700,7 +703,8 @@ def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> Non
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"sweep results so far, the sweep stopped at job #2 ({tmp_path / 'summary.csv'}):"
     assert out[1:] == ["  #0 seed=0: val AUC 0.6100", "  #1 seed=1: val AUC 0.7200",
-                       "  #2 seed=2: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"]
+                       "  #2 seed=2: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)",
+                       f"chart: {tmp_path / 'summary.png'}"]
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
     assert [(r[0], r[3]) for r in rows] == [("job", "status"), ("0", "done"), ("1", "done"), ("2", "stopped")]
     # one job finished before the stop: named by what differs from the stopped one (it was "(the
@@ -710,7 +714,7 @@ def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> Non
     one._seen(1, tmp_path / "1")
     one.started[1] = "compression=fp16 trainer=smoke"
     one.summary(stopped=1)
-    assert capsys.readouterr().out.splitlines()[1:] == [
+    assert capsys.readouterr().out.splitlines()[1:3] == [
         "  #0 compression=none: val AUC 0.6100",
         "  #1 compression=fp16: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"]
     # the first job stopped: the summary says so (none was written)

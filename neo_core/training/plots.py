@@ -43,3 +43,56 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]]]], path: Path, title: str) -> bool:
+    """A sweep's results side by side: one panel per numeric result (a job's bar, its value
+    written beside it), one row per job, labelled by what sets it apart. ``jobs``: (label,
+    {column: (value, format[, unit])}) of the jobs that finished. False where there is nothing
+    to draw (no numeric result)."""
+    import math
+
+    columns = [c for c in dict.fromkeys(c for _, row in jobs for c in row)
+               if c != "steps" and any(isinstance(row.get(c, ("",))[0], (int, float))
+                                       and not isinstance(row.get(c, ("",))[0], bool) for _, row in jobs)]
+    if not jobs or not columns:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(columns), figsize=(2.6 * len(columns) + 2.4, 0.42 * len(jobs) + 1.4),
+                             sharey=True, squeeze=False)
+    y = list(range(len(jobs)))[::-1]
+    # bars coloured by a text result that sets jobs apart in a few values (whose model gave a
+    # plan's times: those are not on one scale)
+    texts = {c: [str(row[c][0]) for _, row in jobs if c in row] for c in dict.fromkeys(c for _, r in jobs for c in r)
+             if c not in columns}
+    keyed = sorted((len(set(v)), c) for c, v in texts.items() if 1 < len(set(v)) <= 6 and len(v) == len(jobs))
+    key = keyed[0][1] if keyed else None
+    kinds = list(dict.fromkeys(str(row[key][0]) for _, row in jobs)) if key else []
+    colors = [f"C{kinds.index(str(row[key][0]))}" if key else "C0" for _, row in jobs]
+    for ax, column in zip(axes[0], columns):
+        values = [row.get(column, (math.nan,)) for _, row in jobs]
+        numbers = [float(v[0]) if isinstance(v[0], (int, float)) and v[0] is not None else math.nan for v in values]
+        ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
+        top = max([n for n in numbers if not math.isnan(n)], default=1.0) or 1.0
+        for yi, n, v in zip(y, numbers, values):
+            ax.text(0 if math.isnan(n) else n, yi, " n/a" if math.isnan(n) else f" {format(n, v[1])}",
+                    va="center", fontsize=7)
+        ax.set_xlim(0, top * 1.45)
+        unit = next((v[2] for v in values if len(v) > 2), "")
+        ax.set_title(f"{column}{f' ({unit})' if unit else ''}", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)
+    if key:
+        from matplotlib.patches import Patch
+
+        fig.legend([Patch(color=f"C{i}") for i in range(len(kinds))], [f"{key}: {k}" for k in kinds],
+                   loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06 if key else 0, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
