@@ -412,7 +412,37 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
                     "leave them out of the sweep):")
         print(f"error: {head}", file=sys.stderr)
         print_failed_jobs(failed, width=400)
+        if not first:  # nothing ran: the folder made for the sweep (its multirun.yaml alone) goes
+            _remove_made_sweep_dir(sweeper)
         raise SystemExit(2)
+
+
+# folders check_run_dirs made for this launch (they were not there before): a sweep refused
+# before its first job may remove the one it was given
+_MADE_DIRS: dict[str, Path] = {}  # a folder -> the outermost of those made for it
+HYDRA_SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"  # Hydra's default: made by each launch
+
+
+def _remove_made_sweep_dir(sweeper: Any) -> None:
+    """Remove the sweep's folder where this launch made it (``check_run_dirs``, or Hydra's
+    default dated folder) and it holds nothing but the ``multirun.yaml`` Hydra wrote; a folder
+    that was there before the launch is left as it is."""
+    with contextlib.suppress(Exception):
+        node = sweeper.config.hydra.sweep._get_node("dir")
+        raw = node._value() if node is not None else None
+        folder = Path(os.path.abspath(str(sweeper.config.hydra.sweep.dir)))
+        dated = raw == HYDRA_SWEEP_DIR
+        if (str(folder) in _MADE_DIRS or dated) and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
+            (folder / "multirun.yaml").unlink()
+            folder.rmdir()
+            # the folders made around it: the day's and multirun/ (Hydra's), or those made here
+            top = _MADE_DIRS.get(str(folder), folder.parent.parent if dated else folder)
+            parent = folder
+            while parent != top and parent.parent != parent:
+                parent = parent.parent
+                if any(parent.iterdir()):
+                    break
+                parent.rmdir()
 
 
 # keys a recipe took under another name (plan.py: model= for plan_model=): named as typed
@@ -812,10 +842,16 @@ def check_run_dirs(argv: Sequence[str]) -> None:
             elif not os.access(parent, os.W_OK | os.X_OK):
                 problem = f"{parent} cannot be written"
         if problem is None:
+            top = path  # the outermost folder made here
+            while not top.parent.exists():
+                top = top.parent
+            made = not path.exists()
             try:  # as Hydra will; some places only refuse when asked (/proc, a full or read-only mount)
                 path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 problem = exc.strerror or type(exc).__name__
+            if made and problem is None:
+                _MADE_DIRS[str(path)] = top
         if problem:
             raise ConfigError(f"{key}={value} cannot hold the run's output ({problem}); choose another {key}.")
 

@@ -786,6 +786,12 @@ def test_a_plan_sweep_checks_every_job_before_the_first_plans(tmp_path: Path) ->
     assert lines[1].startswith("  #1 +topology=zionex model=mlperf_dcnv2 sharding=torchrec sharding.progress=false: "
                                "Unknown key sharding.progress for sharder plugin 'torchrec'.")
     assert not (tmp_path / "0").exists()
+    assert (tmp_path / "multirun.yaml").exists()  # pytest made the folder: it was there, so it stays
+    # a folder made for this launch holds only Hydra's multirun.yaml: it goes (it was left behind)
+    fresh = tmp_path / "fresh" / "sweep"
+    proc = run_plan("-m", "+topology=zionex", "model=mlperf_dcnv2", "sharding=neo,torchrec", "sharding.progress=false",
+                    f"hydra.sweep.dir={fresh}")
+    assert proc.returncode == 2 and not (tmp_path / "fresh").exists(), proc.stderr[-2000:]  # and the folder made for it
 
 
 def test_the_interrupted_line_says_what_there_is_to_continue(tmp_path: Path) -> None:
