@@ -1039,17 +1039,22 @@ def test_neo_plugins_loads_a_plugin_module_without_installing_it(tmp_path, monke
     assert "warm_lfu" in proc.stdout and "NEO_PLUGINS my_neo_cache" in proc.stdout
 
 
+def _neo_plugins_module(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """A plugin module of ``source`` named ``name`` on the path, and named in NEO_PLUGINS."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("NEO_PLUGINS", name)
+
+
 def test_a_clash_with_a_neo_plugins_module_says_to_leave_it_out(tmp_path, monkeypatch) -> None:
     # it advised NEO_DISABLE_PLUGIN_AUTOLOAD=1, which still loads the modules NEO_PLUGINS names
-    (tmp_path / "my_clash.py").write_text(
+    _neo_plugins_module(tmp_path, monkeypatch, "my_clash", (
         "from neo_core import hookimpl\n"
         "from neo_core.cache import CachePolicy\n\n\n"
         "@hookimpl\n"
         "def neo_register_cache_policies(registry):\n"
         "    registry.register('lru', lambda: CachePolicy(name='lru', load_factor=0.1, algorithm='lru'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("NEO_PLUGINS", "my_clash")
+    ))
     with pytest.raises(PluginClash, match=r"registered twice \(neo-dlrm and NEO_PLUGINS my_clash\); rename one of "
                                           r"them \(meanwhile leave my_clash out of NEO_PLUGINS\)"):
         load_plugins(autoload=False)
@@ -1059,7 +1064,7 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
         tmp_path, monkeypatch, capsys) -> None:
     # a per-node NIC given to each GPU (or Gb/s typed as GB/s) planned 2x too fast in silence,
     # and a refused figure was named only as the Topology field the plugin filled
-    (tmp_path / "my_topo.py").write_text(
+    _neo_plugins_module(tmp_path, monkeypatch, "my_topo", (
         "from neo_core import hookimpl\n"
         "from neo_core.topology import GB, GiB, Topology\n\n\n"
         "def acme(nic_gbps: float = 100.0, nvlink_gbps: float = 300.0) -> Topology:\n"
@@ -1070,9 +1075,7 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
         "@hookimpl\n"
         "def neo_register_topologies(registry):\n"
         "    registry.register('acme', acme)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("NEO_PLUGINS", "my_topo")
+    ))
     plugins = load_plugins(autoload=False)
     capsys.readouterr()
     plugins.create("topology", "acme", {"nic_gbps": 25.0})  # the NIC over the 4 GPUs: no word
@@ -1091,7 +1094,7 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
 def test_an_unannotated_parameter_is_checked_by_its_defaults_kind(tmp_path, monkeypatch) -> None:
     # topology.nic=fast reached the factory and failed inside it ("can't multiply sequence by
     # non-int of type 'float'"), without the key
-    (tmp_path / "my_loose.py").write_text(
+    _neo_plugins_module(tmp_path, monkeypatch, "my_loose", (
         "from neo_core import hookimpl\n"
         "from neo_core.cache import CachePolicy\n\n\n"
         "def loose(share=0.2, prefetch=False):\n"
@@ -1099,9 +1102,7 @@ def test_an_unannotated_parameter_is_checked_by_its_defaults_kind(tmp_path, monk
         "@hookimpl\n"
         "def neo_register_cache_policies(registry):\n"
         "    registry.register('loose', loose)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("NEO_PLUGINS", "my_loose")
+    ))
     plugins = load_plugins(autoload=False)
     assert plugins.create("cache", "loose", {"share": 1}).load_factor == 1.0  # a whole number is a number
     with pytest.raises(ConfigError, match=r"cache.share must be a number, got 'fast'\."):
