@@ -909,7 +909,8 @@ def test_the_settings_check_keeps_to_what_the_topology_can_take() -> None:
         plan_tables(two, zionex_topology(num_nodes=1, device_memory_gib=4), 512, table_sharding_types={"s": ["RW"]})
     msg = str(err.value)
     assert ("topology.num_nodes=4 or more, now 1, the least memory allows, but the tables do not plan even with "
-            "topology.num_nodes=7: checked by planning") in msg, msg
+            "topology.num_nodes=7 (Table 's' allows only RW, none of which is possible on this topology or with the "
+            "global sharding_types (RW: 10 rows, fewer than the 56 ranks)): checked by planning") in msg, msg
     assert "; the others checked: the tables plan with each)" in msg
     # kernel dense replicates every table: the memory named is checked too
     with pytest.raises(PlanningError) as err:

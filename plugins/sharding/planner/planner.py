@@ -215,6 +215,7 @@ class NeoPlanner(Planner):
         # nodes, the memory): raised until the tables plan with them; 0: the memory bounds,
         # unchecked
         self.check_settings_s = float(check_settings_s)
+        self._unfit = ""  # why the last settings check refused, where not for memory (``_fits``)
         if not 0.0 <= reserve_fraction < 1.0:
             raise ConfigError(f"sharding.reserve_fraction={reserve_fraction} must lie in [0, 1).")
         if not 0.0 <= host_reserve_fraction < 1.0:
@@ -330,8 +331,9 @@ class NeoPlanner(Planner):
             low = scale
             if any(v >= limits.get(w, math.inf) for w, v in at(scale).items()):
                 return "limit"  # refused at the most the setting can be
-        if high is None:  # refused at every step: say how far it was checked
-            return "tried: " + ", ".join(f"{topology.config_keys[w][0]}={v:g}" for w, v in at(scale).items())
+        if high is None:  # refused at every step: say how far it was checked, and why where not memory
+            said = ", ".join(f"{topology.config_keys[w][0]}={v:g}" for w, v in at(scale).items())
+            return "tried: " + said + (f" ({self._unfit})" if self._unfit else "")
         for _ in range(2 if high > 1.0 else 0):
             mid = (low + high) / 2
             if time.perf_counter() > deadline:
@@ -349,11 +351,15 @@ class NeoPlanner(Planner):
         whatever the clock (refinement and the other restarts change the plan's speed, not
         whether it fits). Settings the tables cannot take there (a type no table can use on
         that many ranks) count as not fitting."""
+        self._unfit = ""
         try:
             search = self._prepared(tables, context)[-1]
             search.progress = None  # the check's own status says what is tried
             search.solve(False, max(deadline - time.perf_counter(), 1e-3), fit_targets=0)
-        except NeoError:
+        except PlanningError:
+            return False
+        except NeoError as exc:  # not memory: a setting the tables cannot take (said with the check)
+            self._unfit = str(exc).split("; ")[0].rstrip(".")
             return False
         return True
 
