@@ -96,6 +96,24 @@ class Entry(Generic[T]):
 
 
 FASTEST_NIC = 100e9  # bytes/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
+_DOUBTED: set[tuple[str, float, float]] = set()  # topologies warned of in this process
+
+
+def _unlike_defaults(group: str, entry: Any, params: Mapping[str, Any]) -> str:
+    """For a factory's TypeError: the values given whose kind is not their default's (text
+    where the default is a number, or the other way), which a parameter without an annotation
+    lets through unchecked."""
+    defaults = entry.parameters()
+    odd = []
+    for key, value in params.items():
+        default = defaults.get(key, inspect.Parameter.empty)
+        if default is inspect.Parameter.empty or default is None or value is None:
+            continue
+        number = (int, float)
+        if isinstance(value, str) != isinstance(default, str) or (
+                isinstance(default, number) and not isinstance(value, (*number, str))):
+            odd.append(f"{group}.{key}={value!r} (its default: {default!r})")
+    return f"; given a value unlike its default: {', '.join(odd)}" if odd else ""
 
 
 def _doubt_bandwidths(topology: Any, who: str) -> None:
@@ -107,6 +125,9 @@ def _doubt_bandwidths(topology: Any, who: str) -> None:
     if getattr(topology, "num_nodes", 1) < 2 or os.environ.get("RANK", "0") != "0":
         return
     inter, intra = topology.inter_node_bw, topology.intra_node_bw
+    if (who, inter, intra) in _DOUBTED:  # once per process (a sweep's check builds each job's too)
+        return
+    _DOUBTED.add((who, inter, intra))
     if inter > FASTEST_NIC:
         print(f"warning: {who} gives each rank {inter / 1e9:g} GB/s across nodes ({inter * 8 / 1e9:,.0f} Gb/s), "
               "faster than any scale-out NIC: a NIC's Gb/s is its GB/s x 8, and a NIC a node's ranks share is "
@@ -121,9 +142,9 @@ def _doubt_bandwidths(topology: Any, who: str) -> None:
 def meanwhile(*providers: str) -> str:
     """How to run until a clash between plugins of these providers is mended: leave a module
     named in NEO_PLUGINS out of it (those load even without autoload), or load the built-ins only."""
-    named = [p.removeprefix("NEO_PLUGINS ") for p in providers if p.startswith("NEO_PLUGINS ")]
+    named = list(dict.fromkeys(p.removeprefix("NEO_PLUGINS ") for p in providers if p.startswith("NEO_PLUGINS ")))
     if named:
-        return f"meanwhile leave {', '.join(named)} out of NEO_PLUGINS"
+        return f"meanwhile leave {' or '.join(named)} out of NEO_PLUGINS"
     return "meanwhile NEO_DISABLE_PLUGIN_AUTOLOAD=1 runs with the built-ins only"
 
 
@@ -280,13 +301,8 @@ class Registry(Generic[T]):
                     raise ConfigError(self.unknown_key(name, key))
             annotations = entry.annotations()
             for key, value in params.items():
-                annotation = annotations.get(key)
-                default = accepted.get(key, inspect.Parameter.empty)
-                if annotation is None and isinstance(default, (bool, int, float)):
-                    # none given: its default says the kind (a number: any number; a flag: a flag)
-                    annotation = "bool" if isinstance(default, bool) else "float"
                 try:
-                    params[key] = check_kind(f"{self.group}.{key}", value, annotation)
+                    params[key] = check_kind(f"{self.group}.{key}", value, annotations.get(key))
                 except ConfigError as exc:
                     if not _is_default(value, accepted.get(key, inspect.Parameter.empty)):
                         raise
@@ -308,13 +324,15 @@ class Registry(Generic[T]):
             made = entry.factory(**params)
         except (TypeError, ValueError) as exc:  # its verdict on a value; a TypeError may be a slip: where it was raised
             where = _raised_at(exc) if isinstance(exc, TypeError) else ""
-            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}{where}") from exc
+            raise ConfigError(f"{self.group}={name} ({entry.provider}): {exc}{where}{_unlike_defaults(self.group, entry, params)}") from exc
         except NeoError as exc:
             if entry.provider == BUILTIN or not isinstance(exc, ConfigError):
                 raise
             # a check of Neo's classes (Topology, CachePolicy...) on what a third-party factory gave
             # them: it names the class's field, which the user may not have typed: and what they typed
-            given = ", ".join(f"{self.group}.{k}={v!r}" for k, v in params.items() if k != "name")
+            defaults = entry.parameters()
+            given = ", ".join(f"{self.group}.{k}={v!r}" for k, v in params.items()
+                              if k != "name" and not _is_default(v, defaults.get(k, inspect.Parameter.empty)))
             made_from = f" (built by the plugin from {given})" if given else ""
             said = str(exc).rstrip(".") + made_from + "." if made_from else str(exc)
             raise ConfigError(f"{self.group}={name} ({entry.provider}): {said}") from exc

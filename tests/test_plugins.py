@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import sys
 import types
@@ -1091,21 +1092,25 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
         plugins.create("topology", "acme", {"nic_gbps": -1})
 
 
-def test_an_unannotated_parameter_is_checked_by_its_defaults_kind(tmp_path, monkeypatch) -> None:
+def test_an_unannotated_parameter_given_a_value_unlike_its_default_is_named_when_the_factory_fails(
+        tmp_path, monkeypatch) -> None:
     # topology.nic=fast reached the factory and failed inside it ("can't multiply sequence by
-    # non-int of type 'float'"), without the key
+    # non-int of type 'float'"), without the key; an unannotated parameter is the plugin's to
+    # check (it may take text or null where its default is a number), so it is named then
     _neo_plugins_module(tmp_path, monkeypatch, "my_loose", (
+        "import math\n"
         "from neo_core import hookimpl\n"
         "from neo_core.cache import CachePolicy\n\n\n"
-        "def loose(share=0.2, prefetch=False):\n"
+        "def loose(share=0.2, limit=0, latency=math.nan):\n"
         "    return CachePolicy(name='loose', load_factor=share * 1.0, algorithm='lru')\n\n\n"
         "@hookimpl\n"
         "def neo_register_cache_policies(registry):\n"
         "    registry.register('loose', loose)\n"
     ))
     plugins = load_plugins(autoload=False)
-    assert plugins.create("cache", "loose", {"share": 1}).load_factor == 1.0  # a whole number is a number
-    with pytest.raises(ConfigError, match=r"cache.share must be a number, got 'fast'\."):
+    # what the plugin may take is left to it: null, text and NaN where the default is a number
+    assert plugins.create("cache", "loose", {"share": 1, "limit": None, "latency": math.nan}).load_factor == 1.0
+    assert plugins.create("cache", "loose", {"limit": "1GiB"}).load_factor == 0.2
+    with pytest.raises(ConfigError, match=r"cache=loose \(NEO_PLUGINS my_loose\): can't multiply sequence .*; given "
+                                          r"a value unlike its default: cache.share='fast' \(its default: 0.2\)"):
         plugins.create("cache", "loose", {"share": "fast"})
-    with pytest.raises(ConfigError, match=r"cache.prefetch must be true or false, got 'yes'\."):
-        plugins.create("cache", "loose", {"prefetch": "yes"})
