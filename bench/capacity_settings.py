@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 continue  # a bound, not a checked value
             if "do not plan even with" in alternative:  # refused by planning at every step it checked
                 counts["settings said to plan at no step checked"] += 1
-                most = {k: float(v) for k, v in re.findall(r"even with .*?topology\.(\w+)=([\d.]+)", alternative)}
+                tried = alternative.split("even with ", 1)[1].split(": checked by planning")[0]
+                most = {k: float(v) for k, v in re.findall(r"topology\.(\w+)=([\d.]+)", tried)}  # every setting
                 if plans(tables, scaled(topo, most, 1.0), kwargs):  # the message's claim, checked again
                     failures.append({"seed": seed, "setting": alternative, "planned": True})
                 continue

@@ -424,9 +424,10 @@ HYDRA_SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"  # Hydra's default:
 
 
 def _remove_made_sweep_dir(sweeper: Any) -> None:
-    """Remove the sweep's folder where this launch made it (``check_run_dirs``, or Hydra's
-    default dated folder) and it holds nothing but the ``multirun.yaml`` Hydra wrote; a folder
-    that was there before the launch is left as it is."""
+    """Remove the sweep's folder where this launch made it (``check_run_dirs``, with the
+    folders it made around it; or the seconds folder of Hydra's dated default) and it holds
+    nothing but the ``multirun.yaml`` Hydra wrote; a folder that was there before the launch is
+    left as it is."""
     with contextlib.suppress(Exception):
         node = sweeper.config.hydra.sweep._get_node("dir")
         raw = node._value() if node is not None else None
@@ -435,8 +436,9 @@ def _remove_made_sweep_dir(sweeper: Any) -> None:
         if (str(folder) in _MADE_DIRS or dated) and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
             (folder / "multirun.yaml").unlink()
             folder.rmdir()
-            # the folders made around it: the day's and multirun/ (Hydra's), or those made here
-            top = _MADE_DIRS.get(str(folder), folder.parent.parent if dated else folder)
+            # the folders made here around it (Hydra's dated ones may hold other sweeps, or be
+            # the user's: they stay)
+            top = _MADE_DIRS.get(str(folder), folder)
             parent = folder
             while parent != top and parent.parent != parent:
                 parent = parent.parent
@@ -826,7 +828,7 @@ def check_run_dirs(argv: Sequence[str]) -> None:
             raise ConfigError(f"{name.lstrip('+')}={value}: {_tilde_not_expanded(value, name.lstrip('+') + '=')}")
         if "${" in value:  # Hydra resolves it
             continue
-        path = Path(value).absolute()
+        path = Path(os.path.abspath(value))  # as the sweep's folder is compared later (x/../y is y)
         problem = None
         if path.exists():
             if not path.is_dir():

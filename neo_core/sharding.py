@@ -318,6 +318,11 @@ class PlanResult:
         world = len(self.ranks)
         return self.batch_size_per_rank * world / step if step > 0 else math.inf
 
+    @property
+    def cached_tables(self) -> int:
+        """How many tables the plan puts in host memory behind the device cache."""
+        return sum(t.compute_kernel == "fused_uvm_caching" for t in self.tables)
+
     def types_note(self) -> str:
         """The plan note counting its tables by sharding type: ``types: DP 3, TW 20``."""
         counts: dict[str, int] = {}

@@ -69,7 +69,7 @@ SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
     # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
-    "types": (plan.types_note().removeprefix("types: "), "s"),
+    "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
     "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
 })
 

@@ -464,6 +464,11 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         f"chart: {tmp_path / 'summary.png'}",  # the same, to look at: a panel per result, a bar per job
     ]
     assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from neo_core.training.plots import plot_sweep  # an infinite result is drawn as n/a, not a failure
+
+    assert plot_sweep([("#0 a", {"samples/s": (math.inf, ",.0f")}), ("#1 b", {"samples/s": (5.0, ",.0f")})],
+                      tmp_path / "inf.png", "t")
+    assert not plot_sweep([("#0 a", {"types": ("TW 3", "s")})], tmp_path / "none.png", "t")  # nothing to draw
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
     assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)"]
     assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", ""]

@@ -562,10 +562,11 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
         "#0 : +topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
     # the summary says how each plan shards and where its traffic goes, as its plan.json does
     plan = json.loads((tmp_path / "0" / "plan.json").read_text())
-    inter = sum(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
-    types = next(n for n in plan["notes"] if n.startswith("types: ")).removeprefix("types: ")
+    intra, inter = (sum(r["comm_bytes"].get(k, 0.0) for r in plan["ranks"]) / 2**20 for k in ("intra_node", "inter_node"))
+    types = next(n for n in plan["notes"] if n.startswith("types: ")).removeprefix("types: ").replace(", ", " + ")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("  #0 model=mlperf_dcnv2:"))
-    assert f"types {types}, intra-node " in row and f"inter-node {inter:,.0f} MiB" in row, row
+    assert intra > 0 and " + " in types, (intra, types)  # one node: its traffic stays inside it
+    assert f"types {types}, intra-node {intra:,.0f} MiB, inter-node {inter:,.0f} MiB" in row, row
 
 
 @pytest.mark.slow

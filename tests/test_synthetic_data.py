@@ -124,6 +124,11 @@ def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
     assert data.tables(8)[0].embedding_dim == 8 and data.tables(8)[1].embedding_dim == 16  # its own dim is kept
     with pytest.raises(ConfigError, match=r"data.tables: tables\[0\] \('a'\) lacks num_embeddings"):
         synthetic(tables=[{"name": "a"}])
+    # one feature a table: two made the model's input layout differ from the data's (a crash
+    # in TorchRec's input distribution at the first step)
+    with pytest.raises(ConfigError, match=r"data.tables\[0\] \('a'\) lists 2 features; synthetic data gives each "
+                                          r"table one"):
+        synthetic(tables=[{"name": "a", "num_embeddings": 9, "feature_names": ["f1", "f2"]}])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2",
                                           "trainer.val_batches=1", "trainer.progress_bar=false",

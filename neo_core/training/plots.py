@@ -75,7 +75,8 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]]]], path: Path, t
     colors = [f"C{kinds.index(str(row[key][0]))}" if key else "C0" for _, row in jobs]
     for ax, column in zip(axes[0], columns):
         values = [row.get(column, (math.nan,)) for _, row in jobs]
-        numbers = [float(v[0]) if isinstance(v[0], (int, float)) and v[0] is not None else math.nan for v in values]
+        numbers = [float(v[0]) if isinstance(v[0], (int, float)) and math.isfinite(v[0]) else math.nan
+                   for v in values]  # not measured, or infinite (a plan of no step time): n/a
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
         top = max([n for n in numbers if not math.isnan(n)], default=1.0) or 1.0
         for yi, n, v in zip(y, numbers, values):

@@ -1078,7 +1078,7 @@ def _write_results(
         **settings,
         "segments": segments,  # [{from_step, to_step, and the settings above}], one per resumed stretch
         # tables the plan put behind the device cache: 0 where the cache chosen is not used (CPU ranks)
-        "cached_tables": sum(a.compute_kernel == "fused_uvm_caching" for a in module.plan.tables) if module.plan else 0,
+        "cached_tables": module.plan.cached_tables if module.plan else 0,
         "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],

@@ -238,6 +238,12 @@ def _listed_tables(tables: Any) -> tuple[list[TableSpec], list[bool]]:
         if isinstance(item, dict):
             own.append("embedding_dim" in item)
             item.setdefault("embedding_dim", 4)  # a stand-in, replaced by the model's
+            features = item.get("feature_names")
+            if isinstance(features, (list, tuple)) and len(features) > 1:
+                raise ConfigError(
+                    f"data.tables[{n}] ({item.get('name')!r}) lists {len(features)} features; synthetic data gives "
+                    "each table one, named after it: leave feature_names out (or give one name)."
+                )
             item.setdefault("feature_names", [str(item.get("name", f"t{n}"))])
         filled.append(item)
     try:

@@ -1080,3 +1080,15 @@ def test_a_table_whose_allowed_types_are_all_impossible_is_told_why():
     with pytest.raises(ConfigError, match=r"allows only CW, .*\(CW: not in sharding.sharding_types\)"):
         plan_tables(tables, {"name": "local", "world_size": 2}, 64, table_sharding_types={"a": ["CW"]},
                     sharding_types=["TW", "DP"])
+
+
+def test_a_plan_counts_the_tables_it_puts_behind_the_cache():
+    # metrics.json's cached_tables: 0 on CPU ranks; on a GPU cluster too small for the tables
+    # on device, every table is behind the cache
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 50_000_000, 128, 1.0) for i in range(4)]
+    small = zionex_topology(num_nodes=1, devices_per_node=2, device_memory_gib=4)
+    plan = plan_tables(tables, small, 512, cache={"name": "lru", "load_factor": 0.05}, check_settings_s=0)
+    assert plan.cached_tables == 4
+    assert plan_tables(tables[:1], "zionex", 512, cache={"name": "lru", "load_factor": 0.05}).cached_tables == 0
