@@ -129,6 +129,9 @@ def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"data.tables\[0\] \('a'\) lists 2 features; synthetic data gives each "
                                           r"table one"):
         synthetic(tables=[{"name": "a", "num_embeddings": 9, "feature_names": ["f1", "f2"]}])
+    with pytest.raises(ConfigError, match=r"data.tables gives the tables, which data.rows would also give; leave it "
+                                          r"out"):  # it was silently ignored
+        synthetic(tables=listed, rows=[10, 20])
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2",
                                           "trainer.val_batches=1", "trainer.progress_bar=false",

@@ -211,6 +211,14 @@ def synthetic(
         if not is_number(value) or not math.isfinite(value):
             raise ConfigError(f"data.{key} must be a finite number, got {value!r}.")
     if tables is not None:
+        given = [f"data.{key}" for key, value, default in (
+            ("num_sparse", num_sparse, 26), ("rows", rows, DEFAULT_ROWS), ("pooling", pooling, DEFAULT_POOLING))
+            if (list(value) if isinstance(value, (list, tuple)) else value)
+            != (list(default) if isinstance(default, (list, tuple)) else default)]
+        if given:  # they would be silently ignored
+            raise ConfigError(f"data.tables gives the tables, which {', '.join(given)} would also give; leave "
+                              f"{'it' if len(given) == 1 else 'them'} out (each table's rows and pooling_factor "
+                              "go in its entry).")
         specs, own_dims = _listed_tables(tables)
         return SyntheticData(num_dense, [t.num_embeddings for t in specs], [t.pooling_factor for t in specs],
                              zipf_alpha, dense_scale, sparse_scale, bias, seed, specs, own_dims)
