@@ -263,10 +263,12 @@ class SweepFailures:
         where = self.sweep_dir or (where.parent if str(where) in folders else where)
         columns = list(dict.fromkeys(c for overrides, row in self.done.values() for c in row))
         units = {c: v[2] for _, row in self.done.values() for c, v in row.items() if len(v) > 2}
+        # what tells the jobs apart, in the list and on the chart
+        labels = {num: " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)" for num in nums}
         so_far = f" so far, the sweep stopped at job #{stopped}" if stopped is not None else ""
         print(f"sweep results{so_far} ({where / 'summary.csv'}):")
         for num in nums:
-            label = " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)"
+            label = labels[num]
             if num in self.done:
                 row = self.done[num][1]
                 said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
@@ -289,7 +291,6 @@ class SweepFailures:
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
-        labels = {num: " ".join(w for w in words[num] if w not in common) or f"#{num}" for num in nums}
         try:  # the same, to look at
             from neo_core.training.plots import plot_sweep
 

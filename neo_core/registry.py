@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -120,8 +121,6 @@ def _doubt_bandwidths(topology: Any, who: str) -> None:
     """Warn of a plugin topology's bandwidths that are most often a slip: a per-rank
     inter-node figure faster than any NIC (a NIC's Gb/s typed as GB/s, or a node's one NIC
     given to each of its ranks), or node-internal links slower than the network."""
-    import sys
-
     if getattr(topology, "num_nodes", 1) < 2 or os.environ.get("RANK", "0") != "0":
         return
     inter, intra = topology.inter_node_bw, topology.intra_node_bw

@@ -13,6 +13,7 @@ logged loss was the second pass's. :class:`OneClosureOptimizer` runs the closure
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -328,19 +329,11 @@ class NeoModule(pl.LightningModule):
         """The 10th and 90th percentile of the per-step samples/s over the steps
         ``samples_per_second`` counts: how steady the rate was (None below 10 such steps, too
         few to say)."""
-        times = self._step_times[self.warmup_steps(warmup):]
-        if len(times) < 10:
-            return None
-        rates = sorted(self.global_batch_size / t for t in times if t > 0)
+        rates = [self.global_batch_size / t for t in self._step_times[self.warmup_steps(warmup):] if t > 0]
         if len(rates) < 10:
             return None
-
-        def at(q: float) -> float:  # linear interpolation between the closest ranks
-            x = q * (len(rates) - 1)
-            lo = int(x)
-            return rates[lo] + (rates[min(lo + 1, len(rates) - 1)] - rates[lo]) * (x - lo)
-
-        return at(0.1), at(0.9)
+        deciles = statistics.quantiles(rates, n=10, method="inclusive")  # linear between the closest ranks
+        return deciles[0], deciles[-1]
 
     def warmup_steps(self, warmup: int = 5) -> int:
         """How many of this run's first steps ``samples_per_second`` leaves out."""

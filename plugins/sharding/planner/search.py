@@ -295,6 +295,7 @@ class Search:
         # each table-wise (one-shard) table's rank, shard time and memory, -1 for others, built
         # when a swap first asks (``_singles``)
         self._single: tuple[np.ndarray, ...] | None = None
+        self._least_cache: tuple[np.ndarray, np.ndarray] | None = None  # ``least_cache_bytes``, once
         ot = np.stack([o.shard_time for o in options])  # (O, T)
         valid = np.stack([o.valid for o in options])
         self.total = np.where(valid, ot * np.array([o.num_shards for o in options])[:, None], np.inf)
@@ -1750,7 +1751,7 @@ class Search:
         ask for a lower load factor."""
         if self.model.cache_load_factor is None:
             return None
-        if getattr(self, "_least_cache", None) is None:
+        if self._least_cache is None:
             tiny = copy.copy(self.model)
             tiny.cache_load_factor = 1e-12
             shard = np.stack([
