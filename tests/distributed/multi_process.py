@@ -6,6 +6,7 @@ is a subclass that sets ``backend = "nccl"``.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import socket
 import tempfile
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from neo_core.training.interrupt import leave_process
 
 
 def free_port() -> int:
@@ -63,6 +66,9 @@ class MultiProcessRunner:
                         process.kill()
             out = Path(tmp)
             errors = [p.read_text() for p in sorted(out.glob("rank*.err"))] + errors
+            if errors:  # the Python stacks of a rank that a signal ended, where it left them
+                errors += [f"{p.stem}, ended by a signal:\n{p.read_text()}"
+                           for p in sorted(out.glob("rank*.fault")) if p.stat().st_size]
             assert not errors, "a rank failed:\n" + "\n".join(errors)
             return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
 
@@ -85,6 +91,10 @@ def _entry(
         LOCAL_WORLD_SIZE=str(world_size),
     )
     torch.set_num_threads(1)
+    # a rank killed by a signal (an abort inside gloo) leaves its Python stacks here for the report
+    fault = open(os.path.join(tmp, f"rank{rank}.fault"), "w")  # noqa: SIM115 - open until os._exit
+    faulthandler.enable(file=fault, all_threads=True)
+    code = 0
     try:
         dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
@@ -94,7 +104,11 @@ def _entry(
         dist.barrier()
     except BaseException:
         Path(tmp, f"rank{rank}.err").write_text(f"rank {rank}:\n{traceback.format_exc()}")
-        raise
+        code = 1
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    # out without the interpreter's teardown, as training's ranks leave: there a rank holding
+    # gloo's threads was seen to abort ("terminate called without an active exception") after
+    # its result was saved, failing a run whose ranks all agreed
+    leave_process(code)
