@@ -348,14 +348,14 @@ class NeoPlanner(Planner):
     def _fits(self, tables: Sequence[TableSpec], context: PlanningContext, deadline: float) -> bool:
         """Whether the search places every table within memory on ``context``: the capacity
         check, the first greedy, and the memory-priced runs, which run until one plan fits
-        whatever the clock (refinement and the other restarts change the plan's speed, not
-        whether it fits). Settings the tables cannot take there (a type no table can use on
-        that many ranks) count as not fitting."""
+        whatever the clock, and no further (refinement and the other restarts change the
+        plan's speed, not whether it fits). Settings the tables cannot take there (a type no
+        table can use on that many ranks) count as not fitting."""
         self._unfit = ""
         try:
             search = self._prepared(tables, context)[-1]
             search.progress = None  # the check's own status says what is tried
-            search.solve(False, max(deadline - time.perf_counter(), 1e-3), fit_targets=0)
+            search.solve(False, max(deadline - time.perf_counter(), 1e-3), first_fit=True)
         except PlanningError:
             return False
         except NeoError as exc:  # not memory: a setting the tables cannot take (said with the check)

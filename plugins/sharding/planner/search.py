@@ -889,9 +889,12 @@ class Search:
         wide_slack: float = 0.08,
         max_restarts: int = 24,
         fit_targets: int = 0,
+        first_fit: bool = False,
     ) -> float:
         """Greedy (+ refinement), then bound-guided restarts, then up to ``fit_targets``
         packing restarts (``fit_restarts``); keeps the plan with the lowest slowest rank.
+        ``first_fit``: stop at the first plan that places every table (whether one does is
+        what a check by planning asks; the runs after it change only its speed).
         Returns the first greedy's slowest rank (for the report; when that greedy
         could not place every table, ``first_unplaced``, the best memory-priced plan's).
 
@@ -908,7 +911,7 @@ class Search:
         """
         start = time.perf_counter()
         self.refined = refine  # whether its plans are refined (the why-lines say so)
-        args = (refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts, fit_targets)
+        args = (refine, time_budget_s, caps, slack, tolerances, wide_slack, max_restarts, fit_targets, first_fit)
         self.greedy_steps, self.decided = set(), {}
         self.host_shares_used = False
         try:
@@ -947,6 +950,7 @@ class Search:
         wide_slack: float,
         max_restarts: int,
         fit_targets: int = 0,
+        first_fit: bool = False,
     ) -> float:
         bound = self.lower_bound()
         self._best_news = f"no plan yet (bound {bound * 1e3:.3f})"  # this solve's, not an earlier one's
@@ -964,6 +968,8 @@ class Search:
                 self.refine(time_budget_s, target=target)
             best, snap = float(self.loads.max()), self.snapshot()
             plans = {first_plan}
+            if first_fit:
+                return first
         else:
             first, best, snap, plans = float("inf"), float("inf"), None, set()
         shard = np.stack([o.shard_time for o in self.opts])
@@ -991,7 +997,7 @@ class Search:
             extra = extra + mu * np.stack([o.cost.mem_host for o in self.opts]) * shards
             true_total = self.total
             for cap, factor in ((1.0, 1.0), (1.0, 1.5), (1.0, 2.0), (1.0, 3.0), (1.0, 0.85), (None, 1.0), (None, 0.85)):
-                if best <= bound * (1 + slack):
+                if best <= bound * (1 + slack) or (first_fit and snap is not None):
                     break
                 # safety stop only, and not before a plan fits (at most seven runs): whether
                 # one is found must not depend on the machine's speed
@@ -1009,6 +1015,9 @@ class Search:
         self.first_unplaced = unplaced is not None
         if unplaced is not None:
             first = best  # the report's "greedy" figure: the best memory-priced plan
+        if first_fit:
+            self.restore(snap)
+            return first
         runs = [(cap, tol0) for cap in caps]
         runs += [(cap, tol) for tol in tolerances for cap in (None, *caps)]
         for cap, tol in runs:
