@@ -240,7 +240,7 @@ class CostModel:
             # optimizer state are device memory; element-wise state stays in host memory, uncached
             miss = 1.0 - cache_hit_rate(self.cache_load_factor, t.hot)
             state = self.opt_row_bytes(cols)
-            on_device = state if self._rowwise_state() else np.zeros_like(state)
+            on_device = state if self.rowwise_state() else np.zeros_like(state)
             host = (1.0 / self.h2d_bw + 1.0 / self.dev_bw) * dev * self.dev_bw  # with the block penalty
             fwd = (n_ids * self.ib + n_out * cols * self.ob) * dev + n_ids * rb * spb
             bwd = ((n_out * cols * self.ob + 2.0 * n_ids * (rb + on_device)) * dev
@@ -258,7 +258,7 @@ class CostModel:
             bwd = bwd + n_ids * (self.id_bwd if fused else self.id_fwd)
         return fwd, bwd
 
-    def _rowwise_state(self) -> bool:
+    def rowwise_state(self) -> bool:
         """The optimizer keeps one state per row, not per element (row-wise Adagrad, SGD)."""
         kernel = self.context.kernel
         return kernel.optimizer_state_bytes(1, 2) == kernel.optimizer_state_bytes(1, 1)
@@ -286,7 +286,7 @@ class CostModel:
             # row-wise optimizer state stays in device memory (construct_split_state: "if
             # optimizer state is rowwise, optimizer is on device"); element-wise state goes to
             # host memory with the weights
-            if self._rowwise_state():
+            if self.rowwise_state():
                 return cache + opt, weights, weights, opt, zero, cache
             return cache, weights + opt, weights, opt, zero, cache
         return weights + opt, zero, weights, opt, zero, zero

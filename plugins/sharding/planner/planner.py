@@ -893,7 +893,7 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                 least = float(whole[np.isfinite(whole)].sum())
                 cache_fix = ""
                 state = ("4-byte row map" + (", LFU counter" if search.model.cache_algorithm == "lfu" else "")
-                         + (" and row-wise optimizer state" if search.model._rowwise_state() else ""))
+                         + (" and row-wise optimizer state" if search.model.rowwise_state() else ""))
                 in_batch = (f", {human_bytes(batch_bytes)} of it one batch's ids and pooled rows"
                             if batch_bytes >= 0.25 * least else "")
                 floor = (f"; a lower cache load_factor does not help: even at the least, the tables need "
