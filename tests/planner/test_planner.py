@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from neo_core.api import make_context, plan_tables
 from neo_core.cache import CachePolicy
 from neo_core.errors import ConfigError, PlanningError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
-from neo_core.sharding import ShardingType, TableSpec
+from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableSpec
 from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.report import save_all
 from neo_plugins.sharding.planner.tables import mlperf_dcnv2, production_like, zionex_12t
@@ -32,30 +34,17 @@ def mixed_tables() -> list[TableSpec]:
     ]
 
 
-def shard_bytes(result, tables, kernel: EmbeddingKernel) -> list[float]:
-    """Device bytes per rank recomputed from shard shapes alone (independent of the planner)."""
-    by_name = {t.name: t for t in tables}
-    per_rank = [0.0] * len(result.ranks)
-    for a in result.tables:
-        st = ShardingType(a.sharding_type)
-        t = by_name[a.name]
-        if st is ShardingType.DATA_PARALLEL:
-            rows, cols = t.num_embeddings, t.embedding_dim
-            size = rows * cols * (kernel.weight_bytes + 4) + kernel.optimizer_state_bytes(rows, cols)
-            for r in a.ranks:
-                per_rank[r] += size
-            continue
-        if st is ShardingType.TABLE_WISE:
-            pairs = [(a.ranks[0], a.shard_shapes[0])]
-        else:
-            pairs = list(zip(a.ranks, a.shard_shapes))
-        assert len(a.ranks) == len(a.shard_shapes) or st is ShardingType.TABLE_WISE
-        rows_total = sum(s[0] for s in a.shard_shapes)
-        cols_total = sum(s[1] for s in a.shard_shapes)
-        assert rows_total * cols_total >= t.num_embeddings * t.embedding_dim or st is ShardingType.TABLE_WISE
-        for r, (rows, cols) in pairs:
-            per_rank[r] += rows * cols * kernel.weight_bytes + kernel.optimizer_state_bytes(rows, cols)
-    return per_rank
+def assert_fits_recomputed(result: PlanResult, tables: list[TableSpec], ctx: PlanningContext) -> None:
+    """Every rank's device memory and every node's host memory, recomputed from the plan's
+    shards alone (not the planner's own figures), within the topology's."""
+    from tests.planner.test_memory_independent import RESERVE, memory_from_assignments
+
+    dev, host = memory_from_assignments(result, tables, ctx)
+    topo = ctx.topology  # host memory is a node's, shared by its ranks
+    nodes = host.reshape(topo.num_nodes, topo.devices_per_node).sum(axis=1)
+    usable = topo.device_memory * (1 - RESERVE)
+    assert (dev <= usable).all(), f"rank {dev.argmax()}: {dev.max():,.0f} device bytes of {usable:,.0f}"
+    assert (nodes <= topo.host_memory * topo.devices_per_node).all(), f"node {nodes.argmax()}: {nodes.max():,.0f}"
 
 
 def test_plan_is_explained_and_within_memory(tmp_path):
@@ -68,8 +57,7 @@ def test_plan_is_explained_and_within_memory(tmp_path):
         assert {"compute_fwd", "compute_bwd", "comm_fwd", "comm_bwd"} <= set(rep.time)
     for a in result.tables:
         assert a.why and a.ranks and a.shard_shapes
-    used = shard_bytes(result, tables, ctx.kernel)
-    assert max(used) <= ctx.topology.device_memory * 0.85
+    assert_fits_recomputed(result, tables, ctx)  # the shards tile each table, and fit
     text = result.format_text()
     assert "predicted step" in text and "big" in text
     paths = save_all(result, tmp_path)
@@ -144,6 +132,7 @@ def test_every_sharding_type_has_valid_ranks_and_shapes(stype):
             assert len(a.shard_shapes) == len(a.ranks)
         cols = {c for _, c in a.shard_shapes}
         assert all(t.embedding_dim % c == 0 for c in cols)
+    assert_fits_recomputed(result, tables, ctx)  # each table's shards cover it exactly once
 
 
 @pytest.mark.parametrize("stype", list(ShardingType))
@@ -163,10 +152,21 @@ def test_plans_build_torchrec_sharding_plans(stype):
         ],
         device=torch.device("meta"),
     )
+    from tests.planner.test_memory_independent import check_shards_tile
+
     result = planner.plan_module(ebc, tables, ctx)
     params = result.torchrec_plan.plan[""]
-    for t in tables:
-        assert params[t.name].sharding_type == stype.value
+    for t, a in zip(tables, result.tables):
+        ps = params[t.name]
+        assert ps.sharding_type == stype.value and a.name == t.name
+        if stype is ShardingType.DATA_PARALLEL:
+            assert ps.sharding_spec is None and sorted(ps.ranks) == list(range(8)), ps
+            continue
+        # the plan's shards, where the assignment puts them, covering the table exactly once
+        shards = ps.sharding_spec.shards
+        assert [m.placement.rank() for m in shards] == list(a.ranks), (ps, a)
+        assert [tuple(m.shard_sizes) for m in shards] == [tuple(s) for s in a.shard_shapes], (ps, a)
+        check_shards_tile(t.name, t.num_embeddings, t.embedding_dim, [(*m.shard_offsets, *m.shard_sizes) for m in shards])
 
 
 def test_data_parallel_only_kernel_replicates_everything():
@@ -193,10 +193,27 @@ def test_bad_input_is_rejected_with_a_clear_message():
 
 
 def test_deterministic():
+    # the same plan again in this process, and in two others whose string hashes differ (a set
+    # or dict of names iterated in hash order would change the plan between runs)
+    import subprocess
+    import sys
+
     tables = production_like(120, seed=3, max_rows=2_000_000)
     a = plan_tables(tables, cluster(), 512)
     b = plan_tables(tables, cluster(), 512)
-    assert [(x.sharding_type, x.ranks) for x in a.tables] == [(x.sharding_type, x.ranks) for x in b.tables]
+    here = [(x.sharding_type, x.ranks, [tuple(s) for s in x.shard_shapes]) for x in a.tables]
+    assert here == [(x.sharding_type, x.ranks, [tuple(s) for s in x.shard_shapes]) for x in b.tables]
+    script = (
+        "from neo_core.api import plan_tables; from tests.planner import cluster; "
+        "from neo_plugins.sharding.planner.tables import production_like; "
+        "r = plan_tables(production_like(120, seed=3, max_rows=2_000_000), cluster(), 512); "
+        "print(repr([(x.sharding_type, x.ranks, [tuple(s) for s in x.shard_shapes]) for x in r.tables]))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True,
+                             env={**os.environ, "PYTHONHASHSEED": seed})
+        assert out.stdout.strip() == repr(here), (seed, out.stderr[-2000:])
 
 
 def test_plans_do_not_depend_on_the_machines_speed(monkeypatch):
@@ -496,11 +513,10 @@ def test_cache_places_tables_in_host_memory_when_device_is_too_small():
     topo = cluster(mem_gib=8.0)
     with pytest.raises(PlanningError):
         plan_tables(tables, topo, 256)
-    result = plan_tables(tables, topo, 256, cache=CachePolicy("lru", load_factor=0.1))
+    ctx = make_context(topo, 256, cache=CachePolicy("lru", load_factor=0.1))
+    result = NeoPlanner().plan(tables, ctx)
     assert any(a.compute_kernel == "fused_uvm_caching" for a in result.tables)
-    for rep in result.ranks:
-        assert rep.memory_total <= rep.memory_capacity
-        assert sum(rep.host_memory.values()) <= rep.host_memory_capacity
+    assert_fits_recomputed(result, tables, ctx)
     # the report shows device memory by kind and host memory, per rank
     text = result.format_text().splitlines()
     header = next(line for line in text if line.strip().startswith("rank"))
@@ -567,8 +583,9 @@ def test_twelve_trillion_parameters_fit_on_zionex():
     kernel = EmbeddingKernel("fused", "fused", weight_bytes=2)
     tables = zionex_12t()
     assert abs(sum(t.num_parameters for t in tables) / 1e12 - 12) < 0.1
-    result = plan_tables(tables, "zionex", 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
-    assert all(r.memory_total <= r.memory_capacity for r in result.ranks)
+    ctx = make_context({"name": "zionex"}, 512, kernel=kernel, cache=CachePolicy("lru", load_factor=0.05))
+    result = NeoPlanner().plan(tables, ctx)
+    assert_fits_recomputed(result, tables, ctx)
 
 
 def test_capacity_error_names_the_memory_that_is_short():
@@ -971,8 +988,6 @@ def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
 def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_runs():
     # 12T with a 10% LFU cache (8 bytes of cache state per row): the first greedy leaves one
     # table 46 KB short of every rank; the memory-priced runs fit every table
-    from tests.planner.test_memory_independent import RESERVE, memory_from_assignments
-
     tables = zionex_12t()
     ctx = make_context({"name": "zionex"}, 65536 // 128, kernel=EmbeddingKernel("fused", "fused", weight_bytes=2),
                        cache=CachePolicy("lfu", load_factor=0.1))
@@ -980,10 +995,7 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
     # plan that fits, never before (whether a plan is found must not depend on the clock)
     planner = NeoPlanner(time_budget_s=0.2)
     result = planner.plan(tables, ctx)
-    dev, host = memory_from_assignments(result, tables, ctx)
-    topo = ctx.topology  # host memory is a node's, shared by its ranks
-    nodes = host.reshape(topo.num_nodes, topo.devices_per_node).sum(axis=1)
-    assert (dev <= topo.device_memory * (1 - RESERVE)).all() and (nodes <= topo.host_memory * topo.devices_per_node).all()
+    assert_fits_recomputed(result, tables, ctx)
     assert result.predicted_step_time <= 1.5 * planner.last_search.step_bound()
     assert any(n.startswith("the first greedy left a table that fits no rank") for n in result.notes)
     assert any(n.startswith("wall-clock safety stop reached") for n in result.notes)
