@@ -80,6 +80,29 @@ def test_two_rank_training_learns_the_hidden_signal(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_two_ranks_train_the_whole_model_as_one_process_does(tmp_path: Path) -> None:
+    # the full trainer (DLRM, dense layers under DDP, sharded tables) on 2 ranks of 128 samples
+    # against 1 rank of 256: every global batch is the same, so the held-out loss after 40 steps
+    # must be too. Row-wise shards on 2 ranks, whole tables on 1. SGD on both sides: a
+    # replicated table keeps full Adagrad state where a sharded one keeps row-wise state, so
+    # under Adagrad plans with different types train slightly differently by design.
+    from neo_core.training.run import train
+
+    common = ["trainer.max_steps=40", "trainer.val_batches=4", "trainer.progress_bar=false",
+              "trainer.checkpoint=false", "kernel.optimizer=sgd", "trainer.dense_optimizer=sgd",
+              "kernel.learning_rate=1.0", "trainer.dense_learning_rate=1.0"]
+    one = train(composed([*common, "trainer.world_size=1", "trainer.batch_size=256"], tmp_path / "one"))
+    two = train(composed([*common, "trainer.world_size=2", "trainer.batch_size=128",
+                          "+sharding.sharding_types=[RW]"], tmp_path / "two"))
+    plan = json.loads((tmp_path / "two" / "plan.json").read_text())
+    assert {t["sharding_type"] for t in plan["tables"]} == {"row_wise"}
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-7, abs=0), (one["val_loss"], two["val_loss"])
+    assert two["val_auc"] > 0.65, two["val_auc"]  # it learnt: the check is not of untrained models
+    assert two["val_auc"] == pytest.approx(one["val_auc"], abs=1e-6)
+
+
+@pytest.mark.slow
 def test_hierarchical_types_run_on_a_topology_of_several_nodes_on_this_machine(tmp_path: Path) -> None:
     # (runs and keeps to the nodes; their numbers against one process are checked in
     # tests/distributed/test_sharding_equivalence.py and test_planned_training.py)
