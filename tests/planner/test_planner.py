@@ -974,14 +974,20 @@ def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
     from neo_core.cache import CachePolicy
     from neo_plugins.topology.zionex import zionex_topology
 
-    tables = [TableSpec(f"t{i}", 6_000_000, 64, 8.0) for i in range(16)]
-    result = plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
-                         cache=CachePolicy("lru", load_factor=0.05))
-    cached = [a for a in result.tables if a.compute_kernel == "fused_uvm_caching"]
-    assert cached
-    for a in cached:
-        assert "host memory behind device cache" in a.why
-        assert re.search(r"least total would be \S+ on device .*, more device memory per shard$", a.why), a.why
+    # (even tables uniform, odd ones with half their lookups on their hottest 1% of rows)
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 8.0, hot_fraction=0.5 if i % 2 else None) for i in range(16)]
+    for policy in ("lru", "lfu"):
+        result = plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                             cache=CachePolicy(policy, load_factor=0.05))
+        cached = [a for a in result.tables if a.compute_kernel == "fused_uvm_caching"]
+        assert cached
+        for a in cached:
+            assert "host memory behind device cache" in a.why
+            assert re.search(r"least total would be \S+ on device .*, more device memory per shard$", a.why), a.why
+            # the hit rate the time assumes: the load factor for uniform rows, 0.5 + 0.5 x 0.04/0.99
+            # with half the lookups on the hottest 1%; the eviction policy does not change it
+            rate = "52%" if int(a.name[1:]) % 2 else "5%"
+            assert f"(predicted hit rate {rate}, for LRU and LFU alike)" in a.why, a.why
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from neo_plugins.sharding.planner.cost import (
     CostModel,
     CostParams,
     TableArrays,
+    cache_hit_rate,
 )
 from neo_plugins.sharding.planner.search import (
     ALL,
@@ -1062,6 +1063,9 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
     }[st]
     if opt.placement == CACHED:
         reason += ", host memory behind device cache"
+        if model.cache_load_factor is not None:  # the hit rate the times assume, whichever eviction
+            hit = float(cache_hit_rate(model.cache_load_factor, t.hot[i : i + 1])[0])
+            reason += f" (predicted hit rate {hit:.0%}, for LRU and LFU alike)"
     others = [o for o in search.opts if o.sharding_type is not st]  # none: only DP was allowed
     if st is ShardingType.DATA_PARALLEL and not others:  # no choice was made
         reason = "replicated: the only sharding type allowed" + ("" if fused else " with this kernel")
