@@ -621,6 +621,9 @@ def check_group_options(
                 if group == "plan_model" and not close:  # a table set of one's own is a file, not an option
                     own = (f" Tables of your own: a file {group}/<name>.yaml in a --config-dir, with "
                            "'generator: listed' and params.tables (docs/planner.md).")
+                if group == "compression" and option.lower() in ("fp8", "int8"):  # a backward precision
+                    own = (f" {option.lower()} is a precision of the backward pass only: e.g. {key}=fp16 "
+                           f"{key}.backward={option.lower()} (the option names the forward precision).")
                 raise ConfigError(
                     f"Unknown {key} option {option!r}{hint}; choose one of {', '.join(choices)}.{own}{_failed_note()}"
                 )

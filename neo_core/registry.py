@@ -60,6 +60,13 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
     return int(value) if text == "int" else value
 
 
+# a key no plugin of the group takes but users reach for: where its setting is given instead
+KEY_NOTES = {
+    ("compression", "forward"): "The forward precision is the option's name (compression=bf16 sends bf16 "
+                                "forward); compression.backward sets the backward one.",
+}
+
+
 @dataclass(frozen=True)
 class Entry(Generic[T]):
     """A registered plugin: its name, factory and where it came from."""
@@ -285,6 +292,8 @@ class Registry(Generic[T]):
                 + f" {self.group}.{match} is a key of {', '.join(map(repr, owners[match]))}: select one "
                 f"with it, e.g. {self.group}={owners[match][0]} {self.group}.{match}=<value>."
             )
+        if not hint and (self.group, key) in KEY_NOTES:
+            hint = " " + KEY_NOTES[self.group, key]
         if not accepted:
             return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}, which takes no keys.{hint}"
         return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} Its keys: {', '.join(accepted)}."

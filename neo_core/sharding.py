@@ -185,8 +185,11 @@ def plan_settings(context: PlanningContext) -> dict[str, Any]:
         "kernel": context.kernel.name,
         "compression": {"name": context.compressor.name, "forward": context.compressor.forward_precision,
                         "backward": context.compressor.backward_precision},
-        "cache": {"name": context.cache.name, "algorithm": context.cache.algorithm,
-                  "load_factor": context.cache.load_factor},
+        # eviction and prefetch only where something is cached (a load factor)
+        "cache": {"name": context.cache.name,
+                  "algorithm": context.cache.algorithm if context.cache.load_factor is not None else None,
+                  "load_factor": context.cache.load_factor,
+                  "prefetch_pipeline": bool(context.cache.prefetch_pipeline and context.cache.load_factor is not None)},
     }
 
 
@@ -197,7 +200,8 @@ def settings_note(context: PlanningContext) -> str:
     # FBGEMM's cache evicts by LRU or LFU: a policy of another name says which of the two it is
     evicts = f"{cache.algorithm.upper()} eviction, " if cache.name.lower() not in ("lru", "lfu", "none") else ""
     if cache.load_factor:
-        share = f" ({evicts}load factor {cache.load_factor})"
+        prefetch = ", prefetch pipeline" if cache.prefetch_pipeline else ""
+        share = f" ({evicts}load factor {cache.load_factor}{prefetch})"
     elif cache.name != "none" and context.topology.compute_device == "cuda" and not context.kernel.data_parallel_only:
         share = " (no load_factor: nothing is cached; give one, e.g. 0.2)"
     weights = {4: "fp32", 2: "fp16", 1: "int8"}.get(context.kernel.weight_bytes, f"{context.kernel.weight_bytes}-byte")
@@ -521,6 +525,10 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
     unused = [f"cache {cache.name}"] if cache.load_factor is not None else []
     unused += [f"compression {compressor.name}"] if compressed else []
     all_dp = bool(plan.tables) and all(t.sharding_type == "data_parallel" for t in plan.tables)
+    if compressed and context.topology.world_size == 1 and not (context.kernel.data_parallel_only or all_dp):
+        notes.append(f"compression {compressor.name} not used: one rank exchanges no pooled embeddings, so "
+                     "nothing is sent in reduced precision (its quality effect shows on 2 ranks or more)")
+        unused, compressed = [u for u in unused if not u.startswith("compression ")], False
     if unused and (context.kernel.data_parallel_only or all_dp):
         why = (
             f"kernel {context.kernel.name} replicates every table (data parallel)"
@@ -550,7 +558,7 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
         if asked != sent
     ]
     split = [t for t in plan.tables if t.sharding_type in _ROW_SPLIT]
-    if changed and split:
+    if changed and split and compressed:
         names = ", ".join(t.name for t in split[:5]) + (f" and {len(split) - 5} more" if len(split) > 5 else "")
         notes.append(
             f"compression {compressor.name}: TorchRec has no fp8 reduce-scatter, so in the row-split "

@@ -279,6 +279,20 @@ def test_a_group_option_is_checked_against_the_config_folder(arg: str, message: 
                         nullable=("experiment",))
 
 
+def test_a_backward_precision_given_as_the_compression_option_says_where_it_goes() -> None:
+    from neo_core.plugins import get_plugins
+
+    for arg in ("compression=fp8", "compression=INT8"):
+        with pytest.raises(ConfigError) as err:
+            check_group_options([arg], ROOT / "conf", ("compression",))
+        precision = arg.split("=")[1].lower()
+        assert (f"{precision} is a precision of the backward pass only: e.g. compression=fp16 "
+                f"compression.backward={precision}") in str(err.value), str(err.value)
+    # compression.forward: the forward precision is the option's name
+    message = get_plugins().registry("compression").unknown_key("fp16", "forward")
+    assert "The forward precision is the option's name (compression=bf16 sends bf16 forward)" in message, message
+
+
 def test_groups_of_an_added_config_dir_are_groups(tmp_path) -> None:
     (tmp_path / "scheduler").mkdir()
     for argv in (["-cd", str(tmp_path)], [f"--config-dir={tmp_path}"], ["--config-dir", str(tmp_path)]):

@@ -1162,6 +1162,12 @@ def test_plan_json_holds_the_tables_and_settings_its_figures_come_from(tmp_path)
     data = json.loads((tmp_path / "plan.json").read_text())
     assert data["settings"]["weight_bytes"] == 2 and data["settings"]["optimizer"] == "rowwise_adagrad"
     assert data["settings"]["compression"]["forward"] and data["settings"]["cache"]["name"] == "none"
+    # no cache: no eviction or prefetch to name (it said algorithm lru)
+    assert data["settings"]["cache"] == {"name": "none", "algorithm": None, "load_factor": None,
+                                         "prefetch_pipeline": False}
+    cached = plan_tables(tables, cluster(1, 2), 256, cache=CachePolicy("lru", 0.1, prefetch_pipeline=True))
+    assert cached.settings["cache"] == {"name": "lru", "algorithm": "lru", "load_factor": 0.1, "prefetch_pipeline": True}
+    assert "cache lru (load factor 0.1, prefetch pipeline)" in cached.notes[0]
     spec = {t["name"]: t["spec"] for t in data["tables"]}
     assert spec["a"] == {"num_embeddings": 1_000_000, "embedding_dim": 64, "pooling_factor": 3.0, "hot_fraction": 0.4}
     # each rank's weights, from the file alone: rows x dim x bytes per weight of its tables

@@ -138,7 +138,12 @@ def test_cache_and_compression_unused_by_the_dense_kernel_are_noted() -> None:
     assert [n for n in sharded.notes if "not used" in n] == [
         "cache lru not used: every table was placed in device memory, which is faster; a table goes to host "
         "memory behind the cache only where device memory cannot hold it"], sharded.notes
-
+    # one rank: nothing is exchanged, so nothing in reduced precision (its runs' AUCs were identical)
+    one = make_context({"name": "local", "world_size": 1}, 256, compressor="fp16")
+    notes = NeoPlanner(sharding_types=["TW"]).plan(tables, one).notes
+    assert [n for n in notes if "not used" in n] == [
+        "compression fp16 not used: one rank exchanges no pooled embeddings, so nothing is sent in reduced "
+        "precision (its quality effect shows on 2 ranks or more)"], notes
 
 
 def test_plans_of_a_data_parallel_only_kernel_note_what_they_leave_unused_whichever_planner() -> None:
