@@ -270,9 +270,7 @@ class SweepFailures:
         for num in nums:
             label = labels[num]
             if num in self.done:
-                row = self.done[num][1]
-                said = ", ".join(f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0])
-                                 else f"{c} n/a" for c, v in row.items())
+                said = ", ".join(_said(self.done[num][1]))
             elif num in halted:
                 said = "stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"
             else:
@@ -294,7 +292,7 @@ class SweepFailures:
         try:  # the same, to look at
             from neo_core.training.plots import plot_sweep
 
-            if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1]) for num in nums if num in self.done],
+            if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1] if num in self.done else None) for num in nums],
                           where / "summary.png", f"sweep results ({where})"):
                 print(f"chart: {where / 'summary.png'}")
         except (OSError, ImportError, ValueError) as exc:
@@ -313,6 +311,26 @@ class SweepFailures:
         print(f"{len(self.jobs)} job(s) of the sweep failed{why}:", file=sys.stderr)
         print_failed_jobs(self.jobs)
         raise SystemExit(1 if self.internal else 2)
+
+
+SPREAD = (" p10", " p90")  # a result's per-step spread: "<column> p10", "<column> p90" beside "<column>"
+
+
+def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
+    """A finished job's results as the summary prints them: "samples/s 39,955 (per step
+    28,661-64,730)" (the spread folded into its column), an empty text result left out."""
+    said = []
+    for c, v in row.items():
+        if (c.endswith(SPREAD) and c[: -len(SPREAD[0])] in row) or (v[1] == "s" and not v[0]):
+            continue
+        text = f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0]) else f"{c} n/a"
+        low, high = row.get(c + SPREAD[0]), row.get(c + SPREAD[1])
+        if low and high and _measured(low[0]) and _measured(high[0]):
+            stalled = _measured(v[0]) and v[0] < low[0]  # the whole run slower than most of its steps
+            text += (f" (per step {format(low[0], low[1])}-{format(high[0], high[1])}"
+                     f"{'; slower overall: some steps stalled' if stalled else ''})")
+        said.append(text)
+    return said
 
 
 def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) -> None:

@@ -71,6 +71,8 @@ SWEEP = SweepFailures(lambda plan: {
     # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
     "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
     "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
+    # tables in host memory behind the device cache: a larger cache can move more there
+    "cached tables": (plan.cached_tables, ""),
 })
 
 

@@ -105,10 +105,28 @@ def config_flags(argv: list[str]) -> list[str]:
 
 
 # the jobs of a -m sweep (SweepFailures): their results side by side, the failed ones' messages
-SWEEP = SweepFailures(lambda metrics: {
-    "val AUC": (metrics.get("val_auc", math.nan), ".4f"), "val loss": (metrics.get("val_loss", math.nan), ".4f"),
-    "samples/s": (metrics.get("samples_per_sec", math.nan), ",.0f"), "steps": (metrics.get("steps"), ""),
-} if metrics else {})
+def sweep_row(metrics: dict) -> dict:
+    """A finished job's results for the sweep's summary: quality, speed with its per-step
+    spread (``<column> p10``/``p90``: folded into the speed's line and drawn as whiskers), the
+    plan's predicted step, and what the speed is of (ranks, global batch, cached tables, the
+    chosen settings the run did not use)."""
+    if not metrics:
+        return {}
+    spread = metrics.get("samples_per_sec_p10_p90") or (math.nan, math.nan)
+    predicted = metrics.get("predicted_step_time_s")
+    return {
+        "val AUC": (metrics.get("val_auc", math.nan), ".4f"), "val loss": (metrics.get("val_loss", math.nan), ".4f"),
+        "samples/s": (metrics.get("samples_per_sec", math.nan), ",.0f"),
+        "samples/s p10": (spread[0], ",.0f"), "samples/s p90": (spread[1], ",.0f"),
+        "predicted step": (predicted * 1e3 if predicted is not None else math.nan, ".3f", "ms"),
+        "steps": (metrics.get("steps"), ""), "ranks": (metrics.get("world_size"), ""),
+        "global batch": (metrics.get("global_batch_size"), ","),
+        "cached tables": (metrics.get("cached_tables"), ""),
+        "not used": (", ".join(metrics.get("not_used") or []), "s"),
+    }
+
+
+SWEEP = SweepFailures(sweep_row)
 
 
 def _typed_overrides() -> list[str]:

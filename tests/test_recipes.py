@@ -539,7 +539,7 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
         ((), "cache lru (load factor 0.1)"),  # no cache selected: LRU at the model's share
         (("cache=none",), "cache none"),  # said so: no cache
         (("cache.load_factor=0.3",), "cache lru (load factor 0.3)"),  # a share alone: LRU at it
-        (("cache.prefetch_pipeline=true",), "cache lru (load factor 0.1)"),  # another cache key alone: LRU
+        (("cache.prefetch_pipeline=true",), "cache lru (load factor 0.1, prefetch pipeline)"),  # another key alone: LRU
     ],
     ids=["model-share", "user-share", "default-lru", "said-none", "share-alone", "prefetch-alone"],
 )
@@ -621,6 +621,41 @@ def test_a_sweep_with_a_job_that_would_fail_starts_none(tmp_path: Path) -> None:
                       f"hydra.sweep.dir={tmp_path / 'sweep'}", env={**subprocess_env(), "NEO_SKIP_SWEEP_CHECK": "1"})
     assert proc.returncode == 2 and "2 job(s) of the sweep failed" in proc.stderr, proc.stderr[-3000:]
     assert (tmp_path / "sweep" / "1" / "error.txt").read_text().startswith("Unknown key trainer.max_step.")
+
+
+def test_a_training_sweeps_summary_says_what_its_speeds_are_of(tmp_path: Path, capsys, monkeypatch) -> None:
+    # a cache sweep on CPU ranks: identical runs whose samples/s differed by a stall; the summary
+    # gave the mean alone and did not say the cache was not used
+    import csv
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_recipe_rows", ROOT / "recipes" / "train.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    from neo_core.cli import SweepFailures
+
+    monkeypatch.chdir(tmp_path)
+    sweep = SweepFailures(recipe.sweep_row)
+    base = {"val_auc": 0.8114, "val_loss": 0.5208, "steps": 100, "world_size": 2, "global_batch_size": 512,
+            "cached_tables": 0, "not_used": ["cache lru"], "predicted_step_time_s": 0.00123}
+    runs = {0: {**base, "samples_per_sec": 7_333.0, "samples_per_sec_p10_p90": [43_283.0, 45_068.0]},
+            1: {**base, "samples_per_sec": 43_930.0, "samples_per_sec_p10_p90": [43_100.0, 44_900.0],
+                "not_used": ["cache lfu"]}}
+    for num, policy in enumerate(("lru", "lfu")):
+        (tmp_path / str(num)).mkdir()
+        sweep.job(lambda m=runs[num]: m, tmp_path / str(num), num, f"cache={policy} trainer.max_steps=100")
+    with pytest.raises(SystemExit):
+        sweep.exit()
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("  #0 cache=lru: val AUC 0.8114, val loss 0.5208, samples/s 7,333 (per step 43,283-45,068; "
+                      "slower overall: some steps stalled), predicted step 1.230 ms, steps 100, ranks 2, global "
+                      "batch 512, cached tables 0, not used cache lru"), out
+    assert "samples/s 43,930 (per step 43,100-44,900), " in out[2] and out[2].endswith("not used cache lfu"), out
+    rows = list(csv.reader((tmp_path / "summary.csv").open()))
+    assert rows[0][4:] == ["val AUC", "val loss", "samples/s", "samples/s p10", "samples/s p90", "predicted step (ms)",
+                           "steps", "ranks", "global batch", "cached tables", "not used"]
+    assert rows[1][6:9] == ["7333.0", "43283.0", "45068.0"] and rows[1][-1] == "cache lru"
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_continue_command_keeps_the_config_folder_flags() -> None:
@@ -829,7 +864,7 @@ def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> 
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     neo = SimpleNamespace(planner="neo", notes=["searched 6 options"], predicted_step_time=3e-3,
                           predicted_samples_per_second=1.0, imbalance=1.0, times_from="Neo's cost model",
-                          ranks=[], types_note=lambda: "types: TW 3")
+                          ranks=[], types_note=lambda: "types: TW 3", cached_tables=0)
     scored = SimpleNamespace(**{**vars(neo), "times_from": "TorchRec's estimator"})
     torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec", "times_from": "TorchRec's estimator"})
     theirs = SimpleNamespace(**{**vars(neo), "planner": "mine", "times_from": ""})  # a plugin that did not say

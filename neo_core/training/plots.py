@@ -45,17 +45,29 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]]]], path: Path, title: str) -> bool:
+CONTEXT = ("steps", "ranks", "global batch", "cached tables")  # drawn only where jobs differ in them
+
+
+def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: Path, title: str) -> bool:
     """A sweep's results side by side: one panel per numeric result (a job's bar, its value
     written beside it), one row per job, labelled by what sets it apart. ``jobs``: (label,
-    {column: (value, format[, unit])}) of the jobs that finished. False where there is nothing
-    to draw (no numeric result)."""
+    {column: (value, format[, unit])}), or (label, None) for a job that failed (its row says
+    so). A result's ``<column> p10``/``p90`` are drawn as whiskers on its bar; results of
+    :data:`CONTEXT` only where jobs differ in them. False where there is nothing to draw (no
+    numeric result)."""
     import math
 
-    columns = [c for c in dict.fromkeys(c for _, row in jobs for c in row)
-               if c != "steps" and any(isinstance(row.get(c, ("",))[0], (int, float))
-                                       and not isinstance(row.get(c, ("",))[0], bool) for _, row in jobs)]
-    if not jobs or not columns:
+    rows = [row for _, row in jobs if row is not None]
+
+    def numeric(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    names = list(dict.fromkeys(c for row in rows for c in row))
+    spread = {c for c in names if c.endswith((" p10", " p90")) and c[:-4] in names}
+    columns = [c for c in names
+               if c not in spread and any(numeric(row.get(c, ("",))[0]) for row in rows)
+               and not (c in CONTEXT and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
+    if not rows or not columns:
         return False
     import matplotlib
 
@@ -66,31 +78,42 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]]]], path: Path, t
                              sharey=True, squeeze=False)
     y = list(range(len(jobs)))[::-1]
     # bars coloured by a text result that sets jobs apart in a few values (whose model gave a
-    # plan's times: those are not on one scale)
-    texts = {c: [str(row[c][0]) for _, row in jobs if c in row] for c in dict.fromkeys(c for _, r in jobs for c in r)
-             if c not in columns}
-    keyed = sorted((len(set(v)), c) for c, v in texts.items() if 1 < len(set(v)) <= 6 and len(v) == len(jobs))
+    # plan's times, which are not on one scale; the sharding types; a setting not used)
+    texts = {c: [str(row[c][0]) for row in rows if c in row] for c in names if c not in columns and c not in spread
+             and not any(numeric(row.get(c, ("",))[0]) for row in rows)}
+    keyed = sorted((len(set(v)), c) for c, v in texts.items() if 1 < len(set(v)) <= 6 and len(v) == len(rows))
     key = keyed[0][1] if keyed else None
-    kinds = list(dict.fromkeys(str(row[key][0]) for _, row in jobs)) if key else []
-    colors = [f"C{kinds.index(str(row[key][0]))}" if key else "C0" for _, row in jobs]
+    kinds = list(dict.fromkeys(str(row[key][0]) for row in rows)) if key else []
+    colors = [f"C{kinds.index(str(row[key][0]))}" if key and row is not None else "C0" for _, row in jobs]
+
+    def number(row: dict[str, tuple[Any, ...]] | None, column: str) -> float:
+        value = (row or {}).get(column, (math.nan,))[0]
+        return float(value) if numeric(value) and math.isfinite(value) else math.nan  # n/a, or infinite
+
     for ax, column in zip(axes[0], columns):
-        values = [row.get(column, (math.nan,)) for _, row in jobs]
-        numbers = [float(v[0]) if isinstance(v[0], (int, float)) and math.isfinite(v[0]) else math.nan
-                   for v in values]  # not measured, or infinite (a plan of no step time): n/a
+        numbers = [number(row, column) for _, row in jobs]
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
-        top = max([n for n in numbers if not math.isnan(n)], default=1.0) or 1.0
-        for yi, n, v in zip(y, numbers, values):
-            ax.text(0 if math.isnan(n) else n, yi, " n/a" if math.isnan(n) else f" {format(n, v[1])}",
-                    va="center", fontsize=7)
+        low = [number(row, column + " p10") for _, row in jobs]
+        high = [number(row, column + " p90") for _, row in jobs]
+        whiskers = [(yi, lo, hi) for yi, lo, hi in zip(y, low, high) if not (math.isnan(lo) or math.isnan(hi))]
+        if whiskers:  # the per-step spread, 10th to 90th percentile
+            ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],
+                      color="black", linewidth=1)
+        top = max([n for n in numbers + [w[2] for w in whiskers] if not math.isnan(n)], default=1.0) or 1.0
+        fmt = next((row[column][1] for row in rows if column in row), "g")
+        for (_, row), yi, n in zip(jobs, y, numbers):
+            said = " failed" if row is None else " n/a" if math.isnan(n) else f" {format(n, fmt)}"
+            ax.text(0 if math.isnan(n) else n, yi, said, va="center", fontsize=7)
         ax.set_xlim(0, top * 1.45)
-        unit = next((v[2] for v in values if len(v) > 2), "")
-        ax.set_title(f"{column}{f' ({unit})' if unit else ''}", fontsize=9)
+        unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
+        spread_said = ", per-step 10th-90th percentile" if whiskers else ""
+        ax.set_title(f"{column}{f' ({unit})' if unit else ''}{spread_said}", fontsize=9 if not whiskers else 8)
         ax.tick_params(axis="x", labelsize=7)
     axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)
     if key:
         from matplotlib.patches import Patch
 
-        fig.legend([Patch(color=f"C{i}") for i in range(len(kinds))], [f"{key}: {k}" for k in kinds],
+        fig.legend([Patch(color=f"C{i}") for i in range(len(kinds))], [f"{key}: {k or '-'}" for k in kinds],
                    loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0.06 if key else 0, 1, 1))

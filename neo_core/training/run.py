@@ -25,7 +25,7 @@ import socket
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -1009,6 +1009,17 @@ def _emulate_nodes(topology: Topology, launch: Launch, rank: int, local_world: i
     return per_node
 
 
+def not_used(notes: Sequence[str]) -> list[str]:
+    """The settings a plan's notes say the run does not use: "cache lru", "compression fp16"
+    (from ``neo_core.sharding.context_notes``' "<setting>[ and <setting>] not used: ...")."""
+    found: list[str] = []
+    for note in notes:
+        head, sep, _ = note.partition(" not used: ")
+        if sep and head.startswith(("cache ", "compression ")):
+            found += [part for part in head.split(" and ") if part not in found]
+    return found
+
+
 def _no_nan(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -1041,10 +1052,15 @@ def _write_results(
     steps = module.global_step + module.step_offset
     # the plugins each stretch of steps trained with (a resumed run may change some: the
     # top-level fields are the last stretch's)
+    planned = (module.plan.settings if module.plan else None) or {}
+    sent = planned.get("compression") or {}
     settings = {
         "sharding": run.sharding["name"], "kernel": run.kernel["name"], "compression": run.compression["name"],
+        # forward/backward, as the plan costed them ("fp16/fp8"); null where no plan says
+        "compression_precision": f"{sent['forward']}/{sent['backward']}" if sent.get("forward") else None,
         "cache": run.cache["name"],
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
+        "cache_prefetch_pipeline": bool((planned.get("cache") or {}).get("prefetch_pipeline")),
     }
     segments: list[dict[str, Any]] = []
     if isinstance(earlier, dict):
@@ -1079,6 +1095,9 @@ def _write_results(
         "segments": segments,  # [{from_step, to_step, and the settings above}], one per resumed stretch
         # tables the plan put behind the device cache: 0 where the cache chosen is not used (CPU ranks)
         "cached_tables": module.plan.cached_tables if module.plan else 0,
+        # chosen settings the plan says this run does not use ("cache lru", "compression fp16"): its
+        # results are those of a run without them
+        "not_used": not_used(module.plan.notes) if module.plan else [],
         "threads_per_rank": torch.get_num_threads(),  # torch's intra-op threads as the run trained
         "model": run.model["name"],
         "topology": run.topology["name"],

@@ -108,7 +108,7 @@ def dlrm(
     dense_arch: Sequence[int] = (64, 16),
     over_arch: Sequence[int] = (64, 32, 1),
 ) -> ModelBuilder:
-    """DLRM (dot interaction); MLPerf sizes: dim 128, dense 512-256-128, over 1024-1024-512-256-1."""
+    """DLRM (dot interaction), laptop-sized by default (MLPerf's: dim 128, dense 512-256-128, over 1024-1024-512-256-1)."""
     return DLRMBuilder(embedding_dim, dense_arch, over_arch)
 
 
@@ -119,7 +119,7 @@ def dcnv2(
     dcn_num_layers: int = 3,
     dcn_low_rank_dim: int = 32,
 ) -> ModelBuilder:
-    """DLRM-DCNv2; MLPerf sizes: dim 128, dense 512-256-128, over 1024-1024-512-256-1, DCN 3 x 512."""
+    """DLRM-DCNv2, laptop-sized by default (MLPerf's: dim 128, dense 512-256-128, over 1024-1024-512-256-1, DCN 3 x 512)."""
     return DCNv2Builder(embedding_dim, dense_arch, over_arch, dcn_num_layers, dcn_low_rank_dim)
 
 

@@ -1246,11 +1246,16 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
              "trainer.checkpoint=true"]
     first = train(composed([*smoke, "trainer.max_steps=2"], tmp_path))
     assert first["segments"] == [{"from_step": 1, "to_step": 2, "sharding": "neo", "kernel": "fused",
-                                  "compression": "none", "cache": "none", "cache_load_factor": None}]
-    more = train(composed([*smoke, "trainer.max_steps=4", "trainer.resume=true", "compression=fp16"], tmp_path))
+                                  "compression": "none", "compression_precision": "fp32/fp32", "cache": "none",
+                                  "cache_load_factor": None, "cache_prefetch_pipeline": False}]
+    more = train(composed([*smoke, "trainer.max_steps=4", "trainer.resume=true", "compression=fp16",
+                           "compression.backward=fp8"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in more["segments"]] == [(1, 2, "none"), (3, 4, "fp16")]
     assert more["compression"] == "fp16"  # the top-level fields: the last stretch's
-    same = train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true", "compression=fp16"], tmp_path))
+    # the backward precision was recorded nowhere but config.json; one rank sends nothing, so said unused
+    assert more["compression_precision"] == "fp16/fp8" and more["not_used"] == ["compression fp16"]
+    same = train(composed([*smoke, "trainer.max_steps=5", "trainer.resume=true", "compression=fp16",
+                           "compression.backward=fp8"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in same["segments"]] == [(1, 2, "none"), (3, 5, "fp16")]
     assert json.loads((tmp_path / "metrics.json").read_text())["segments"] == same["segments"]
 
@@ -1261,5 +1266,5 @@ def test_metrics_json_says_a_cache_chosen_on_cpu_ranks_held_no_table(tmp_path: P
 
     metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.val_batches=1",
                               "trainer.progress_bar=false", "trainer.checkpoint=false", "cache=lru"], tmp_path))
-    assert metrics["cache"] == "lru" and metrics["cached_tables"] == 0
+    assert metrics["cache"] == "lru" and metrics["cached_tables"] == 0 and metrics["not_used"] == ["cache lru"]
     assert metrics["topology"] == "local" and metrics["emulated_from"] is None
