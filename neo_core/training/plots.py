@@ -100,9 +100,9 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: 
             ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],
                       color="black", linewidth=1)
         top = max([n for n in numbers + [w[2] for w in whiskers] if not math.isnan(n)], default=1.0) or 1.0
-        fmt = next((row[column][1] for row in rows if column in row), "g")
         for (_, row), yi, n in zip(jobs, y, numbers):
-            said = " failed" if row is None else " n/a" if math.isnan(n) else f" {format(n, fmt)}"
+            # the value as the row gives it: a count stays a whole number ("2", not "2.0")
+            said = " failed" if row is None else " n/a" if math.isnan(n) else f" {format(row[column][0], row[column][1])}"
             ax.text(0 if math.isnan(n) else n, yi, said, va="center", fontsize=7)
         ax.set_xlim(0, top * 1.45)
         unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")

@@ -1057,7 +1057,8 @@ def _write_results(
     settings = {
         "sharding": run.sharding["name"], "kernel": run.kernel["name"], "compression": run.compression["name"],
         # forward/backward, as the plan costed them ("fp16/fp8"); null where no plan says
-        "compression_precision": f"{sent['forward']}/{sent['backward']}" if sent.get("forward") else None,
+        "compression_precision": f"{sent['forward']}/{sent['backward']}" if sent.get("forward") and sent.get("backward")
+        else None,
         "cache": run.cache["name"],
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
         "cache_prefetch_pipeline": bool((planned.get("cache") or {}).get("prefetch_pipeline")),
@@ -1066,10 +1067,11 @@ def _write_results(
     if isinstance(earlier, dict):
         with contextlib.suppress(KeyError, TypeError):
             kept = earlier.get("segments") or [
-                {"from_step": 1, "to_step": earlier["steps"], **{k: earlier.get(k) for k in settings}}]
+                {"from_step": 1, "to_step": earlier["steps"], **{k: earlier[k] for k in settings if k in earlier}}]
             segments = [{**seg, "to_step": min(seg["to_step"], module.step_offset)}
                         for seg in kept if seg["from_step"] <= module.step_offset]
-    if segments and {k: segments[-1].get(k) for k in settings} == settings:
+    # a setting an earlier run did not record (a field added since) is not taken for a change
+    if segments and all(segments[-1].get(k, v) == v for k, v in settings.items()):
         segments[-1]["to_step"] = steps  # the same settings go on
     else:
         segments.append({"from_step": module.step_offset + 1, "to_step": steps, **settings})

@@ -988,6 +988,21 @@ def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
             # with half the lookups on the hottest 1%; the eviction policy does not change it
             rate = "52%" if int(a.name[1:]) % 2 else "5%"
             assert f"(predicted hit rate {rate}, for LRU and LFU alike)" in a.why, a.why
+    # and the time uses it: the same tables without a hot share (5%) take longer behind the cache
+    def cached_shard_ms(result: PlanResult) -> set[float]:
+        return {float(re.search(r"; \d+ x ([\d.]+) ms", a.why).group(1))
+                for a in result.tables if a.compute_kernel == "fused_uvm_caching"}
+
+    uniform = [TableSpec(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor) for t in tables]
+    hot, flat = (plan_tables(ts, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                             cache=CachePolicy("lru", load_factor=0.05), sharding_types=["TW"]) for ts in (tables, uniform))
+    assert all("(predicted hit rate 5%," in a.why for a in flat.tables if a.compute_kernel == "fused_uvm_caching")
+    assert min(cached_shard_ms(flat)) > 1.5 * max(cached_shard_ms(hot)), (cached_shard_ms(flat), cached_shard_ms(hot))
+    # TorchRec's estimator does not use the hot share: no rate is claimed for its times
+    scored = plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                         cache=CachePolicy("lru", load_factor=0.05), estimator="torchrec")
+    cached = [a for a in scored.tables if a.compute_kernel == "fused_uvm_caching"]
+    assert cached and not any("hit rate" in a.why for a in cached), [a.why for a in cached]
 
 
 @pytest.mark.slow

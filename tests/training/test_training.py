@@ -1260,6 +1260,23 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
     assert json.loads((tmp_path / "metrics.json").read_text())["segments"] == same["segments"]
 
 
+def test_a_run_recorded_before_a_settings_field_existed_resumes_as_one_stretch(tmp_path: Path) -> None:
+    # a metrics.json without compression_precision and cache_prefetch_pipeline (fields added
+    # since): resumed with the same settings, its steps were split as if a setting had changed
+    from neo_core.training.run import train
+
+    smoke = ["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=1", "trainer.progress_bar=false",
+             "trainer.checkpoint=true"]
+    train(composed([*smoke, "trainer.max_steps=2"], tmp_path))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for record in (metrics, *metrics["segments"]):
+        for key in ("compression_precision", "cache_prefetch_pipeline"):
+            del record[key]
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    more = train(composed([*smoke, "trainer.max_steps=3", "trainer.resume=true"], tmp_path))
+    assert [(s["from_step"], s["to_step"]) for s in more["segments"]] == [(1, 3)], more["segments"]
+
+
 def test_metrics_json_says_a_cache_chosen_on_cpu_ranks_held_no_table(tmp_path: Path) -> None:
     # metrics.json recorded cache lru and its load factor, as if the tables trained behind it
     from neo_core.training.run import train

@@ -484,6 +484,7 @@ class NeoPlanner(Planner):
 
             torchrec_option_costs(options, tables, context, status=self._status)
         search = Search(model, arrays, options)
+        search.torchrec_times = self.estimator == "torchrec"
 
         def why_none(i: int) -> str:  # why table i has no option, type by type
             types = allowed & self.table_types.get(arrays.names[i], allowed)
@@ -1063,7 +1064,7 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
     }[st]
     if opt.placement == CACHED:
         reason += ", host memory behind device cache"
-        if model.cache_load_factor is not None:  # the hit rate the times assume, whichever eviction
+        if model.cache_load_factor is not None and not search.torchrec_times:  # the rate the times assume
             hit = float(cache_hit_rate(model.cache_load_factor, t.hot[i : i + 1])[0])
             reason += f" (predicted hit rate {hit:.0%}, for LRU and LFU alike)"
     others = [o for o in search.opts if o.sharding_type is not st]  # none: only DP was allowed

@@ -274,6 +274,7 @@ class Search:
 
     def __init__(self, model: CostModel, t: TableArrays, options: list[Option]) -> None:
         self.model, self.t, self.opts = model, t, options
+        self.torchrec_times = False  # the options' times are TorchRec's estimator's, not the cost model's
         self.W, self.L, self.N = model.W, model.L, model.N
         self.cap_dev = model.capacity_device - model.reserve
         self.cap_host = model.capacity_host - model.host_reserve  # a rank's share of its node's
