@@ -1006,7 +1006,8 @@ def _listing(plugins: Any, conf_dir: str | os.PathLike[str] | None, clash: bool 
             desc = f"  {' ' * (wide - len(entry.provider) - 2)}{entry.description}" if entry.description else ""
             lines.append(f"  {entry.name:<{width}} [{entry.provider}]{desc}")
             keys = ", ".join(
-                k if v is inspect.Parameter.empty else f"{k}={_as_typed(v)}" for k, v in entry.parameters().items()
+                f"{k} (required)" if v is inspect.Parameter.empty else f"{k}={_as_typed(v)}"
+                for k, v in entry.parameters().items()
             )
             if keys:
                 lines.append(f"  {'':<{width}} keys: {keys}")

@@ -578,24 +578,24 @@ def check_plan(
     or doubled table trains silently, and an over-full rank fails only on the device).
     With ``context``, the plan gets the notes of :func:`context_notes` (once).
     """
-    from collections import Counter
 
     from neo_core.errors import PlanningError
 
     who = f"Sharding planner {planner!r}"
     if not isinstance(result, PlanResult):
         raise PlanningError(f"{who} returned {type(result).__name__}, not a PlanResult; its plan() must return one.")
-    known = {t.name for t in tables}
-    counts = Counter(a.name for a in result.tables)
-    problems = []
-    if unknown := sorted(set(counts) - known):
-        problems.append(f"places tables the model does not have ({', '.join(unknown[:5])})")
-    if missing := [t.name for t in tables if t.name not in counts]:
-        problems.append(f"leaves out {len(missing)} table(s) ({', '.join(missing[:5])})")
-    if twice := sorted(n for n, c in counts.items() if c > 1):
-        problems.append(f"places tables more than once ({', '.join(twice[:5])})")
-    if bad := [a.name for a in result.tables if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
-        problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
+    problems = assignment_problems(result.tables, tables, world_size)
+    if problems:  # the checks below read the tables' types and shapes
+        raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
+    if context is not None:  # as the ranks would build it: kernels, ranks per type, column widths
+        from neo_core.torchrec_plan import _check_kernel, _generator
+
+        for a in result.tables:
+            try:
+                _check_kernel(a.name, ShardingType(a.sharding_type), a.compute_kernel)
+                _generator(a, world_size, context.topology.devices_per_node)
+            except PlanningError as exc:
+                raise PlanningError(f"{who} gave a plan that cannot run: {exc}") from None
     narrow = [f"{a.name} ({c} columns)" for a in result.tables if a.compute_kernel.startswith("fused")
               for c in sorted({int(c) for _, c in a.shard_shapes if int(c) % 4})[:1]]
     if narrow:
@@ -620,6 +620,18 @@ def check_plan(
         if r.memory_capacity and r.memory_total > r.memory_capacity * (1 + 1e-9):
             problems.append(f"fills rank {r.rank}'s memory with {_bytes(r.memory_total)} of {_bytes(r.memory_capacity)}")
             break
+    if context is not None and not problems:  # what its shards hold at least, whatever it reports
+        least = _least_device_bytes(result, tables, world_size, context)
+        by_rank = {int(r.rank): r for r in result.ranks}
+        for rank in range(world_size):
+            r = by_rank[rank]
+            if least[rank] > r.memory_total * (1 + 1e-6):
+                problems.append(
+                    f"reports {_bytes(r.memory_total)} of device memory on rank {rank}, less than its shards' "
+                    f"weights alone ({_bytes(least[rank])} at {context.kernel.weight_bytes} bytes per element): "
+                    "report each rank's memory by kind (RankReport.memory: weights, optimizer state, batch "
+                    "buffers), or score the plan with Neo's cost model (neo_plugins.sharding.planner.score_assignments)")
+                break
     # host memory is a node's, shared by its ranks (each reports its share as its capacity;
     # with the topology known, the node's is the topology's, whatever ranks say)
     per_node = context.topology.devices_per_node if context is not None else 1
@@ -643,8 +655,88 @@ def check_plan(
     if context is not None:
         if not result.settings:
             result.settings = plan_settings(context)
+        if not result.topology:  # plan.json's memory is checked against it
+            result.topology = context.topology.to_dict()
         result.notes.extend(n for n in context_notes(result, context) if n not in result.notes)
     return result
+
+
+def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence[TableSpec], world_size: int) -> list[str]:
+    """What in table assignments cannot be built: tables the model lacks, left out or placed
+    twice, ranks outside the world, an unknown sharding type (a short name, "TW", is taken as
+    its TorchRec name, in place), a replicated table not on every rank, shard shapes that do
+    not cover their table. Each an "it ..." clause (:func:`check_plan`'s message)."""
+    from collections import Counter
+
+    known = {t.name for t in tables}
+    counts = Counter(a.name for a in assignments)
+    problems = []
+    if unknown := sorted(set(counts) - known):
+        problems.append(f"places tables the model does not have ({', '.join(unknown[:5])})")
+    if missing := [t.name for t in tables if t.name not in counts]:
+        problems.append(f"leaves out {len(missing)} table(s) ({', '.join(missing[:5])})")
+    if twice := sorted(n for n, c in counts.items() if c > 1):
+        problems.append(f"places tables more than once ({', '.join(twice[:5])})")
+    if bad := [a.name for a in assignments if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
+        problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
+    specs = {t.name: t for t in tables}
+    unknown, partial, shapes = [], [], []
+    for a in assignments:
+        try:
+            a.sharding_type = ShardingType.parse(a.sharding_type).value
+        except ConfigError:
+            unknown.append(f"{a.sharding_type!r} for {a.name}")
+            continue
+        spec = specs.get(a.name)
+        if spec is None:
+            continue
+        if a.sharding_type == ShardingType.DATA_PARALLEL.value and sorted(int(r) for r in a.ranks) != list(range(world_size)):
+            partial.append(f"{a.name} on {_compact_ranks(sorted(int(r) for r in a.ranks))}")
+        rows, dim = spec.num_embeddings, spec.embedding_dim
+        given = [(int(r), int(c)) for r, c in a.shard_shapes]
+        # a replica (one shape, or one per rank) or a whole table is the table; other shards add up to it
+        replica, whole = a.sharding_type == ShardingType.DATA_PARALLEL.value, a.sharding_type == ShardingType.TABLE_WISE.value
+        if given and ((replica and set(given) != {(rows, dim)}) or (whole and given != [(rows, dim)])
+                      or any(not (0 <= r <= rows and 0 < c <= dim) for r, c in given)
+                      or (not (replica or whole) and sum(r * c for r, c in given) != rows * dim)):
+            shapes.append(f"{a.name}: {given[:4]}{' ...' if len(given) > 4 else ''} for {rows} x {dim}")
+    if unknown:
+        problems.append(f"gives unknown sharding types ({', '.join(unknown[:5])}): use "
+                        + ", ".join(f"{m.value} ({m.short})" for m in ShardingType))
+    if partial:
+        problems.append(f"puts data-parallel (replicated) tables on some ranks only ({', '.join(partial[:5])}): a "
+                        f"replica is on every rank, 0-{world_size - 1}, so list them all")
+    if shapes:
+        problems.append(f"gives shard shapes (rows, cols) that do not cover their tables exactly once "
+                        f"({'; '.join(shapes[:3])}): a whole table is one shard of its rows x dim, other shards "
+                        "add up to it, or leave shard_shapes empty")
+    return problems
+
+
+def _least_device_bytes(result: PlanResult, tables: Sequence[TableSpec], world_size: int,
+                        context: PlanningContext) -> list[float]:
+    """Per rank, the device bytes a plan's shards hold at least: their weights at the run's
+    kernel's bytes per element (optimizer state is left to the planner's own model: TorchRec's
+    counts it otherwise), shards of tables behind a cache or in host memory left out; only
+    shards whose shapes the plan gives, or that are whole tables."""
+    per_element = context.kernel.weight_bytes
+    specs = {t.name: t for t in tables}
+    least = [0.0] * world_size
+    for a in result.tables:
+        spec = specs[a.name]
+        if "caching" in a.compute_kernel or "uvm" in a.compute_kernel:
+            continue
+        rows, dim = spec.num_embeddings, spec.embedding_dim
+        if a.sharding_type == ShardingType.DATA_PARALLEL.value:
+            least = [b + rows * dim * per_element for b in least]
+            continue
+        shapes = [(int(r), int(c)) for r, c in a.shard_shapes] or (
+            [(rows, dim)] if a.sharding_type == ShardingType.TABLE_WISE.value else [])
+        if len(shapes) != len(a.ranks):
+            continue
+        for rank, (r, c) in zip(a.ranks, shapes):
+            least[int(rank)] += r * c * per_element
+    return least
 
 
 def _compute_time(rank: RankReport) -> float:

@@ -38,8 +38,13 @@ class ListedPlugin:
             """A cache policy that shows up in the listing."""
             return CachePolicy("listed_cache", load_factor)
 
+        def needs_share(load_factor: float) -> CachePolicy:
+            """A cache policy whose factory has no default for its key."""
+            return CachePolicy("needs_share", load_factor)
+
         registry.register("listed_cache", listed_cache, options={"listed_cache_small": {"load_factor": 0.01}})
         registry.register("listed_cache_with_a_long_name", listed_cache)
+        registry.register("needs_share", needs_share)
 
 
 def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> None:
@@ -57,6 +62,7 @@ def test_neo_plugins_lists_every_kind_with_provider(register_plugin, capsys) -> 
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "[" in line}
     assert lines["lru"].index(lines["lru"].split("]")[1].strip()) == lines["listed_cache"].index("A cache policy")
     assert f"  {'':<29} keys: load_factor=0.1" in out  # what cache.<key>= takes
+    assert f"  {'':<29} keys: load_factor (required)" in out  # a key without a default: said so
     assert f"  {'':<29} options: listed_cache_small" in out
     assert "  zionex         [neo-dlrm]" in out
     assert "failed to load" not in out

@@ -525,6 +525,16 @@ def test_sizes_in_messages_keep_their_scale():
         ("host_unsaid", None),  # ranks that say no capacity: the node's is the topology's
         ("host_node", "fills node 0's (ranks 0-3) host memory with 257.0GiB of 256.0GiB"),
         ("narrow", "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))"),
+        # what the plan's own tables say, not what the plugin reports of them
+        ("under_report", "reports 1B of device memory on rank 0, less than its shards' weights alone (62.5KiB at "
+                         "4 bytes per element)"),
+        ("bad_type", "gives unknown sharding types ('tablewise' for a): use data_parallel (DP), table_wise (TW), "),
+        ("short_type", None),  # "TW", as the docs and plan.txt name it: taken as table_wise
+        ("dp_partial", "puts data-parallel (replicated) tables on some ranks only (a on 1): a replica is on every "
+                       "rank, 0-7, so list them all"),
+        ("bad_shapes", "gives shard shapes (rows, cols) that do not cover their tables exactly once (a: [(7, 3)] "
+                       "for 1000 x 16)"),
+        ("bad_kernel", "Table 'a' has unknown compute kernel 'fuse'"),
     ],
 )
 def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) -> None:
@@ -539,7 +549,18 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
         def plan(self, tables, context):
             W = context.topology.world_size
             assignments = [TableAssignment(t.name, "table_wise", "fused", [i % W]) for i, t in enumerate(tables)]
-            reports = [RankReport(rank=r, memory={"weights": 1.0}, memory_capacity=16 * 2**30) for r in range(W)]
+            # each rank's memory as a plugin might report it: a table's weights and state, and more
+            reports = [RankReport(rank=r, memory={"weights": 2**20}, memory_capacity=16 * 2**30) for r in range(W)]
+            if fault == "under_report":
+                reports[0].memory["weights"] = 1.0
+            if fault in ("bad_type", "short_type"):
+                assignments[0].sharding_type = {"bad_type": "tablewise", "short_type": "TW"}[fault]
+            if fault == "dp_partial":
+                assignments[0] = TableAssignment("a", "data_parallel", "dense", [1])
+            if fault == "bad_shapes":
+                assignments[0].shard_shapes = [(7, 3)]
+            if fault == "bad_kernel":
+                assignments[0].compute_kernel = "fuse"
             if fault == "wrong_type":
                 return {"tables": assignments}
             if fault == "unknown":
@@ -552,7 +573,7 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                 assignments[0].ranks = [W]
             if fault == "no_reports":
                 reports = []
-            if fault == "narrow":  # TorchRec's planner on dim 6: every rank failed inside FBGEMM
+            if fault == "narrow":
                 assignments[0].shard_shapes = [(1000, 6)]
             if fault in ("over_capacity", "no_capacity", "big_capacity", "nan_capacity"):
                 reports[0].memory["weights"] = 20 * 2**30
@@ -572,14 +593,17 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
         def sharders(self, context):
             return []
 
-    tables = [TableSpec("a", 1000, 16, 1.0), TableSpec("b", 1000, 16, 1.0)]
+    dim = 6 if fault == "narrow" else 16  # TorchRec's planner on dim 6: every rank failed inside FBGEMM
+    tables = [TableSpec("a", 1000, dim, 1.0), TableSpec("b", 1000, 16, 1.0)]
     if fragment is None:
-        assert plan_tables(tables, cluster(), 256, planner=Faulty()).ranks
+        result = plan_tables(tables, cluster(), 256, planner=Faulty())
+        assert result.ranks and result.tables[0].sharding_type == "table_wise"
         return
     with pytest.raises(PlanningError) as err:
         plan_tables(tables, cluster(), 256, planner=Faulty())
-    assert str(err.value).startswith("Sharding planner 'faulty' gave a plan that cannot run: it") or \
-        str(err.value).startswith("Sharding planner 'faulty' returned"), str(err.value)
+    assert str(err.value).startswith(("Sharding planner 'faulty' gave a plan that cannot run: it",
+                                      "Sharding planner 'faulty' gave a plan that cannot run: Table 'a'",
+                                      "Sharding planner 'faulty' returned")), str(err.value)
     assert fragment in str(err.value), str(err.value)
 
 

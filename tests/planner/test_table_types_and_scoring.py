@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from neo_core.api import plan_tables
-from neo_core.errors import ConfigError
+from neo_core.errors import ConfigError, PlanningError
 from neo_core.sharding import ShardingType, TableAssignment, TableSpec
 from neo_plugins.sharding.planner import NeoPlanner
 from neo_plugins.sharding.planner.score import score_assignments
@@ -39,6 +41,28 @@ def test_table_sharding_types_reject_unknown_or_impossible() -> None:
         NeoPlanner(table_sharding_types={"n0": ["CW"]}).plan(narrow, cpu_context(1, 2))
     result = NeoPlanner(table_sharding_types={"n0": ["CW"]}, min_col_width=8).plan(narrow, cpu_context(1, 2))
     assert ShardingType(result.tables[0].sharding_type).short == "CW"
+
+
+def test_score_assignments_refuses_what_a_plan_check_refuses_and_keeps_the_planners_reasons() -> None:
+    # a doubled table was scored at its last place, silently (a planner plugin's bug became
+    # another plan); a rank out of range failed inside numpy, naming no table
+    ctx = cpu_context(1, 2)
+    planned = [TableAssignment(t.name, "TW", "fused", [i % 2], why=f"round robin: rank {i % 2}")
+               for i, t in enumerate(TABLES)]
+    for bad, fragment in (
+        (planned + [TableAssignment(TABLES[0].name, "table_wise", "fused", [1])],
+         f"places tables more than once ({TABLES[0].name})"),
+        ([TableAssignment(TABLES[0].name, "table_wise", "fused", [5]), *planned[1:]],
+         f"puts tables on no rank or on ranks outside 0-1 ({TABLES[0].name})"),
+        ([TableAssignment(TABLES[0].name, "tablewise", "fused", [0]), *planned[1:]],
+         f"gives unknown sharding types ('tablewise' for {TABLES[0].name})"),
+    ):
+        with pytest.raises(PlanningError, match=re.escape(f"The assignments of planner 'fixed' cannot be scored: the "
+                                                          f"plan {fragment}")):
+            score_assignments(TABLES, bad, ctx)
+    scored = score_assignments(TABLES, planned, ctx)  # "TW", as plan.txt names it, is table_wise
+    assert scored.times_from == "Neo's cost model" and scored.tables[0].sharding_type == "table_wise"
+    assert scored.tables[1].why.startswith("round robin: rank 1 (the planner's reason); Neo's cost model: ")
 
 
 def test_score_assignments_matches_planner_and_sees_imbalance() -> None:

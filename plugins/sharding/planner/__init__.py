@@ -2,5 +2,6 @@
 
 from neo_plugins.sharding.planner.cost import CostModel, CostParams
 from neo_plugins.sharding.planner.planner import NeoPlanner, validate_tables
+from neo_plugins.sharding.planner.score import score_assignments
 
-__all__ = ["CostModel", "CostParams", "NeoPlanner", "validate_tables"]
+__all__ = ["CostModel", "CostParams", "NeoPlanner", "score_assignments", "validate_tables"]

@@ -13,7 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from neo_core.errors import PlanningError
-from neo_core.sharding import PlanningContext, PlanResult, ShardingType, TableAssignment, TableSpec
+from neo_core.sharding import (
+    PlanningContext,
+    PlanResult,
+    ShardingType,
+    TableAssignment,
+    TableSpec,
+    assignment_problems,
+)
 from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, CostParams, TableArrays
 from neo_plugins.sharding.planner.planner import build_result
 from neo_plugins.sharding.planner.search import Search, build_options
@@ -39,12 +46,12 @@ def score_assignments(
 
     Memory capacity is not enforced: a plan that would not fit is still scored.
     """
+    problems = assignment_problems(assignments, tables, context.topology.world_size)
+    if problems:  # as check_plan says of a plan: a table placed twice was scored at its last place
+        raise PlanningError(f"The assignments of planner {planner!r} cannot be scored: the plan {'; it '.join(problems)}.")
     model = CostModel(context, params)
     arrays = TableArrays.from_specs(tables)
     by_name = {a.name: a for a in assignments}
-    missing = [t.name for t in tables if t.name not in by_name]
-    if missing:
-        raise PlanningError(f"The plan has no assignment for table(s) {', '.join(missing)}.")
     L = context.topology.devices_per_node
     ks = sorted({_col_shards(by_name[t.name], L) for t in tables} | {2})
     options = build_options(model, arrays, set(ShardingType), tuple(k for k in ks if k > 1), 1)
@@ -67,4 +74,9 @@ def score_assignments(
         search._apply(i, match[0], ranks, +1.0, distinct=False)  # TorchRec may stack column shards
     result = build_result(planner, search, tables, context)
     result.notes.append("scored fixed assignments (not searched)")
+    result.times_from = "Neo's cost model"
+    for scored in result.tables:  # the planner's own reason, where it gave one, before Neo's figures
+        given = by_name[scored.name].why
+        if given:
+            scored.why = f"{given} (the planner's reason); Neo's cost model: {scored.why}"
     return result
