@@ -46,7 +46,9 @@ class ShardingType(str, enum.Enum):
 
     @classmethod
     def parse(cls, value: str) -> ShardingType:
-        """Accept TorchRec names ("row_wise") and short names ("RW")."""
+        """Accept TorchRec names ("row_wise"), short names ("RW") and members."""
+        if isinstance(value, cls):
+            return value
         text = str(value).strip()
         for member in cls:
             if text.lower() == member.value or text.upper() == member.short:
@@ -588,12 +590,12 @@ def check_plan(
     if problems:  # the checks below read the tables' types and shapes
         raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
     if context is not None:  # as the ranks would build it: kernels, ranks per type, column widths
-        from neo_core.torchrec_plan import _check_kernel, _generator
+        from neo_core.torchrec_plan import check_assignment
 
+        dims = {t.name: t.embedding_dim for t in tables}
         for a in result.tables:
             try:
-                _check_kernel(a.name, ShardingType(a.sharding_type), a.compute_kernel)
-                _generator(a, world_size, context.topology.devices_per_node)
+                check_assignment(a, dims[a.name], world_size, context.topology.devices_per_node)
             except PlanningError as exc:
                 raise PlanningError(f"{who} gave a plan that cannot run: {exc}") from None
     narrow = [f"{a.name} ({c} columns)" for a in result.tables if a.compute_kernel.startswith("fused")
@@ -680,7 +682,7 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
     if bad := [a.name for a in assignments if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
         problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
     specs = {t.name: t for t in tables}
-    unknown, partial, shapes = [], [], []
+    unknown, partial, shapes, counts = [], [], [], []
     for a in assignments:
         try:
             a.sharding_type = ShardingType.parse(a.sharding_type).value
@@ -694,6 +696,9 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
             partial.append(f"{a.name} on {_compact_ranks(sorted(int(r) for r in a.ranks))}")
         rows, dim = spec.num_embeddings, spec.embedding_dim
         given = [(int(r), int(c)) for r, c in a.shard_shapes]
+        if given and a.sharding_type != ShardingType.DATA_PARALLEL.value and len(given) != len(a.ranks):
+            counts.append(f"{a.name}: {len(given)} shapes for {len(a.ranks)} ranks")
+            continue
         # a replica (one shape, or one per rank) or a whole table is the table; other shards add up to it
         replica, whole = a.sharding_type == ShardingType.DATA_PARALLEL.value, a.sharding_type == ShardingType.TABLE_WISE.value
         if given and ((replica and set(given) != {(rows, dim)}) or (whole and given != [(rows, dim)])
@@ -706,10 +711,13 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
     if partial:
         problems.append(f"puts data-parallel (replicated) tables on some ranks only ({', '.join(partial[:5])}): a "
                         f"replica is on every rank, 0-{world_size - 1}, so list them all")
+    if counts:
+        problems.append(f"gives other than one shard shape per rank listed ({'; '.join(counts[:3])}): give one "
+                        "(rows, cols) per entry of ranks, or leave shard_shapes empty")
     if shapes:
-        problems.append(f"gives shard shapes (rows, cols) that do not cover their tables exactly once "
-                        f"({'; '.join(shapes[:3])}): a whole table is one shard of its rows x dim, other shards "
-                        "add up to it, or leave shard_shapes empty")
+        problems.append(f"gives shard shapes (rows, cols) that do not make up their tables "
+                        f"({'; '.join(shapes[:3])}): a table-wise shard or a replica is the whole table "
+                        "(rows x dim), other shards lie within it and add up to it; or leave shard_shapes empty")
     return problems
 
 
@@ -787,8 +795,10 @@ class Planner(abc.ABC):
     def plan_module(
         self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
     ) -> PlanResult:
-        """Plan for a model (on the meta device): fills ``PlanResult.torchrec_plan``."""
-        result = self.plan(tables, context)
+        """Plan for a model (on the meta device): fills ``PlanResult.torchrec_plan``, once the
+        plan is checked (:func:`check_plan`: a plugin's mistakes named before the build meets them)."""
+        name = getattr(self, "name", type(self).__name__)
+        result = check_plan(self.plan(tables, context), tables, context.topology.world_size, name, context)
         result.torchrec_plan = self.to_torchrec_plan(module, result, context)
         return result
 

@@ -152,6 +152,17 @@ def _generator(assignment: TableAssignment, world_size: int, local_size: int) ->
     return _column_generator(assignment, stype, blocks)
 
 
+def check_assignment(assignment: TableAssignment, dim: int, world_size: int, local_size: int) -> None:
+    """Raise the ``PlanningError`` the ranks would meet building this assignment (its kernel,
+    its ranks as its type lays them out, its column widths), without building it."""
+    _generator(assignment, world_size, local_size)
+    stype, ranks = ShardingType(assignment.sharding_type), list(assignment.ranks)
+    if stype in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
+        _column_widths(assignment, dim, [[r] for r in ranks])
+    elif stype is ShardingType.GRID_SHARD:
+        _column_widths(assignment, dim, [ranks[i : i + local_size] for i in range(0, len(ranks), local_size)])
+
+
 def _check_kernel(name: str, stype: ShardingType, kernel: str) -> None:
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 

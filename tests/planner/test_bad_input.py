@@ -532,16 +532,19 @@ def test_sizes_in_messages_keep_their_scale():
         ("short_type", None),  # "TW", as the docs and plan.txt name it: taken as table_wise
         ("dp_partial", "puts data-parallel (replicated) tables on some ranks only (a on 1): a replica is on every "
                        "rank, 0-7, so list them all"),
-        ("bad_shapes", "gives shard shapes (rows, cols) that do not cover their tables exactly once (a: [(7, 3)] "
-                       "for 1000 x 16)"),
+        ("bad_shapes", "gives shard shapes (rows, cols) that do not make up their tables (a: [(7, 3)] for 1000 x 16)"),
         ("bad_kernel", "Table 'a' has unknown compute kernel 'fuse'"),
+        ("enum_type", None),  # a ShardingType member, as a plugin may write it
+        ("shape_count", "gives other than one shard shape per rank listed (a: 2 shapes for 1 ranks)"),
+        # checked as the ranks would build it, not only when they do (plan.py wrote such plans)
+        ("cw_widths", "Table 'a' has 16 columns, which do not split evenly into 3 column shards"),
     ],
 )
 def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) -> None:
     # a third-party planner's result used to be taken as it came: an unknown or doubled
     # table trained silently, a missing rank report gave an infinite step in plan.json, an
     # over-full rank failed only on the device
-    from neo_core.sharding import Planner, PlanResult, RankReport, TableAssignment
+    from neo_core.sharding import Planner, PlanResult, RankReport, ShardingType, TableAssignment
 
     class Faulty(Planner):
         name = "faulty"
@@ -561,6 +564,12 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                 assignments[0].shard_shapes = [(7, 3)]
             if fault == "bad_kernel":
                 assignments[0].compute_kernel = "fuse"
+            if fault == "enum_type":
+                assignments[0].sharding_type = ShardingType.TABLE_WISE
+            if fault == "shape_count":
+                assignments[0].shard_shapes = [(500, 16), (500, 16)]
+            if fault == "cw_widths":
+                assignments[0] = TableAssignment("a", "column_wise", "fused", [0, 1, 2])
             if fault == "wrong_type":
                 return {"tables": assignments}
             if fault == "unknown":
@@ -605,6 +614,48 @@ def test_a_planner_plugins_plan_is_checked_before_it_is_used(fault, fragment) ->
                                       "Sharding planner 'faulty' gave a plan that cannot run: Table 'a'",
                                       "Sharding planner 'faulty' returned")), str(err.value)
     assert fragment in str(err.value), str(err.value)
+
+
+def test_a_plugins_plan_is_checked_before_the_model_is_sharded_with_it() -> None:
+    # training builds the TorchRec plan from the plugin's (plan_module): short type names were
+    # refused there ("use a neo_core.sharding.ShardingType value") though plan.py took them,
+    # and a plugin's mistakes met the builder's messages, which name no planner
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from neo_core.api import make_context
+    from neo_core.sharding import Planner, PlanResult, RankReport, TableAssignment
+
+    class Short(Planner):
+        name = "short"
+
+        def __init__(self, fault: str = "") -> None:
+            self.fault = fault
+
+        def plan(self, tables, context):
+            W = context.topology.world_size
+            found = [TableAssignment(t.name, "TW", "fused", [i % W]) for i, t in enumerate(tables)]
+            if self.fault == "twice":
+                found.append(found[0])
+            reports = [RankReport(rank=r, memory={"weights": 2**20}, memory_capacity=16 * 2**30) for r in range(W)]
+            return PlanResult("short", found, reports, context.batch_size_per_rank, {})
+
+        def sharders(self, context):
+            from neo_plugins.sharding.sharders import make_sharders
+
+            return make_sharders(context)
+
+    tables = [TableSpec("a", 1000, 16, 1.0), TableSpec("b", 1000, 16, 1.0)]
+    ebc = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=t.name, embedding_dim=16, num_embeddings=1000,
+                                                            feature_names=list(t.feature_names)) for t in tables],
+                                 device=torch.device("meta"))
+    context = make_context(cluster(), 256)
+    result = Short().plan_module(ebc, tables, context)
+    assert {p.sharding_type for p in result.torchrec_plan.plan[""].values()} == {"table_wise"}
+    with pytest.raises(PlanningError, match=r"Sharding planner 'short' gave a plan that cannot run: it places "
+                                            r"tables more than once \(a\)"):
+        Short("twice").plan_module(ebc, tables, context)
 
 
 def test_the_api_names_a_single_table_or_an_unknown_group() -> None:

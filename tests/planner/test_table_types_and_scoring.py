@@ -60,9 +60,23 @@ def test_score_assignments_refuses_what_a_plan_check_refuses_and_keeps_the_plann
         with pytest.raises(PlanningError, match=re.escape(f"The assignments of planner 'fixed' cannot be scored: the "
                                                           f"plan {fragment}")):
             score_assignments(TABLES, bad, ctx)
+    # what the ranks would refuse: a kernel typo was scored as the fused kernel, TW on two ranks as TW
+    for bad, fragment in (
+        ([TableAssignment(TABLES[0].name, "table_wise", "fuse", [0]), *planned[1:]],
+         f"Table '{TABLES[0].name}' has unknown compute kernel 'fuse'"),
+        ([TableAssignment(TABLES[0].name, "table_wise", "fused", [0, 1]), *planned[1:]],
+         f"Table '{TABLES[0].name}' is table-wise but lists ranks [0, 1]; give exactly one"),
+    ):
+        with pytest.raises(PlanningError, match=re.escape(f"The assignments of planner 'fixed' cannot be scored: "
+                                                          f"{fragment}")):
+            score_assignments(TABLES, bad, ctx)
     scored = score_assignments(TABLES, planned, ctx)  # "TW", as plan.txt names it, is table_wise
     assert scored.times_from == "Neo's cost model" and scored.tables[0].sharding_type == "table_wise"
     assert scored.tables[1].why.startswith("round robin: rank 1 (the planner's reason); Neo's cost model: ")
+    assert planned[0].sharding_type == "TW"  # the caller's assignments are left as they were
+    # a Neo plan scored again keeps Neo's line, once
+    again = score_assignments(TABLES, NeoPlanner().plan(TABLES, ctx).tables, ctx)
+    assert all("the planner's reason" not in a.why for a in again.tables), [a.why for a in again.tables]
 
 
 def test_score_assignments_matches_planner_and_sees_imbalance() -> None:

@@ -8,6 +8,7 @@ would not choose itself (e.g. every table on one rank). The assignments follow t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from neo_core.sharding import (
     TableSpec,
     assignment_problems,
 )
+from neo_core.torchrec_plan import check_assignment
 from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, CostParams, TableArrays
 from neo_plugins.sharding.planner.planner import build_result
 from neo_plugins.sharding.planner.search import Search, build_options
@@ -46,9 +48,20 @@ def score_assignments(
 
     Memory capacity is not enforced: a plan that would not fit is still scored.
     """
+    # checked as check_plan checks a plan (a table placed twice was scored at its last place, a
+    # kernel or rank layout the ranks refuse was scored as Neo's), on copies: short type names
+    # are normalised there, not in the caller's assignments
+    assignments = [dataclasses.replace(a, ranks=list(a.ranks)) for a in assignments]
+    head = f"The assignments of planner {planner!r} cannot be scored"
     problems = assignment_problems(assignments, tables, context.topology.world_size)
-    if problems:  # as check_plan says of a plan: a table placed twice was scored at its last place
-        raise PlanningError(f"The assignments of planner {planner!r} cannot be scored: the plan {'; it '.join(problems)}.")
+    if problems:
+        raise PlanningError(f"{head}: the plan {'; it '.join(problems)}.")
+    dims = {t.name: t.embedding_dim for t in tables}
+    for a in assignments:
+        try:
+            check_assignment(a, dims[a.name], context.topology.world_size, context.topology.devices_per_node)
+        except PlanningError as exc:
+            raise PlanningError(f"{head}: {exc}") from None
     model = CostModel(context, params)
     arrays = TableArrays.from_specs(tables)
     by_name = {a.name: a for a in assignments}
@@ -77,6 +90,7 @@ def score_assignments(
     result.times_from = "Neo's cost model"
     for scored in result.tables:  # the planner's own reason, where it gave one, before Neo's figures
         given = by_name[scored.name].why
-        if given:
+        # not where it is Neo's own line (a Neo plan scored again): it would pile up
+        if given and not given.startswith(scored.why.split(";")[0]) and "Neo's cost model: " not in given:
             scored.why = f"{given} (the planner's reason); Neo's cost model: {scored.why}"
     return result
