@@ -580,7 +580,6 @@ def check_plan(
     or doubled table trains silently, and an over-full rank fails only on the device).
     With ``context``, the plan gets the notes of :func:`context_notes` (once).
     """
-
     from neo_core.errors import PlanningError
 
     who = f"Sharding planner {planner!r}"
@@ -665,9 +664,10 @@ def check_plan(
 
 def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence[TableSpec], world_size: int) -> list[str]:
     """What in table assignments cannot be built: tables the model lacks, left out or placed
-    twice, ranks outside the world, an unknown sharding type (a short name, "TW", is taken as
-    its TorchRec name, in place), a replicated table not on every rank, shard shapes that do
-    not cover their table. Each an "it ..." clause (:func:`check_plan`'s message)."""
+    twice, ranks outside the world, an unknown sharding type (a short name, "TW", or a member
+    is taken as its TorchRec name, in place), a replicated table not on every rank, other than
+    one shard shape per rank, shapes that do not make up their table. Each an "it ..." clause
+    (:func:`check_plan`'s message)."""
     from collections import Counter
 
     known = {t.name for t in tables}
@@ -682,12 +682,12 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
     if bad := [a.name for a in assignments if not a.ranks or any(not 0 <= int(r) < world_size for r in a.ranks)]:
         problems.append(f"puts tables on no rank or on ranks outside 0-{world_size - 1} ({', '.join(bad[:5])})")
     specs = {t.name: t for t in tables}
-    unknown, partial, shapes, counts = [], [], [], []
+    untyped, partial, shapes, miscounted = [], [], [], []
     for a in assignments:
         try:
             a.sharding_type = ShardingType.parse(a.sharding_type).value
         except ConfigError:
-            unknown.append(f"{a.sharding_type!r} for {a.name}")
+            untyped.append(f"{a.sharding_type!r} for {a.name}")
             continue
         spec = specs.get(a.name)
         if spec is None:
@@ -697,7 +697,7 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
         rows, dim = spec.num_embeddings, spec.embedding_dim
         given = [(int(r), int(c)) for r, c in a.shard_shapes]
         if given and a.sharding_type != ShardingType.DATA_PARALLEL.value and len(given) != len(a.ranks):
-            counts.append(f"{a.name}: {len(given)} shapes for {len(a.ranks)} ranks")
+            miscounted.append(f"{a.name}: {len(given)} shapes for {len(a.ranks)} ranks")
             continue
         # a replica (one shape, or one per rank) or a whole table is the table; other shards add up to it
         replica, whole = a.sharding_type == ShardingType.DATA_PARALLEL.value, a.sharding_type == ShardingType.TABLE_WISE.value
@@ -705,14 +705,14 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
                       or any(not (0 <= r <= rows and 0 < c <= dim) for r, c in given)
                       or (not (replica or whole) and sum(r * c for r, c in given) != rows * dim)):
             shapes.append(f"{a.name}: {given[:4]}{' ...' if len(given) > 4 else ''} for {rows} x {dim}")
-    if unknown:
-        problems.append(f"gives unknown sharding types ({', '.join(unknown[:5])}): use "
+    if untyped:
+        problems.append(f"gives unknown sharding types ({', '.join(untyped[:5])}): use "
                         + ", ".join(f"{m.value} ({m.short})" for m in ShardingType))
     if partial:
         problems.append(f"puts data-parallel (replicated) tables on some ranks only ({', '.join(partial[:5])}): a "
                         f"replica is on every rank, 0-{world_size - 1}, so list them all")
-    if counts:
-        problems.append(f"gives other than one shard shape per rank listed ({'; '.join(counts[:3])}): give one "
+    if miscounted:
+        problems.append(f"gives other than one shard shape per rank listed ({'; '.join(miscounted[:3])}): give one "
                         "(rows, cols) per entry of ranks, or leave shard_shapes empty")
     if shapes:
         problems.append(f"gives shard shapes (rows, cols) that do not make up their tables "
