@@ -119,6 +119,7 @@ def sweep_row(metrics: dict) -> dict:
         "samples/s": (metrics.get("samples_per_sec", math.nan), ",.0f"),
         "samples/s p10": (spread[0], ",.0f"), "samples/s p90": (spread[1], ",.0f"),
         "predicted step": (predicted * 1e3 if predicted is not None else math.nan, ".3f", "ms"),
+        "predicted by": (metrics.get("predicted_by") or "", "s"),
         "steps": (metrics.get("steps"), ""), "ranks": (metrics.get("world_size"), ""),
         "global batch": (metrics.get("global_batch_size"), ","),
         "cached tables": (metrics.get("cached_tables"), ""),
@@ -127,6 +128,15 @@ def sweep_row(metrics: dict) -> dict:
 
 
 SWEEP = SweepFailures(sweep_row)
+
+
+def mixed_scales_note() -> str | None:
+    """A sweep whose runs' predicted steps come from different models does not rank them."""
+    scales = sorted({row["predicted by"][0] for _, row in SWEEP.done.values() if row.get("predicted by", ("",))[0]})
+    if len(scales) < 2:
+        return None
+    return (f"note: these runs' predicted steps come from different models ({', '.join(scales)}), which are not "
+            "on one scale: their samples/s, measured, are")
 
 
 def _typed_overrides() -> list[str]:
@@ -335,7 +345,7 @@ if __name__ == "__main__":
 
         if asked_as_it_finished():  # the last job of a sweep (a single run says so itself)
             print("note: the stop request came as the last job was finishing; it finished, and so did the sweep")
-        SWEEP.exit()
+        SWEEP.exit(mixed_scales_note)
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
         if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it

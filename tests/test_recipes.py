@@ -637,23 +637,28 @@ def test_a_training_sweeps_summary_says_what_its_speeds_are_of(tmp_path: Path, c
     monkeypatch.chdir(tmp_path)
     sweep = SweepFailures(recipe.sweep_row)
     base = {"val_auc": 0.8114, "val_loss": 0.5208, "steps": 100, "world_size": 2, "global_batch_size": 512,
-            "cached_tables": 0, "not_used": ["cache lru"], "predicted_step_time_s": 0.00123}
+            "cached_tables": 0, "not_used": ["cache lru"], "predicted_step_time_s": 0.00123,
+            "predicted_by": "Neo's cost model"}
     runs = {0: {**base, "samples_per_sec": 7_333.0, "samples_per_sec_p10_p90": [43_283.0, 45_068.0]},
             1: {**base, "samples_per_sec": 43_930.0, "samples_per_sec_p10_p90": [43_100.0, 44_900.0],
-                "not_used": ["cache lfu"]}}
+                "not_used": ["cache lfu"], "predicted_by": "TorchRec's estimator"}}
     for num, policy in enumerate(("lru", "lfu")):
         (tmp_path / str(num)).mkdir()
         sweep.job(lambda m=runs[num]: m, tmp_path / str(num), num, f"cache={policy} trainer.max_steps=100")
+    monkeypatch.setattr(recipe, "SWEEP", sweep)  # the note reads the recipe's sweep
     with pytest.raises(SystemExit):
-        sweep.exit()
+        sweep.exit(recipe.mixed_scales_note)
     out = capsys.readouterr().out.splitlines()
     assert out[1] == ("  #0 cache=lru: val AUC 0.8114, val loss 0.5208, samples/s 7,333 (per step 43,283-45,068; "
-                      "slower overall: some steps stalled), predicted step 1.230 ms, steps 100, ranks 2, global "
-                      "batch 512, cached tables 0, not used cache lru"), out
+                      "slower overall: some steps stalled), predicted step 1.230 ms, predicted by Neo's cost model, "
+                      "steps 100, ranks 2, global batch 512, cached tables 0, not used cache lru"), out
+    # two models' predictions are not ranked against each other
+    assert out[-1] == ("note: these runs' predicted steps come from different models (Neo's cost model, TorchRec's "
+                       "estimator), which are not on one scale: their samples/s, measured, are"), out
     assert "samples/s 43,930 (per step 43,100-44,900), " in out[2] and out[2].endswith("not used cache lfu"), out
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
     assert rows[0][4:] == ["val AUC", "val loss", "samples/s", "samples/s p10", "samples/s p90", "predicted step (ms)",
-                           "steps", "ranks", "global batch", "cached tables", "not used"]
+                           "predicted by", "steps", "ranks", "global batch", "cached tables", "not used"]
     assert rows[1][6:9] == ["7333.0", "43283.0", "45068.0"] and rows[1][-1] == "cache lru"
     assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1284,4 +1284,5 @@ def test_metrics_json_says_a_cache_chosen_on_cpu_ranks_held_no_table(tmp_path: P
     metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.val_batches=1",
                               "trainer.progress_bar=false", "trainer.checkpoint=false", "cache=lru"], tmp_path))
     assert metrics["cache"] == "lru" and metrics["cached_tables"] == 0 and metrics["not_used"] == ["cache lru"]
+    assert metrics["predicted_by"] == "Neo's cost model" and metrics["predicted_step_time_s"] > 0
     assert metrics["topology"] == "local" and metrics["emulated_from"] is None
