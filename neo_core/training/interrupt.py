@@ -268,6 +268,11 @@ def rank_entry(local_rank: int, fn: Callable[..., None], *args: Any) -> None:
     torch's spawn wrapper (the caller) would write it, so the starting process reports it as
     before; should that file not be found, the error is left to the wrapper.
     """
+    # a rank a signal ends (an abort inside a library) prints its Python stacks first: where it was
+    import faulthandler
+
+    with contextlib.suppress(Exception):  # a stderr with no file descriptor: left without
+        faulthandler.enable(all_threads=True)
     try:
         fn(local_rank, *args)
     except SystemExit as exc:  # as the interpreter takes it: None is 0, other than an int is printed, 1

@@ -591,9 +591,13 @@ def _rank_with_teardown_noise(local_rank: int, how: str, stop: Any) -> None:
         raise SystemExit()  # success, as sys.exit() in the interpreter
     if how == "exits-text":
         raise SystemExit(f"rank {local_rank} gave up")
+    if how == "aborts" and local_rank == 1:  # as a library's C++ code aborts
+        import os
+
+        os.abort()
 
 
-@pytest.mark.parametrize("how", ["returns", "fails", "exits", "exits-none", "exits-text"])
+@pytest.mark.parametrize("how", ["returns", "fails", "exits", "exits-none", "exits-text", "aborts"])
 def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> None:
     # the teardown of a rank holding a process group could abort ("terminate called without an
     # active exception") after the rank's results or error were in
@@ -609,12 +613,17 @@ def test_a_rank_leaves_without_the_interpreters_teardown(how: str, capfd) -> Non
     elif how == "fails":
         with pytest.raises(ProcessRaisedException, match=r"ValueError: rank [01] failed"):
             run_ranks(_rank_with_teardown_noise, (how,), 2)
+    elif how == "aborts":
+        with pytest.raises(ProcessExitedException, match="process 1 terminated with signal SIGABRT"):
+            run_ranks(_rank_with_teardown_noise, (how,), 2)
     else:
         with pytest.raises(ProcessExitedException, match="exit code 130"):
             run_ranks(_rank_with_teardown_noise, (how,), 2)
     err = capfd.readouterr().err
     assert "interpreter teardown ran" not in err
     assert ("gave up" in err) is (how == "exits-text")  # printed, as the interpreter prints it
+    # an aborted rank says where it was: its Python stack, down to the call that aborted
+    assert ("Fatal Python error: Aborted" in err and "in _rank_with_teardown_noise" in err) is (how == "aborts"), err
 
 
 def _rank_draws_a_bar(local_rank: int, alone: bool, ready: str, stop: Any) -> None:
