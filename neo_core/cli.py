@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
+from neo_core.training.plots import SPREAD
 
 # the recipes' config folder in a checkout (an installed package has none)
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -311,9 +312,6 @@ class SweepFailures:
         print(f"{len(self.jobs)} job(s) of the sweep failed{why}:", file=sys.stderr)
         print_failed_jobs(self.jobs)
         raise SystemExit(1 if self.internal else 2)
-
-
-SPREAD = (" p10", " p90")  # a result's per-step spread: "<column> p10", "<column> p90" beside "<column>"
 
 
 def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:

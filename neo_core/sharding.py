@@ -585,18 +585,9 @@ def check_plan(
     who = f"Sharding planner {planner!r}"
     if not isinstance(result, PlanResult):
         raise PlanningError(f"{who} returned {type(result).__name__}, not a PlanResult; its plan() must return one.")
-    problems = assignment_problems(result.tables, tables, world_size)
-    if problems:  # the checks below read the tables' types and shapes
-        raise PlanningError(f"{who} gave a plan that cannot run: it {'; it '.join(problems)}.")
-    if context is not None:  # as the ranks would build it: kernels, ranks per type, column widths
-        from neo_core.torchrec_plan import check_assignment
-
-        dims = {t.name: t.embedding_dim for t in tables}
-        for a in result.tables:
-            try:
-                check_assignment(a, dims[a.name], world_size, context.topology.devices_per_node)
-            except PlanningError as exc:
-                raise PlanningError(f"{who} gave a plan that cannot run: {exc}") from None
+    refuse_unbuildable(result.tables, tables, world_size, context.topology.devices_per_node if context else None,
+                       f"{who} gave a plan that cannot run")
+    problems: list[str] = []
     narrow = [f"{a.name} ({c} columns)" for a in result.tables if a.compute_kernel.startswith("fused")
               for c in sorted({int(c) for _, c in a.shard_shapes if int(c) % 4})[:1]]
     if narrow:
@@ -660,6 +651,31 @@ def check_plan(
             result.topology = context.topology.to_dict()
         result.notes.extend(n for n in context_notes(result, context) if n not in result.notes)
     return result
+
+
+def refuse_unbuildable(
+    assignments: Sequence[TableAssignment], tables: Sequence[TableSpec], world_size: int, local_size: int | None,
+    head: str, subject: str = "it",
+) -> None:
+    """Raise ``PlanningError("<head>: <subject> <problem>; it <problem>.")`` for what
+    :func:`assignment_problems` finds, then, given the ranks per node (``local_size``), the
+    first assignment the ranks could not build as laid out (kernel, ranks per type, column
+    widths: ``neo_core.torchrec_plan.check_assignment``), as ``"<head>: <its message>"``."""
+    from neo_core.errors import PlanningError
+
+    problems = assignment_problems(assignments, tables, world_size)
+    if problems:  # the builder's checks read the tables' types and shapes
+        raise PlanningError(f"{head}: {subject} {'; it '.join(problems)}.")
+    if local_size is None:
+        return
+    from neo_core.torchrec_plan import check_assignment
+
+    dims = {t.name: t.embedding_dim for t in tables}
+    for a in assignments:
+        try:
+            check_assignment(a, dims[a.name], world_size, local_size)
+        except PlanningError as exc:
+            raise PlanningError(f"{head}: {exc}") from None
 
 
 def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence[TableSpec], world_size: int) -> list[str]:
@@ -732,7 +748,7 @@ def _least_device_bytes(result: PlanResult, tables: Sequence[TableSpec], world_s
     least = [0.0] * world_size
     for a in result.tables:
         spec = specs[a.name]
-        if "caching" in a.compute_kernel or "uvm" in a.compute_kernel:
+        if "uvm" in a.compute_kernel:  # fused_uvm, fused_uvm_caching: rows in host memory
             continue
         rows, dim = spec.num_embeddings, spec.embedding_dim
         if a.sharding_type == ShardingType.DATA_PARALLEL.value:

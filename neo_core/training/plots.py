@@ -46,6 +46,7 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
 
 
 CONTEXT = ("steps", "ranks", "global batch", "cached tables")  # drawn only where jobs differ in them
+SPREAD = (" p10", " p90")  # a result's per-step spread: "<column> p10", "<column> p90" beside "<column>"
 
 
 def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: Path, title: str) -> bool:
@@ -63,7 +64,7 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: 
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
     names = list(dict.fromkeys(c for row in rows for c in row))
-    spread = {c for c in names if c.endswith((" p10", " p90")) and c[:-4] in names}
+    spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
     columns = [c for c in names
                if c not in spread and any(numeric(row.get(c, ("",))[0]) for row in rows)
                and not (c in CONTEXT and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
@@ -93,8 +94,7 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: 
     for ax, column in zip(axes[0], columns):
         numbers = [number(row, column) for _, row in jobs]
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
-        low = [number(row, column + " p10") for _, row in jobs]
-        high = [number(row, column + " p90") for _, row in jobs]
+        low, high = ([number(row, column + end) for _, row in jobs] for end in SPREAD)
         whiskers = [(yi, lo, hi) for yi, lo, hi in zip(y, low, high) if not (math.isnan(lo) or math.isnan(hi))]
         if whiskers:  # the per-step spread, 10th to 90th percentile
             ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],

@@ -20,9 +20,8 @@ from neo_core.sharding import (
     ShardingType,
     TableAssignment,
     TableSpec,
-    assignment_problems,
+    refuse_unbuildable,
 )
-from neo_core.torchrec_plan import check_assignment
 from neo_plugins.sharding.planner.cost import CACHED, DEVICE, CostModel, CostParams, TableArrays
 from neo_plugins.sharding.planner.planner import build_result
 from neo_plugins.sharding.planner.search import Search, build_options
@@ -52,16 +51,8 @@ def score_assignments(
     # kernel or rank layout the ranks refuse was scored as Neo's), on copies: short type names
     # are normalised there, not in the caller's assignments
     assignments = [dataclasses.replace(a, ranks=list(a.ranks)) for a in assignments]
-    head = f"The assignments of planner {planner!r} cannot be scored"
-    problems = assignment_problems(assignments, tables, context.topology.world_size)
-    if problems:
-        raise PlanningError(f"{head}: the plan {'; it '.join(problems)}.")
-    dims = {t.name: t.embedding_dim for t in tables}
-    for a in assignments:
-        try:
-            check_assignment(a, dims[a.name], context.topology.world_size, context.topology.devices_per_node)
-        except PlanningError as exc:
-            raise PlanningError(f"{head}: {exc}") from None
+    refuse_unbuildable(assignments, tables, context.topology.world_size, context.topology.devices_per_node,
+                       f"The assignments of planner {planner!r} cannot be scored", subject="the plan")
     model = CostModel(context, params)
     arrays = TableArrays.from_specs(tables)
     by_name = {a.name: a for a in assignments}
