@@ -75,7 +75,7 @@ class TableSpec:
     name: str
     num_embeddings: int
     embedding_dim: int
-    pooling_factor: float = 1.0  # mean ids per sample for this table's feature(s)
+    pooling_factor: float = 1.0  # mean ids per sample of each feature that reads the table
     feature_names: tuple[str, ...] = ()
     # Fraction of lookups that hit the hottest 1% of rows (None: unknown / uniform).
     hot_fraction: float | None = None

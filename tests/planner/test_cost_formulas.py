@@ -87,6 +87,32 @@ def test_fp8_sends_its_bytes_where_torchrec_can_and_fp16_or_bf16_in_reduce_scatt
     assert [float(x[0]) for x in model.comm_bytes(arrays, ShardingType.ROW_WISE)] == pytest.approx([rw * 3 / 8, rw * 4 / 8])
 
 
+def test_a_table_read_by_two_features_looks_up_and_sends_for_both():
+    # feature_names (a, b), pooling 10 each: n = G P F = 16000 ids, m = G F = 1600 pooled rows,
+    # as TorchRec's estimator counts pooling factors [10, 10]
+    ctx = make_context(topology(), 100)
+    model = CostModel(ctx)
+    two = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0, feature_names=("a", "b"))])
+    kinds = ("compute_fwd", "compute_bwd", "optimizer", "comm_input", "comm_fwd", "comm_bwd", "comm_allreduce")
+    c = model.costs(two, ShardingType.TABLE_WISE)
+    got = {kind: float(c.time[0, i]) for i, kind in enumerate(kinds)}
+    got.update(device=float(c.mem_device[0]), host=float(c.mem_host[0]))
+    check(
+        got,
+        compute_fwd=(16000 * (8 + 512) + 1600 * 128 * 4) / 1e12,
+        compute_bwd=(1600 * 128 * 4 + 2 * 16000 * (512 + 4)) / 1e12,
+        comm_input=16000 * 8 * A, comm_fwd=1600 * 128 * 4 * A, comm_bwd=1600 * 128 * 4 * A,
+        device=1000 * 128 * 4 + 1000 * 4 + 16000 * 8 + 1600 * 128 * 4,
+    )
+    # the bytes the report counts, and row-wise's reduce-scatter, double with the features
+    one = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])
+    for stype in (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        assert [float(x[0]) for x in model.comm_bytes(two, stype)] == pytest.approx(
+            [2 * float(x[0]) for x in model.comm_bytes(one, stype)]), stype
+    rw_two, rw_one = model.costs(two, ShardingType.ROW_WISE), model.costs(one, ShardingType.ROW_WISE)
+    assert rw_two.time[0, 4] == pytest.approx(2 * rw_one.time[0, 4])  # comm_fwd
+
+
 @pytest.mark.parametrize(
     ("dim", "k", "rb", "penalty"),
     [(128, 2, 256, 1.15), (128, 4, 128, 1.75), (64, 4, 128, 1.75)],  # c = 64, 32, 16 (read as 32)

@@ -78,8 +78,11 @@ class TableArrays:
     names: list[str]
     rows: np.ndarray  # int64
     dims: np.ndarray  # int64
-    pooling: np.ndarray  # float64
+    pooling: np.ndarray  # float64, mean ids per sample of each of the table's features
     hot: np.ndarray  # float64, nan when unknown
+    # float64, the features that read the table: each looks up ``pooling`` ids a sample and gives
+    # one pooled row (TorchRec's pooling_factors, one per feature)
+    features: np.ndarray
 
     @classmethod
     def from_specs(cls, tables: Sequence[TableSpec]) -> TableArrays:
@@ -91,6 +94,7 @@ class TableArrays:
             hot=np.array(
                 [np.nan if t.hot_fraction is None else t.hot_fraction for t in tables], dtype=np.float64
             ),
+            features=np.array([max(1, len(t.feature_names)) for t in tables], dtype=np.float64),
         )
 
     def __len__(self) -> int:
@@ -305,7 +309,8 @@ class CostModel:
         """
         n = len(t)
         d = t.dims.astype(np.float64)
-        P = t.pooling
+        F = t.features  # pooled rows per sample: one per feature reading the table
+        P = t.pooling * F  # ids per sample over its features
         G, B, W, L = self.G, self.B, float(self.W), float(self.L)
         time = np.zeros((n, K))
         k = np.broadcast_to(np.asarray(num_col_shards, dtype=np.float64), (n,))
@@ -313,7 +318,7 @@ class CostModel:
         topo = self.context.topology
         if st is ShardingType.DATA_PARALLEL:
             rows = t.rows
-            fwd, bwd = self._lookup(t, B * P, np.full(n, B), d, DEVICE, fused=False)
+            fwd, bwd = self._lookup(t, B * P, B * F, d, DEVICE, fused=False)
             time[:, CF], time[:, CB] = fwd, bwd
             table_bytes = rows.astype(np.float64) * d * 4.0  # dense fp32 gradient
             weights = rows.astype(np.float64) * d * self.e
@@ -334,32 +339,32 @@ class CostModel:
                 + 2 * (self.N - 1) / self.N / L / topo.inter_node_bw
             )
             zero = np.zeros(n)
-            batch = B * P * self.ib + B * d * self.ob
+            batch = B * P * self.ib + B * F * d * self.ob
             return ShardCosts(time, weights + opt + table_bytes + batch, zero, weights, opt, table_bytes, zero, batch)
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
             cols = d if st is ShardingType.TABLE_WISE else d / k
             rows = t.rows
             ids = G * P
-            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement, block_terms=True)
+            fwd, bwd = self._lookup(t, ids, G * F, cols, placement, block_terms=True)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P * self.ib * self.a2a
-            time[:, CMF] = G * cols * self.fb * self.a2a
-            time[:, CMB] = G * cols * self.bb * self.a2a
+            time[:, CMF] = G * F * cols * self.fb * self.a2a
+            time[:, CMB] = G * F * cols * self.bb * self.a2a
         elif st is ShardingType.ROW_WISE:
             cols = d
             rows = np.ceil(t.rows / W).astype(np.int64)
             ids = G * P / W
-            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement)
+            fwd, bwd = self._lookup(t, ids, G * F, cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
             # reduce-scatter of pooled partial sums; all-gather of their gradients
-            time[:, CMF] = G * cols * self.fs * self.a2a * self.rs_factor
-            time[:, CMB] = G * cols * self.bs * (self.a2a * self.ag_factor + self.batched_copy)
+            time[:, CMF] = G * F * cols * self.fs * self.a2a * self.rs_factor
+            time[:, CMB] = G * F * cols * self.bs * (self.a2a * self.ag_factor + self.batched_copy)
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
             ids = G * P / L
-            fwd, bwd = self._lookup(t, ids, np.full(n, G), cols, placement)
+            fwd, bwd = self._lookup(t, ids, G * F, cols, placement)
             time[:, CF], time[:, CB] = fwd, bwd
             buckets = G * P / L * self.id_bucketize / (1.0 if st is ShardingType.TABLE_ROW_WISE else k)
             time[:, CIN] = G * P / L * self.ib * self.a2a + buckets
@@ -367,12 +372,12 @@ class CostModel:
             # reduce-scatter inside the node, then each rank's 1/L of the samples goes to the ranks
             # of its local rank on the other nodes (TorchRec's cross-node group): (N-1)/N of it leaves
             cross = (self.N - 1) / self.N / topo.inter_node_bw
-            time[:, CMF] = G * cols * (self.fs * intra * self.rs_factor + self.fb * cross / L)
-            time[:, CMB] = G * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * cross / L)
+            time[:, CMF] = G * F * cols * (self.fs * intra * self.rs_factor + self.fb * cross / L)
+            time[:, CMB] = G * F * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * cross / L)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
-        batch = ids * self.ib + G * cols * self.ob  # the ids it looks up, the pooled rows it writes
+        batch = ids * self.ib + G * F * cols * self.ob  # the ids it looks up, the pooled rows it writes
         return ShardCosts(time, mem_dev + batch, mem_host, weights, opt, grads, cache, batch)
 
     def comm_bytes(
@@ -388,7 +393,8 @@ class CostModel:
         all-reduces hierarchically.
         """
         d = t.dims.astype(np.float64)
-        P, G, W, L, N = t.pooling, self.G, float(self.W), float(self.L), float(self.N)
+        F = t.features  # pooled rows per sample; ids per sample over its features below
+        P, G, W, L, N = t.pooling * F, self.G, float(self.W), float(self.L), float(self.N)
         st = ShardingType(sharding_type)
         a2a_in, a2a_out = (L - 1) / W, (W - L) / W
         if st is ShardingType.DATA_PARALLEL:
@@ -397,8 +403,8 @@ class CostModel:
         cols = d / num_col_shards if st in (
             ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD
         ) else d
-        out = G * cols * (self.fb + self.bb)
-        scattered = G * cols * (self.fs + self.bs)  # reduce-scatter and its backward
+        out = G * F * cols * (self.fb + self.bb)
+        scattered = G * F * cols * (self.fs + self.bs)  # reduce-scatter and its backward
         if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
             sent = G * P * self.ib + out
             return sent * a2a_in, sent * a2a_out
