@@ -65,9 +65,14 @@ def planner_chart(rows: list[dict[str, Any]], path: Path) -> Path:
     cut = [bool(r.get("torchrec", {}).get("timed_out")) for r in rows]
     w = 0.38
     ax = axes[0]
-    for off, key, label in ((-w / 2, "neo_over_torchrec", "neo / tr"), (w / 2, "neo_tr_est_over_torchrec", "neo[TR] / tr")):
+    bars3 = (
+        (-w * 2 / 3, "neo_over_torchrec", "neo / tr", "C0"),  # neo and neo[TR]: their colours below
+        (0.0, "neo_cw128_over_torchrec", "neo128 / tr (TorchRec's column options)", "C4"),
+        (w * 2 / 3, "neo_tr_est_over_torchrec", "neo[TR] / tr", "C1"),
+    )
+    for off, key, label, colour in bars3:
         vals = series(lambda r, k=key: r.get(k))
-        bars = ax.bar(x + off, vals, w, label=label)
+        bars = ax.bar(x + off, vals, w * 2 / 3, label=label, color=colour)
         for bar, c in zip(bars, cut):
             if c:
                 bar.set_hatch("//")

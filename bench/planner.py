@@ -12,6 +12,9 @@ in host memory behind a 5% LRU cache, which TorchRec's planner gets too) and ran
   (max-rank summed ``Perf.total``, ms);
 - plan with Neo searching over TorchRec's estimator (``estimator="torchrec"``): its predicted
   step is TorchRec's score of its plan;
+- plan with Neo held to TorchRec's column options (``sharding.min_col_width`` 128, TorchRec's
+  narrowest column shard), scored by TorchRec's estimator (``neo128/tr``): the search on the
+  options both planners have;
 - plan with TorchRec's planner (default proposers) in a child process, with TorchRec's own
   ``timeout_seconds`` set to ``--torchrec-timeout``: past it TorchRec stops proposing and
   keeps the best plan so far (marked ``>``; 0: no limit); the child is killed after
@@ -67,6 +70,9 @@ SUITES = {
 DEFAULT_SUITES = ("mlperf_dcnv2", "production_like", "zionex_12t")
 RANKS = (8, 16, 64, 128)
 GLOBAL_BATCH = 65536
+# the narrowest column shard TorchRec's planner proposes (torchrec.distributed.planner.constants
+# MIN_CW_DIM): the ``neo128/tr`` column plans Neo with sharding.min_col_width at it
+TORCHREC_MIN_CW_DIM = 128
 
 
 def _context(world: int, extra: dict[str, Any]) -> Any:
@@ -186,10 +192,23 @@ def bench_case(
         # (torchrec_score.constraints, meta_module)
         row["torchrec"] = run_torchrec(suite, world, timeout, kill_after)
     tr = row.get("torchrec", {})
+    if "score_ms" in tr:
+        # Neo held to TorchRec's column options: TorchRec's planner splits no column shard
+        # narrower than 128 columns (its MIN_CW_DIM), so it column-splits no table of dim 128 or
+        # less, where Neo's default goes down to 16 (sharding.min_col_width). The ratio of this
+        # plan to TorchRec's separates the search from the wider option space
+        narrow = NeoPlanner(min_col_width=TORCHREC_MIN_CW_DIM, check_settings_s=0).plan(tables, ctx)
+        row["neo_cw128"] = {"step_ms": narrow.predicted_step_time * 1e3}
+        try:
+            row["neo_cw128"]["torchrec_score_ms"] = score_plan(tables, narrow, ctx)
+        except Exception as exc:
+            row["neo_cw128"]["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     if "score_ms" in tr and "torchrec_score_ms" in neo:
         row["neo_over_torchrec"] = neo["torchrec_score_ms"] / tr["score_ms"]
         row["torchrec_vs_bound"] = tr["score_ms"] / tr["bound_ms"]
         row["neo_vs_torchrec_bound"] = neo["torchrec_score_ms"] / tr["bound_ms"]
+        if "torchrec_score_ms" in row.get("neo_cw128", {}):
+            row["neo_cw128_over_torchrec"] = row["neo_cw128"]["torchrec_score_ms"] / tr["score_ms"]
         if "neo_torchrec_estimator" in row:
             neo_tr = row["neo_torchrec_estimator"]["torchrec_score_ms"]
             row["neo_tr_est_over_torchrec"] = neo_tr / tr["score_ms"]
@@ -227,7 +246,8 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"{row['suite']:<16} {row['ranks']:>5} {_fmt(neo.get('time_s'), '.2f'):>7} "
         f"{_fmt(neo_tr.get('time_s'), '.2f'):>9} {tr_s:>7} {speed:>8} "
-        f"{_fmt(row.get('neo_over_torchrec')):>7} {_fmt(row.get('neo_tr_est_over_torchrec')):>11} "
+        f"{_fmt(row.get('neo_over_torchrec')):>7} {_fmt(row.get('neo_cw128_over_torchrec')):>9} "
+        f"{_fmt(row.get('neo_tr_est_over_torchrec')):>11} "
         f"{_fmt(neo.get('vs_bound')):>8} {_fmt(neo_tr.get('vs_bound')):>12} "
         f"{_fmt(row.get('torchrec_vs_bound')):>7}  {note}"
     )
@@ -337,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     killed: set[str] = set()  # suites where TorchRec's child had to be killed
     print(
         f"{'suite':<16} {'ranks':>5} {'neo s':>7} {'neo[TR] s':>9} {'tr s':>7} {'speedup':>8} "
-        f"{'neo/tr':>7} {'neo[TR]/tr':>11} {'neo/LB':>8} {'neo[TR]/LB':>12} {'tr/LB':>7}"
+        f"{'neo/tr':>7} {'neo128/tr':>9} {'neo[TR]/tr':>11} {'neo/LB':>8} {'neo[TR]/LB':>12} {'tr/LB':>7}"
     )
     if kept is not None:
         cases = [(r["suite"], r["ranks"], r) for r in kept]

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT, subprocess_env
 
 PNG = b"\x89PNG\r\n\x1a\n"
-COLUMNS = ("neo/tr", "neo[TR]/tr", "neo/LB", "neo[TR]/LB", "tr/LB", "speedup")
+COLUMNS = ("neo/tr", "neo128/tr", "neo[TR]/tr", "neo/LB", "neo[TR]/LB", "tr/LB", "speedup")
 
 
 def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
@@ -38,6 +38,11 @@ def test_planner_bench_prints_and_writes_the_ratios(tmp_path):
     assert row["neo_over_torchrec"] == row["neo"]["torchrec_score_ms"] / tr["score_ms"]
     # neither Neo plan is worse than TorchRec's under TorchRec's own estimator
     assert row["neo_over_torchrec"] <= 1.0 and row["neo_tr_est_over_torchrec"] <= 1.0, row
+    # Neo held to TorchRec's column options (no column shard under 128 columns), scored by
+    # TorchRec's estimator too, and printed in its column
+    narrow = row["neo_cw128"]
+    assert row["neo_cw128_over_torchrec"] == narrow["torchrec_score_ms"] / tr["score_ms"], row
+    assert f"{row['neo_cw128_over_torchrec']:.3f}" in line.split(), line
     # bounds are bounds: nothing below them, Neo within 1.10x of its own
     assert 1.0 <= row["neo"]["vs_bound"] <= 1.10, row["neo"]
     assert row["neo_torchrec_estimator"]["vs_bound"] >= 1.0 and row["torchrec_vs_bound"] >= 1.0, row
