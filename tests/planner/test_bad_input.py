@@ -1131,6 +1131,37 @@ def test_a_lower_cache_load_factor_is_offered_with_the_most_it_could_be_or_not_a
     assert plan_tables(tables, topo(), 512, cache={"name": "lru", "load_factor": most}, check_settings_s=0).ranks
 
 
+def test_no_lower_load_factor_is_offered_where_host_memory_is_what_the_cache_lacks():
+    # a user lowered the factor as told and was refused again, for host memory, which no factor
+    # changes: a cached table's rows all live there
+    from neo_plugins.topology.zionex import zionex_topology
+
+    # the whole cluster: 10 tables of 256 GB against 1 node's 272 GiB of device and 1.5 TiB of host
+    tables = [TableSpec(f"t{i}", 500_000_000, 128, 1.0) for i in range(10)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1), 512, cache={"name": "lru", "load_factor": 0.5},
+                    check_settings_s=0)
+    msg = str(err.value)
+    assert msg.startswith("Device memory is short") and "lower the cache load_factor (" not in msg, msg
+    assert re.search(r"a lower cache load_factor does not help: host memory \(1536.00 GiB\) cannot hold the rows the "
+                     r"devices would leave to it, at least [\d.]+ GiB", msg), msg
+    # one table: MLPerf on one node of 8 GiB devices and 50 GiB of host memory, where the big
+    # tables fit behind the cache on the devices but not in host memory: more host memory is
+    # named (and checked), a lower load factor is not
+    from neo_plugins.sharding.planner.tables import mlperf_dcnv2
+
+    def small(host_gib: float):
+        return zionex_topology(num_nodes=1, device_memory_gib=8, host_memory_gib_per_node=host_gib)
+
+    with pytest.raises(PlanningError) as err:
+        plan_tables(mlperf_dcnv2(), small(50), 8192, cache={"name": "lru", "load_factor": 0.05})
+    msg = str(err.value)
+    assert "lower the cache load_factor" not in msg and "host memory to hold it behind the cache" in msg, msg
+    host = float(re.search(r"topology.host_memory_gib_per_node=([\d.]+) or more, now 50", msg).group(1))
+    assert "checked: the tables plan with each" in msg, msg
+    assert plan_tables(mlperf_dcnv2(), small(host), 8192, cache={"name": "lru", "load_factor": 0.05}).ranks
+
+
 def test_a_repeated_table_name_is_named_with_where_it_is_given():
     # "Table names must be unique; repeated: user." gave no place and no fix
     from neo_plugins.sharding.planner.tables import make_tables

@@ -701,6 +701,15 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
         return max(total - mu * device for mu, total in terms)
 
+    def host_needed_any_cache(device: float) -> float:
+        """Host bytes any plan needs with this much device memory at any cache load factor: a
+        cached option's device bytes taken as none (a lower factor shrinks them; its host bytes,
+        the whole rows, stay)."""
+        in_cache = np.array([o.placement == CACHED for o in search.opts])[:, None]
+        free = np.where(in_cache, 0.0, dev0)
+        return max(float(np.where(finite, host0 + mu * free, np.inf).min(axis=0)[some].sum()) - mu * device
+                   for mu, _ in terms)
+
     def more_nodes(least_ranks: float = 0.0) -> Setting | None:
         """The fewest nodes, at least ``least_ranks`` ranks, that the whole-cluster bounds allow."""
         per_node = topology.config_keys.get("num_nodes", ("", 0.0))[1]
@@ -886,6 +895,13 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
         floor = ""
+        if cache_fix == LOWER_CACHE and host_needed_any_cache(D) > H:
+            # the cached tables' rows overfill host memory whatever the load factor: lowering it
+            # would only move the refusal there
+            cache_fix = ""
+            floor = (f"; a lower cache load_factor does not help: host memory ({human_bytes(H)}{host_usable}) "
+                     f"cannot hold the rows the devices would leave to it, at least "
+                     f"{human_bytes(host_needed_any_cache(D))}")
         if cache_fix == LOWER_CACHE:
             bound = search.cache_bound() or 0.0
             if bound > 0:

@@ -1805,7 +1805,11 @@ class Search:
             if j != i:
                 np.add.at(used, np.asarray(self.ranks[j]), least[1][self.choice[j], j])
         free = np.sort(self.cap_dev - used)[::-1]
+        # a cached shard's host bytes (the whole rows) do not shrink with the load factor: its
+        # nodes must hold them as they are
+        free_host = np.sort(self.cap_node - self._node_host())[::-1]
         return any(o.valid[i] and least[1][r, i] <= free[min(o.num_shards, self.W) - 1]
+                   and o.cost.mem_host[i] * o.per_node(self.L, self.N) <= free_host[o.nodes_needed(self.N) - 1]
                    for r, o in enumerate(self.opts))
 
     def no_fit_error(self, i: int) -> PlanningError:
@@ -1868,7 +1872,20 @@ class Search:
         elif short > 0:
             memory_setting = ("host_memory", (self.cap_node + short) / self.L
                               / (1 - self.model.params.host_reserve_fraction))
-        groups = setting_groups(topology, [nodes, memory_setting])[0]
+        # a shard short of device memory whose cached option fits the devices but not its
+        # nodes' host memory: more host memory places it too
+        host_setting: Setting | None = None
+        cached_short = [
+            float(o.cost.mem_host[i] * o.per_node(self.L, self.N) - free_host[o.nodes_needed(self.N) - 1])
+            for o in self.opts
+            if o.valid[i] and o.placement == CACHED and o.cost.mem_device[i] <= free_dev[min(o.num_shards, self.W) - 1]
+        ]
+        if short > 0 and where == "device" and cached_short and min(cached_short) > 0:
+            host_setting = ("host_memory", (self.cap_node + min(cached_short)) / self.L
+                            / (1 - self.model.params.host_reserve_fraction))
+            if not topology.memory_fix:
+                fixes[-1] = f"add ranks, {memory}, or host memory to hold it behind the cache"
+        groups = setting_groups(topology, [nodes, memory_setting, host_setting])[0]
         named = NamedSettings(fixes[-1], fixes[-1], groups) if groups else None
         # a cache applies on GPUs, to device memory, for a table that may be sharded (not DP only)
         shardable = any(
