@@ -502,9 +502,15 @@ class PlanResult:
         if has_bytes:
             intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)
             inter = sum(r.comm_bytes.get("inter_node", 0.0) for r in self.ranks)
+            # the busiest NIC: a rank's inter-node bytes go through its own link, so a slower
+            # network is felt by the rank that sends the most (hierarchical types spread a table's
+            # share over its node's ranks where TW sends it all from one)
+            busiest = max(self.ranks, key=lambda r: (r.comm_bytes.get("inter_node", 0.0), -int(r.rank)))
             lines.append(
-                f"  predicted bytes sent per step (all ranks): intra-node {_bytes(intra)}, "
-                f"inter-node {_bytes(inter)}"
+                f"  predicted bytes sent per step (all ranks): intra-node {_bytes3(intra)}, "
+                f"inter-node {_bytes3(inter)}"
+                + (f"; most inter-node from one rank: {_bytes3(busiest.comm_bytes.get('inter_node', 0.0))} "
+                   f"(rank {busiest.rank})" if inter > 0 else "")
             )
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "
@@ -772,6 +778,16 @@ def _bytes(n: float) -> str:
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+def _bytes3(n: float) -> str:
+    """Bytes to three significant digits (1.23GiB, 12.3MiB, 123MiB): totals that plans are
+    compared by, where a one-decimal figure hides a few percent."""
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            value = n / size
+            return f"{value:.{max(0, 2 - int(math.floor(math.log10(value))))}f}{unit}"
     return f"{n:.0f}B"
 
 

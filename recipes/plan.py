@@ -65,12 +65,22 @@ def moved(plan: Any, where: str) -> float:
     return sum(r.comm_bytes.get(where, 0.0) for r in plan.ranks) / 2**20
 
 
+def most_inter_node(plan: Any) -> float:
+    """MiB the rank that sends the most across nodes sends per step (its own link's load); NaN
+    where the planner predicts no bytes."""
+    if not any(r.comm_bytes for r in plan.ranks):
+        return math.nan
+    return max(r.comm_bytes.get("inter_node", 0.0) for r in plan.ranks) / 2**20
+
+
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
     # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
     "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
     "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
+    # a slower network is felt by the rank that sends the most across nodes
+    "inter-node, busiest rank": (most_inter_node(plan), ",.1f", "MiB"),
     # tables in host memory behind the device cache: a larger cache can move more there
     "cached tables": (plan.cached_tables, ""),
 })

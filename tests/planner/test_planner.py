@@ -548,10 +548,18 @@ def test_slow_inter_node_links_move_traffic_inside_nodes():
 
     assert sent(slow, "inter_node") < sent(fast, "inter_node")
     assert sent(slow, "intra_node") > sent(fast, "intra_node")
+    # the link that limits: the most one rank sends across nodes falls further than the total,
+    # as a hierarchical table's cross-node share leaves from every rank of its node
+    def busiest(result) -> float:
+        return max(r.comm_bytes["inter_node"] for r in result.ranks)
+
+    assert busiest(slow) / busiest(fast) < sent(slow, "inter_node") / sent(fast, "inter_node") < 1.0
     assert slow.predicted_step_time > fast.predicted_step_time
     # both visible in the report: per-rank bytes columns, the totals line and the type counts
     text = slow.format_text()
     assert "inter-node" in text and "predicted bytes sent per step" in text and "TWRW" in text
+    rank = max(slow.ranks, key=lambda r: (r.comm_bytes["inter_node"], -r.rank)).rank
+    assert f"most inter-node from one rank: {busiest(slow) / 2**20:.3g}MiB (rank {rank})" in text, text[-600:]
     assert slow.to_dict()["ranks"][0]["comm_bytes"]["inter_node"] > 0
 
 
