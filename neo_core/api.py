@@ -55,6 +55,10 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
     if kind is None:
         raise ConfigError(f"Unknown plugin group {group!r}; choose one of {', '.join(_TYPES)}.")
     if isinstance(value, kind):
+        if group == "topology":  # one made in Python, not by a plugin: the same doubts
+            from neo_core.registry import doubt_bandwidths
+
+            doubt_bandwidths(value, f"topology {value.name!r}")
         return value
     if value is None and group not in ("topology", "sharding"):
         return _default(group)

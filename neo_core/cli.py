@@ -1033,9 +1033,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     calibrate.add_argument("--ranks", default=None, help="gloo ranks that measure the collectives: a power of two, "
                            "2 or more (as many as will train; default 2)")
     calibrate.add_argument("--nice", default=None, help="measure this much above normal priority (needs root)")
-    chart = sub.add_parser("chart", help="print a plan.json's plan and draw its chart (plan.png beside it)")
+    chart = sub.add_parser("chart", help="print a plan.json's plan and draw its chart (plan.png beside it; X.png for X.json)")
     chart.add_argument("plan", help="the plan.json of a training run or of recipes/plan.py, or the run's folder")
-    chart.add_argument("--out", default=None, help="where to draw the chart (default: plan.png beside the plan)")
+    chart.add_argument("--out", default=None, help="where to draw the chart (default: beside the plan, named after it: plan.png)")
     chart.add_argument("--all", action="store_true",
                        help="print every table and rank, not only the first tables and the slowest ranks")
     args = parser.parse_args(argv)
@@ -1055,8 +1055,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise ConfigError(f"{args.plan} is a folder without a plan.json; give a run's folder or its plan.json.")
                 given = given / "plan.json"
             plan = PlanResult.load_json(given)
+            for problem in plan.run_problems():  # an edited or a plugin's plan: drawn, but said
+                print(f"warning: {given} cannot run as written: it {problem}.", file=sys.stderr)
             print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text(rest="all in plan.json; --all prints them"))
-            out = args.out or given.with_name("plan.png")
+            # beside the plan, named after it: another file's chart leaves the run's plan.png alone
+            out = args.out or given.with_suffix(".png")
             try:
                 print(f"wrote {save_chart(plan, out)}")
             except OSError as exc:

@@ -124,17 +124,18 @@ def _unlike_defaults(group: str, entry: Any, params: Mapping[str, Any]) -> str:
     return f"; given a value unlike its default: {', '.join(odd)}" if odd else ""
 
 
-def _doubt_bandwidths(topology: Any, who: str) -> None:
-    """Warn of a plugin topology's bandwidths that are most often a slip: a per-rank
-    inter-node figure faster than any NIC (a NIC's Gb/s typed as GB/s, or a node's one NIC
-    given to each of its ranks), or node-internal links slower than the network."""
+def doubt_bandwidths(topology: Any, who: str, nic: bool = True) -> None:
+    """Warn of a topology's bandwidths that are most often a slip: node-internal links slower
+    than the network, and (``nic``: not for the built-ins, which refuse it themselves) a
+    per-rank inter-node figure faster than any NIC (a NIC's Gb/s typed as GB/s, or a node's one
+    NIC given to each of its ranks)."""
     if getattr(topology, "num_nodes", 1) < 2 or os.environ.get("RANK", "0") != "0":
         return
     inter, intra = topology.inter_node_bw, topology.intra_node_bw
     if (who, inter, intra) in _DOUBTED:  # once per process (a sweep's check builds each job's too)
         return
     _DOUBTED.add((who, inter, intra))
-    if inter > FASTEST_NIC:
+    if nic and inter > FASTEST_NIC:
         print(f"warning: {who} gives each rank {inter / 1e9:g} GB/s across nodes ({inter * 8 / 1e9:,.0f} Gb/s), "
               "faster than any scale-out NIC: a NIC's Gb/s is its GB/s x 8, and a NIC a node's ranks share is "
               f"given as its bandwidth over the {topology.devices_per_node} ranks (Topology.inter_node_bw is "
@@ -355,8 +356,8 @@ class Registry(Generic[T]):
                 f"{self.kind} plugin {name!r} ({entry.provider}) returned {type(made).__name__}, not "
                 f"{expected}: its factory must return one (README, 'Writing a plugin')."
             )
-        if self.kind == "topology" and entry.provider != BUILTIN:
-            _doubt_bandwidths(made, f"{self.group}={name} ({entry.provider})")
+        if self.kind == "topology":
+            doubt_bandwidths(made, f"{self.group}={name} ({entry.provider})", nic=entry.provider != BUILTIN)
         return made
 
     def _set_provider(self, provider: str, plugin: str = "") -> None:

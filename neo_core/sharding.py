@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from neo_core.checks import counted
 from neo_core.errors import ConfigError
@@ -83,6 +83,11 @@ class TableSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ConfigError(f"Every table needs a non-empty name (a string); got {self.name!r}.")
+        if "." in self.name:  # TorchRec makes each table a torch module, named after it
+            raise ConfigError(
+                f"Table {self.name!r}: a table name cannot contain '.' (TorchRec holds each table as a torch "
+                f"module named after it, and module names cannot); rename it, e.g. {self.name.replace('.', '_')!r}."
+            )
         from numbers import Real
 
         from neo_core.checks import as_whole
@@ -120,9 +125,13 @@ class TableSpec:
                 f"Table {self.name!r} has pooling_factor {self.pooling_factor!r}; it must be "
                 "a positive number."
             )
-        if self.hot_fraction is not None and not 0.0 < self.hot_fraction <= 1.0:
+        if self.hot_fraction is not None and not 0.01 <= self.hot_fraction <= 1.0:
+            # the hottest 1% of rows take at least 1% of the lookups (0.01: uniform access)
+            hint = (f" (a percentage? {self.hot_fraction:g}% is {self.hot_fraction / 100:g})"
+                    if 1.0 < self.hot_fraction <= 100.0 else "")
             raise ConfigError(
-                f"Table {self.name!r} has hot_fraction {self.hot_fraction!r}; it must lie in (0, 1]."
+                f"Table {self.name!r} has hot_fraction {self.hot_fraction!r}; it is the share of lookups that hit "
+                f"the hottest 1% of rows, so it lies in [0.01, 1] (0.01: uniform access){hint}."
             )
         names = self.feature_names
         if isinstance(names, str):  # one name, not its characters
@@ -284,6 +293,22 @@ class PlanResult:
         """Ranks per node, as the plan's topology says (1 where it does not)."""
         return int(self.topology.get("devices_per_node") or 1)
 
+    def topology_summary(self) -> str:
+        """The cluster the plan is for, in one line ("" where the plan does not say): plans of
+        several what-if clusters side by side are told apart by it."""
+        t = self.topology
+        try:
+            shape = (f"{t['name']}: {int(t['num_nodes'])} node(s) x {int(t['devices_per_node'])} "
+                     f"{t.get('compute_device', '')} rank(s)").replace("  ", " ")
+            memory = (f"device memory {float(t['device_memory']) / 2**30:.1f} GiB, host "
+                      f"{float(t['host_memory']) / 2**30:.1f} GiB per rank")
+            links = (f"intra-node {float(t['intra_node_bw']) / 1e9:.3g} GB/s, inter-node "
+                     f"{float(t['inter_node_bw']) / 1e9:.3g} GB/s per rank")
+        except (KeyError, TypeError, ValueError):
+            return ""
+        emulated = f", emulating {t['emulated_from']}" if t.get("emulated_from") else ""
+        return f"{shape}{emulated}; {memory}; {links}"
+
     def node_host_memory(self, per_node: int | None = None) -> tuple[dict[int, float], dict[int, float]]:
         """Host memory used and offered per node (a node's ranks share it): two dicts by node,
         of ``per_node`` ranks each (by default the plan's topology's)."""
@@ -374,7 +399,7 @@ class PlanResult:
         its text and chart; without TorchRec's ShardingPlan."""
         try:
             data = json.loads(Path(path).read_text())
-            return cls(
+            plan = cls(
                 planner=data["planner"],
                 tables=[TableAssignment(**{**t, "shard_shapes": [tuple(s) for s in t["shard_shapes"]]})
                         for t in data["tables"]],
@@ -400,6 +425,74 @@ class PlanResult:
                 f"{path} is not a plan.json that Neo wrote ({type(exc).__name__}: {exc}); give the plan.json of a "
                 "training run or of recipes/plan.py."
             ) from None
+        return plan.check_fields(path)
+
+    def check_fields(self, path: str | Path) -> PlanResult:
+        """This plan, read from ``path``, with each field of the kind its text and chart read
+        (a hand-edited file failed inside them with a Python error); else a ConfigError naming
+        the table or rank, the field and its value."""
+
+        def number(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def refuse(where: str, key: str, value: Any, want: str) -> NoReturn:
+            raise ConfigError(f"{path}: {where} has {key} {value!r}; it must be {want} (as Neo writes it). Was the "
+                              "file edited? Plan again, or mend that field.")
+
+        for t in self.tables:
+            where = f"table {t.name!r}"
+            if not isinstance(t.name, str):
+                refuse("a table", "name", t.name, "a string")
+            try:
+                t.sharding_type = ShardingType.parse(t.sharding_type).value
+            except (ConfigError, TypeError, ValueError):
+                refuse(where, "sharding_type", t.sharding_type, "one of " + ", ".join(m.value for m in ShardingType))
+            if not isinstance(t.compute_kernel, str):
+                refuse(where, "compute_kernel", t.compute_kernel, "a string")
+            if not isinstance(t.ranks, list) or not all(whole(r) and r >= 0 for r in t.ranks):
+                refuse(where, "ranks", t.ranks, "a list of rank numbers")
+            if not all(len(shape) == 2 and all(whole(x) and x >= 0 for x in shape) for shape in t.shard_shapes):
+                refuse(where, "shard_shapes", [list(x) for x in t.shard_shapes], "a list of [rows, cols] pairs of whole numbers")
+        for r in self.ranks:
+            if not whole(r.rank) or r.rank < 0:
+                refuse("a rank", "rank", r.rank, "a rank number")
+            where = f"rank {r.rank}"
+            for key, value in (("memory_bytes", r.memory), ("time_s", r.time), ("host_memory_bytes", r.host_memory),
+                               ("comm_bytes", r.comm_bytes)):
+                if not isinstance(value, dict) or not all(isinstance(k, str) and number(v) for k, v in value.items()):
+                    refuse(where, key, value, "a mapping of kinds to numbers")
+            for key, value in (("memory_capacity_bytes", r.memory_capacity),
+                               ("host_memory_capacity_bytes", r.host_memory_capacity)):
+                if not number(value):
+                    refuse(where, key, value, "a number of bytes")
+        if not whole(self.batch_size_per_rank):
+            refuse("the plan", "batch_size_per_rank", self.batch_size_per_rank, "a whole number")
+        return self
+
+    def run_problems(self) -> list[str]:
+        """Why this plan, as its file has it, could not run (each an "it ..." clause): checked as
+        :func:`check_plan` checks a planner's plan, against the tables its entries name (their
+        ``spec``) and the memory capacities it reports. Empty where nothing is found."""
+        import copy
+
+        from neo_core.errors import PlanningError
+
+        problems = []
+        try:
+            tables = [TableSpec(a.name, a.spec["num_embeddings"], a.spec["embedding_dim"],
+                                a.spec.get("pooling_factor") or 1.0) for a in self.tables]
+        except (ConfigError, KeyError, TypeError) as exc:
+            return [f"gives a table no spec Neo can read ({exc})"]
+        try:
+            check_plan(copy.deepcopy(self), tables, len(self.ranks), self.planner)
+        except PlanningError as exc:
+            problems.append(str(exc).split(": it ", 1)[-1].rstrip("."))
+        if none := [r.rank for r in self.ranks if not r.memory_capacity > 0]:
+            problems.append(f"reports no device memory capacity for rank {none[0]}")
+        return problems
 
     def slowest_ranks(self, n: int) -> list[RankReport]:
         """The ``n`` ranks with the largest predicted time (ties: the lower rank first)."""
@@ -421,6 +514,8 @@ class PlanResult:
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
                 raise ConfigError(f"format_text({key}={limit!r}): give a whole number, 0 or more, or None for all.")
         lines = [f"Sharding plan ({self.planner}), {counted(len(self.ranks), 'rank')}"]
+        if cluster := self.topology_summary():
+            lines.append(f"  for {cluster}")
         kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
         rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])
         nw = max([24, *(len(t.name) for t in self.tables)])
@@ -437,7 +532,8 @@ class PlanResult:
         has_host = any(sum(r.host_memory.values()) > 0 for r in self.ranks)  # cached tables' host bytes
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
-            "device's size, 'free' what is left of it" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
+            "device's size, 'free' what is left of it; 'compute' is lookups and the optimizer, 'comm' the "
+            "collectives with their fixed latency, per step" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
                                "'node host' how full its node's host memory is, which its ranks share (a rank may hold "
                                "more than its even share)"
                                if has_host else "")
@@ -775,6 +871,8 @@ def _compute_time(rank: RankReport) -> float:
 
 
 def _bytes(n: float) -> str:
+    if n < 0:  # over capacity: "free" is negative
+        return "-" + _bytes(-n)
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
             return f"{n / size:.1f}{unit}"

@@ -76,6 +76,8 @@ def most_inter_node(plan: Any) -> float:
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
+    # a sweep over topologies or their shapes changes the world size: said, not left to infer
+    "ranks": (len(plan.ranks), ""),
     # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
     "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
     "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),

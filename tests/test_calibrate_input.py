@@ -140,6 +140,11 @@ def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
     bad.write_text('{"device_memory_bw": -5}')
     with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json gives device_memory_bw=-5.0, a negative"):
         local_topology(compute_device="cpu", calibration=str(bad))
+    # a figure in GB/s: named with the file and the bytes/s to write (it was advice for Python code)
+    bad.write_text('{"device_memory_bw": 11.7}')
+    with pytest.raises(ConfigError, match=r"Calibration file .*calibration.json gives device_memory_bw=11.7, under 1 "
+                                          r"MB/s: its bandwidths are bytes/s \(for 11.7 GB/s write 1.17e\+10\)"):
+        local_topology(compute_device="cpu", calibration=str(bad))
     # a misspelt key would leave the assumed figure in place without a word
     bad.write_text('{"devce_memory_bw": 1e10}')
     with pytest.raises(ConfigError, match=r"unknown key 'devce_memory_bw'. Did you mean 'device_memory_bw'\?"):

@@ -565,6 +565,67 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
         assert capsys.readouterr().out.endswith(f"wrote {tmp_path / written}\n") and (tmp_path / written).is_file()
 
 
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda d: d["tables"][0].update(sharding_type="diagonal"),
+         "table 't0' has sharding_type 'diagonal'; it must be one of data_parallel, table_wise,"),
+        (lambda d: d["tables"][1].update(ranks="0-63"), "table 't1' has ranks '0-63'; it must be a list of rank numbers"),
+        (lambda d: d["ranks"][3]["time_s"].update(comm_fwd="x"), "rank 3 has time_s {"),
+        (lambda d: d["ranks"][2].update(memory_bytes=None), "rank 2 has memory_bytes None; it must be a mapping"),
+    ],
+    ids=["type", "ranks", "time", "memory"],
+)
+def test_an_edited_plan_is_named_by_its_field_not_failed_inside_the_chart(tmp_path: Path, capsys, edit, said) -> None:
+    # each failed inside format_text or the chart with a Python error
+    import json
+
+    from neo_core.api import plan_tables
+    from neo_core.cli import main as neo_main
+    from neo_core.sharding import TableSpec
+
+    plan = plan_tables([TableSpec(f"t{i}", 1000 * (i + 1), 16, 2.0) for i in range(4)], {"name": "zionex", "num_nodes": 1}, 64)
+    data = plan.to_dict()
+    edit(data)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit):
+        neo_main(["chart", str(tmp_path / "plan.json")])
+    err = capsys.readouterr().err
+    assert said in err and "Was the file edited? Plan again, or mend that field." in err and "Traceback" not in err, err
+
+
+def test_a_plan_that_could_not_run_is_drawn_with_a_warning_and_a_copy_is_charted_beside_itself(
+        tmp_path: Path, capsys) -> None:
+    import json
+
+    from neo_core.api import plan_tables
+    from neo_core.cli import main as neo_main
+    from neo_core.sharding import TableSpec
+
+    plan = plan_tables([TableSpec(f"t{i}", 1000 * (i + 1), 16, 2.0) for i in range(4)], {"name": "zionex", "num_nodes": 1}, 64)
+    plan.save_json(tmp_path / "plan.json")
+    assert neo_main(["chart", str(tmp_path / "plan.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err, err  # a plan as written: nothing to say
+    assert out.splitlines()[1].startswith("  for zionex: 1 node(s) x 8 cuda rank(s); device memory 40.0 GiB"), out
+    data = plan.to_dict()
+    data["tables"][0]["ranks"] = [999]  # a rank the plan does not have
+    data["ranks"][5]["memory_bytes"]["weights"] = 1e12  # over its 40 GiB
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    drawn = (tmp_path / "plan.png").stat().st_mtime_ns
+    assert neo_main(["chart", str(tmp_path / "edited.json")]) == 0
+    out, err = capsys.readouterr()
+    assert f"warning: {tmp_path / 'edited.json'} cannot run as written: it puts tables on no rank or on ranks outside 0-7 (t0)" in err, err
+    # the copy's chart is its own: the run's plan.png is left as it was
+    assert out.endswith(f"wrote {tmp_path / 'edited.png'}\n") and (tmp_path / "plan.png").stat().st_mtime_ns == drawn
+    data["tables"][0]["ranks"] = plan.to_dict()["tables"][0]["ranks"]
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    assert neo_main(["chart", str(tmp_path / "edited.json")]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"cannot run as written: it fills rank 5's memory with 93\d\.\dGiB of 40\.0GiB\.", err), err
+    assert re.search(r" -89\d\.\dGiB ", out), out  # its free memory, readable
+
+
 def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colours(tmp_path: Path) -> None:
     # past 128 ranks it drew the first 128, where the text names the slowest and the fullest; and a
     # kind's colour depended on which kinds a plan had

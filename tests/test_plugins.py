@@ -1092,6 +1092,27 @@ def test_a_plugin_topology_with_doubtful_bandwidths_is_warned_of_and_its_bad_val
         plugins.create("topology", "acme", {"nic_gbps": -1})
 
 
+def test_links_inside_a_node_slower_than_across_are_warned_of_for_built_ins_and_python_objects(capsys) -> None:
+    # zionex with intra_node_bw_gbps=10 (below its 25 GB/s NICs), and a Topology made in Python,
+    # planned silently: the warning was for plugin topologies only
+    import dataclasses
+
+    from neo_core.api import make_context
+    from neo_core.plugins import get_plugins
+
+    capsys.readouterr()
+    get_plugins().create("topology", "zionex", {"intra_node_bw_gbps": 10.0})
+    err = capsys.readouterr().err
+    assert "warning: topology=zionex (" in err and "gives its ranks 10 GB/s inside a node, less than the 25 GB/s" in err, err
+    assert "faster than any scale-out NIC" not in err  # zionex refuses that itself
+    topo = get_plugins().create("topology", "zionex", {})
+    assert capsys.readouterr().err == ""  # NVLink over the NICs: no word
+    make_context(dataclasses.replace(topo, name="mine", intra_node_bw=3e9, inter_node_bw=150e9), 512)
+    err = capsys.readouterr().err
+    assert "warning: topology 'mine' gives its ranks 3 GB/s inside a node, less than the 150 GB/s" in err, err
+    assert "faster than any scale-out NIC" in err, err
+
+
 def test_an_unannotated_parameter_given_a_value_unlike_its_default_is_named_when_the_factory_fails(
         tmp_path, monkeypatch) -> None:
     # topology.nic=fast reached the factory and failed inside it ("can't multiply sequence by

@@ -568,7 +568,7 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert intra > 0 and " + " in types, (intra, types)  # one node: its traffic stays inside it
     assert f"types {types}, intra-node {intra:,.0f} MiB, inter-node {inter:,.0f} MiB" in row, row
     busiest = max(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
-    assert f"inter-node, busiest rank {busiest:,.1f} MiB" in row, row
+    assert f"inter-node, busiest rank {busiest:,.1f} MiB" in row and "ranks 8," in row, row  # one node of 8
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from neo_core.errors import ConfigError
-from neo_core.topology import GB, Topology
+from neo_core.topology import GB, MIN_BW, Topology
 
 CALIBRATED_KEYS = (
     "device_memory_bw",
@@ -244,6 +244,15 @@ def local_topology(
         raise ConfigError(
             f"Calibration file {calibration or calibration_path()} gives {bad[0]}={measured[bad[0]]}, "
             "a negative bandwidth; delete it or re-run `neo calibrate`."
+        )
+    # a figure written in GB/s: the file holds bytes/s (Topology would refuse it naming the field only)
+    slips = [k for k, v in measured.items() if k.endswith("_bw") and 0 < v < MIN_BW]
+    if slips:
+        k = slips[0]
+        raise ConfigError(
+            f"Calibration file {calibration or calibration_path()} gives {k}={measured[k]!r}, under 1 MB/s: its "
+            f"bandwidths are bytes/s (for {measured[k]:g} GB/s write {measured[k] * GB:.3g}); mend it, or re-run "
+            "`neo calibrate`."
         )
     return Topology(
         name="local",

@@ -405,6 +405,14 @@ def test_a_cache_policy_named_for_an_algorithm_uses_it() -> None:
         ({"pooling_factor": "5"}, "Table 'a' has pooling_factor '5'; it must be a number."),
         ({"pooling_factor": None}, "has pooling_factor None; it must be a number."),
         ({"hot_fraction": "0.5"}, "has hot_fraction '0.5'; it must be a number."),
+        # the hottest 1% of rows take at least 1% of lookups: below 0.01 predicted a hit rate
+        # worse than uniform access
+        ({"hot_fraction": 0.0001}, "has hot_fraction 0.0001; it is the share of lookups that hit the hottest 1% of "
+                                   "rows, so it lies in [0.01, 1] (0.01: uniform access)."),
+        ({"hot_fraction": 40}, "lies in [0.01, 1] (0.01: uniform access) (a percentage? 40% is 0.4)."),
+        # TorchRec holds each table as a torch module named after it: training crashed on 'user.id'
+        ({"name": "user.id"}, "Table 'user.id': a table name cannot contain '.' (TorchRec holds each table as a "
+                              "torch module named after it, and module names cannot); rename it, e.g. 'user_id'."),
         ({"num_embeddings": 2**63}, "ids are 64-bit"),
         ({"name": "  "}, "Every table needs a non-empty name"),
         ({"feature_names": 5}, "Table 'a' has feature_names 5; give a feature name (a string) or a list of them."),

@@ -71,7 +71,13 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     step = max(1, -(-len(ranks) // 16))  # rank numbers under the bars, at most 16 of them
     ax.set_xticks(x[::step], [str(r.rank) for r in ranks[::step]])
     ax.axhline(result.predicted_step_time * 1e3, color="k", lw=0.8, ls="--", label="slowest rank")
-    ax.set_xlabel("rank")
+    per_node = result.devices_per_node()
+    if 1 < per_node < len(result.ranks) and len(ranks) == len(result.ranks):  # every rank drawn: nodes marked
+        for edge in range(per_node, len(ranks), per_node):
+            ax.axvline(edge - 0.5, color="0.6", lw=0.6, ls=":")
+            ax_mem.axvline(edge - 0.5, color="0.6", lw=0.6, ls=":")
+    ax.set_xlabel("rank" + (f" (dotted lines: node boundaries, {per_node} ranks a node)"
+                            if 1 < per_node < len(ranks) == len(result.ranks) else ""))
     ax.set_ylabel("predicted time per step (ms)")
     # legends right of the axes: bars fill the whole plot area
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), borderaxespad=0.0)
@@ -94,7 +100,8 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax_mem.set_title(
         f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms"
         f"{source}, imbalance {result.imbalance:.2f}"
-        + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else ""),
+        + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else "")
+        + (f"\n{cluster}" if (cluster := result.topology_summary()) else ""),
         fontsize=9,
     )
     fig.tight_layout()
