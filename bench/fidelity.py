@@ -257,6 +257,19 @@ def _load(avg: tuple[float, float, float]) -> str:
     return "/".join(f"{x:.2f}" for x in avg)
 
 
+
+def cpu_model() -> str:
+    """' (<model>, <widest vector unit>)' from /proc/cpuinfo, '' where it cannot be read: the
+    fused CPU kernel's per-id cost moves with the processor, so a result says which it ran on."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = next((v for v in ("avx512f", "avx2", "avx") if v in flags), "")
+    return f" ({', '.join(filter(None, (model, vector)))})" if model or vector else ""
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calibration", default=None, help="calibration JSON (default: $NEO_CALIBRATION, else ~/.cache/neo/calibration.json)")
@@ -343,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_before": load_before,
             "load_average_after": load_after,
             "steps": args.steps,
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus, torch {torch.__version__}",
+            "machine": f"{platform.machine()} {os.cpu_count()} cpus{cpu_model()}, torch {torch.__version__}",
             "plans": rows,
         }, indent=2) + "\n")
         chart = fidelity_chart(json.loads(args.json.read_text()), args.json.with_suffix(".png"))

@@ -941,6 +941,29 @@ def config_dir_shadows(conf: str | os.PathLike[str], argv: Sequence[str] = (), p
     return said
 
 
+def check_yaml_files(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> None:
+    """Refuse, as one line naming the file, line and column, a YAML option file of the recipes'
+    folders or a ``--config-dir`` that does not parse (Hydra reads them only when an option is
+    composed, and failed with a traceback through its loader)."""
+    import yaml
+
+    for folder in config_dirs(conf, argv):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*/*.yaml")):
+            try:
+                yaml.safe_load(path.read_text())
+            except OSError as exc:
+                raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+                problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+                context = getattr(exc, "context", None)
+                raise ConfigError(f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
+                                  + "; mend the file (or move it out of the config folder).") from None
+
+
 def config_groups(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[str]:
     """The config group folders of ``config_dirs(conf, argv)``."""
     return sorted({p.name for d in config_dirs(conf, argv) if d.is_dir() for p in d.iterdir() if p.is_dir()})

@@ -36,6 +36,7 @@ from neo_core.cli import (
     check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
+    check_yaml_files,
     config_dir_shadows,
     config_dirs,
     config_groups,
@@ -82,7 +83,7 @@ SWEEP = SweepFailures(lambda plan: {
     "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
     "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
     # a slower network is felt by the rank that sends the most across nodes
-    "inter-node, busiest rank": (most_inter_node(plan), ",.1f", "MiB"),
+    "busiest rank inter-node": (most_inter_node(plan), ",.1f", "MiB"),
     # tables in host memory behind the device cache: a larger cache can move more there
     "cached tables": (plan.cached_tables, ""),
 })
@@ -378,6 +379,7 @@ if __name__ == "__main__":
         with user_errors():
             check_command_line(sys.argv[1:], "recipes/plan.py")
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            check_yaml_files(CONF, sys.argv[1:])
             for warning in config_dir_shadows(CONF, sys.argv[1:]):
                 print(warning, file=sys.stderr)
             check_options(sys.argv[1:])

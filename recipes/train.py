@@ -31,6 +31,7 @@ from neo_core.cli import (
     check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
+    check_yaml_files,
     config_dir_shadows,
     config_dirs,
     config_groups,
@@ -319,6 +320,7 @@ if __name__ == "__main__":
             check_command_line(sys.argv[1:], "recipes/train.py")
             check_not_a_sweep_under_torchrun(sys.argv[1:])
             register_plugin_options(CONF)  # loads the plugins, torch and TorchRec with them
+            check_yaml_files(CONF, sys.argv[1:])
             for warning in config_dir_shadows(CONF, sys.argv[1:]):
                 print(warning, file=sys.stderr)
             check_plan_settings(sys.argv[1:])

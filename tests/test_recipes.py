@@ -568,7 +568,21 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert intra > 0 and " + " in types, (intra, types)  # one node: its traffic stays inside it
     assert f"types {types}, intra-node {intra:,.0f} MiB, inter-node {inter:,.0f} MiB" in row, row
     busiest = max(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
-    assert f"inter-node, busiest rank {busiest:,.1f} MiB" in row and "ranks 8," in row, row  # one node of 8
+    assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 8," in row, row  # one node of 8
+
+
+def test_a_config_dirs_file_that_is_not_yaml_is_named_by_line_not_a_traceback(tmp_path: Path) -> None:
+    # a table set with an unclosed brace failed inside Hydra's loader with a 100-line traceback,
+    # in a sweep too, in place of the list of failing jobs
+    (tmp_path / "mine" / "plan_model").mkdir(parents=True)
+    (tmp_path / "mine" / "plan_model" / "broken.yaml").write_text(
+        "generator: listed\nparams:\n  tables:\n    - {name: a, num_embeddings: 10\n")
+    for sweep in ((), ("-m",)):
+        proc = run_plan(*sweep, "--config-dir", str(tmp_path / "mine"), "+topology=zionex", "model=broken",
+                        f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert (f"error: {tmp_path / 'mine' / 'plan_model' / 'broken.yaml'}:5:1: not valid YAML: expected ',' or '}}', "
+                "but got '<stream end>' (while parsing a flow mapping)") in proc.stderr, proc.stderr[-2000:]
 
 
 @pytest.mark.slow
