@@ -295,9 +295,29 @@ class Registry(Generic[T]):
             )
         if not hint and (self.group, key) in KEY_NOTES:
             hint = " " + KEY_NOTES[self.group, key]
+        if not hint:  # a key of another group, given to this one (sharding.load_factor for cache.load_factor)
+            hint = self._other_groups_key(key)
         if not accepted:
             return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}, which takes no keys.{hint}"
         return f"Unknown key {self.group}.{key} for {self.kind} plugin {name!r}.{hint} Its keys: {', '.join(accepted)}."
+
+    def _other_groups_key(self, key: str) -> str:
+        """' <key> is a key of the <group> group (...): <group>.<key>=<value>.' where plugins of
+        another group take ``key`` itself; '' where none do."""
+        try:
+            from neo_core.plugins import get_plugins
+
+            registries = list(get_plugins().registries.values())
+        except Exception:  # noqa: BLE001 - no other groups to look in
+            return ""
+        for registry in registries:
+            if registry.group == self.group:
+                continue
+            names = [e.name for e in registry.entries() if not e.accepts_any_keyword() and key in e.parameters()]
+            if names:
+                return (f" {key} is a key of the {registry.group} group ({', '.join(map(repr, names[:3]))}): "
+                        f"{registry.group}.{key}=<value>.")
+        return ""
 
     def create(self, name: str, params: Mapping[str, Any] | None = None) -> T:
         """Instantiate plugin ``name`` with ``params``, rejecting keys its factory does not take."""

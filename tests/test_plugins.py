@@ -258,6 +258,27 @@ def test_create_rejects_unknown_and_missing_keys() -> None:
         plugins.create("cache", "needs_lf")
 
 
+def test_a_key_of_another_group_is_pointed_to_its_group() -> None:
+    # sharding.load_factor, kernel.load_factor, sharding.optimizer and cache.reserve_fraction
+    # got only "Unknown key ... Its keys: ..."
+    from neo_core.plugins import get_plugins
+
+    plugins = get_plugins()
+    for group, name, key, said in (
+        ("sharding", "neo", "load_factor", "load_factor is a key of the cache group ('lfu', 'lru'): cache.load_factor=<value>."),
+        ("kernel", "fused", "load_factor", "cache.load_factor=<value>."),
+        ("sharding", "neo", "optimizer", "optimizer is a key of the kernel group ('dense', 'fused'): kernel.optimizer=<value>."),
+        ("cache", "lru", "reserve_fraction", "a key of the sharding group ('neo'): sharding.reserve_fraction=<value>."),
+    ):
+        with pytest.raises(ConfigError) as err:
+            plugins.create(group, name, {key: 0.1})
+        assert str(err.value).startswith(f"Unknown key {group}.{key} for ") and said in str(err.value), str(err.value)
+    # a key no group has: no pointer
+    with pytest.raises(ConfigError) as err:
+        plugins.create("sharding", "neo", {"zzz_nothing": 1})
+    assert "is a key of the" not in str(err.value), str(err.value)
+
+
 # --- third-party distributions, discovered through the "neo" entry-point group ---------------
 
 
