@@ -281,13 +281,16 @@ class SweepFailures:
             with open(where / "summary.csv", "w", newline="") as fh:
                 table = csv.writer(fh)
                 table.writerow(["job", "overrides", "folder", "status",
-                                *(f"{c} ({units[c]})" if c in units else c for c in columns)])
+                                *(f"{c} ({units[c]})" if c in units else c for c in columns), "error"])
                 for num in nums:
                     row = self.done.get(num, ("", {}))[1]
+                    # a failed job's reason beside its empty results (the whole of it is in its error.txt)
+                    error = "" if num in self.done or num in halted else str(failed[num][1]).strip().splitlines()[0:1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
                                     "done" if num in self.done else "not run" if num in self.refused
                                     else "stopped" if num in halted else "failed",
-                                    *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns)])
+                                    *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns),
+                                    error[0] if error else ""])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
         try:  # the same, to look at

@@ -490,9 +490,9 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
                       tmp_path / "inf.png", "t")
     assert not plot_sweep([("#0 a", {"types": ("TW 3", "s")})], tmp_path / "none.png", "t")  # nothing to draw
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
-    assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)"]
-    assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", ""]
-    assert rows[3][3:] == ["done", "0.7", "10.25"]
+    assert rows[0] == ["job", "overrides", "folder", "status", "val AUC", "step (ms)", "error"]
+    assert rows[2] == ["1", f"kernel=dense {common}", str(tmp_path / "1"), "failed", "", "", "does not fit"]
+    assert rows[3][3:] == ["done", "0.7", "10.25", ""]
     # the summary goes to hydra.sweep.dir, wherever the jobs' folders are under it; a result a
     # job has not (no validation) is n/a, not nan
     from types import SimpleNamespace
@@ -509,7 +509,7 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         nested.exit()
     assert capsys.readouterr().out.splitlines()[-2:] == [
         "  #1 seed=1: val AUC n/a", f"chart: {tmp_path / 'sweep' / 'summary.png'}"]
-    assert list(csv.reader((tmp_path / "sweep" / "summary.csv").open()))[2][-1] == ""
+    assert list(csv.reader((tmp_path / "sweep" / "summary.csv").open()))[2][-2:] == ["", ""]  # n/a, no error
     monkeypatch.undo()
     # one job, or none finished: nothing to set side by side
     alone = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
