@@ -68,6 +68,11 @@ _SHORT = {
 }
 
 
+# the most ids per sample a feature is taken to read (MLPerf's largest multi-hot is 100, the
+# production-like tables' 500): above it a pooling factor is a slip of units, not a feature
+MAX_POOLING = 1_000_000
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One embedding table as the planner sees it (no weights are allocated)."""
@@ -124,6 +129,12 @@ class TableSpec:
             raise ConfigError(
                 f"Table {self.name!r} has pooling_factor {self.pooling_factor!r}; it must be "
                 "a positive number."
+            )
+        if self.pooling_factor > MAX_POOLING:  # refused later as a table "larger than the cluster"
+            raise ConfigError(
+                f"Table {self.name!r} has pooling_factor {self.pooling_factor:g}: it is the mean ids one sample "
+                f"looks up in each feature of the table, and more than {MAX_POOLING:,.0f} is no feature's (a total "
+                "over a batch or a dataset? divide it by the samples)."
             )
         if self.hot_fraction is not None and not 0.01 <= self.hot_fraction <= 1.0:
             # the hottest 1% of rows take at least 1% of the lookups (0.01: uniform access)

@@ -404,6 +404,9 @@ def test_a_cache_policy_named_for_an_algorithm_uses_it() -> None:
     [
         ({"pooling_factor": "5"}, "Table 'a' has pooling_factor '5'; it must be a number."),
         ({"pooling_factor": None}, "has pooling_factor None; it must be a number."),
+        # was planned, then refused as "larger than the whole cluster allows" with a 300-digit figure
+        ({"pooling_factor": 1e300}, "Table 'a' has pooling_factor 1e+300: it is the mean ids one sample looks up in "
+                                    "each feature of the table, and more than 1,000,000 is no feature's"),
         ({"hot_fraction": "0.5"}, "has hot_fraction '0.5'; it must be a number."),
         # the hottest 1% of rows take at least 1% of lookups: below 0.01 predicted a hit rate
         # worse than uniform access
