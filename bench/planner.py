@@ -197,12 +197,16 @@ def bench_case(
         # narrower than 128 columns (its MIN_CW_DIM), so it column-splits no table of dim 128 or
         # less, where Neo's default goes down to 16 (sharding.min_col_width). The ratio of this
         # plan to TorchRec's separates the search from the wider option space
-        narrow = NeoPlanner(min_col_width=TORCHREC_MIN_CW_DIM, check_settings_s=0).plan(tables, ctx)
-        row["neo_cw128"] = {"step_ms": narrow.predicted_step_time * 1e3}
-        try:
-            row["neo_cw128"]["torchrec_score_ms"] = score_plan(tables, narrow, ctx)
-        except Exception as exc:
-            row["neo_cw128"]["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        try:  # fewer options can leave a memory-tight case without a plan
+            narrow = NeoPlanner(min_col_width=TORCHREC_MIN_CW_DIM, check_settings_s=0).plan(tables, ctx)
+        except PlanningError as exc:
+            row["neo_cw128"] = {"does_not_fit": str(exc)}
+        else:
+            row["neo_cw128"] = {"step_ms": narrow.predicted_step_time * 1e3}
+            try:
+                row["neo_cw128"]["torchrec_score_ms"] = score_plan(tables, narrow, ctx)
+            except Exception as exc:
+                row["neo_cw128"]["torchrec_score_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     if "score_ms" in tr and "torchrec_score_ms" in neo:
         row["neo_over_torchrec"] = neo["torchrec_score_ms"] / tr["score_ms"]
         row["torchrec_vs_bound"] = tr["score_ms"] / tr["bound_ms"]

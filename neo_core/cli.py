@@ -950,14 +950,22 @@ def check_yaml_files(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> 
     composed, and failed with a traceback through its loader)."""
     import yaml
 
+    groups = {p.name for p in Path(conf).iterdir() if p.is_dir()}  # the recipes' groups (data, plan_model, ...)
     for folder in config_dirs(conf, argv):
         if not folder.is_dir():
             continue
-        for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*/*.yaml")):
+        # the files the recipes compose from: the folder's own, and their config groups' (not hidden ones)
+        paths = sorted(folder.glob("*.yaml")) + sorted(p for p in folder.glob("*/*.yaml") if p.parent.name in groups)
+        for path in paths:
+            if path.name.startswith(".") or path.parent.name.startswith("."):
+                continue
             try:
-                yaml.safe_load(path.read_text())
+                yaml.safe_load(path.read_text(encoding="utf-8"))
             except OSError as exc:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#x} at {exc.start}); save it as "
+                                  "UTF-8 (or move it out of the config folder).") from None
             except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -1083,6 +1091,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = PlanResult.load_json(given)
             for problem in plan.run_problems():  # an edited or a plugin's plan: drawn, but said
                 print(f"warning: {given} cannot run as written: it {problem}.", file=sys.stderr)
+            if plan.tables and not all(a.spec for a in plan.tables):
+                print(f"note: {given} was written before plan.json kept each table's spec: its ranks and memory are "
+                      "checked, its tables' shards are not (plan again to check them).", file=sys.stderr)
             print(plan.format_text(max_tables=None, max_ranks=None) if args.all else plan.format_text(rest="all in plan.json; --all prints them"))
             # beside the plan, named after it: another file's chart leaves the run's plan.png alone
             out = args.out or given.with_suffix(".png")

@@ -104,7 +104,7 @@ class Entry(Generic[T]):
 
 
 FASTEST_NIC = 100e9  # bytes/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
-_DOUBTED: set[tuple[str, float, float]] = set()  # topologies warned of in this process
+_DOUBTED: set[tuple[float, float, int, int]] = set()  # the figures of topologies warned of in this process
 
 
 def _unlike_defaults(group: str, entry: Any, params: Mapping[str, Any]) -> str:
@@ -132,9 +132,12 @@ def doubt_bandwidths(topology: Any, who: str, nic: bool = True) -> None:
     if getattr(topology, "num_nodes", 1) < 2 or os.environ.get("RANK", "0") != "0":
         return
     inter, intra = topology.inter_node_bw, topology.intra_node_bw
-    if (who, inter, intra) in _DOUBTED:  # once per process (a sweep's check builds each job's too)
+    # once per process and cluster (a sweep's check builds each job's too; a recipe's topology
+    # reaches make_context after its plugin built it): keyed by its figures, not by who says them
+    key = (inter, intra, topology.devices_per_node, topology.num_nodes)
+    if key in _DOUBTED:
         return
-    _DOUBTED.add((who, inter, intra))
+    _DOUBTED.add(key)
     if nic and inter > FASTEST_NIC:
         print(f"warning: {who} gives each rank {inter / 1e9:g} GB/s across nodes ({inter * 8 / 1e9:,.0f} Gb/s), "
               "faster than any scale-out NIC: a NIC's Gb/s is its GB/s x 8, and a NIC a node's ranks share is "

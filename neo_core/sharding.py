@@ -492,13 +492,19 @@ class PlanResult:
         from neo_core.errors import PlanningError
 
         problems = []
+        if all(a.spec for a in self.tables):
+            try:
+                tables = [TableSpec(a.name, a.spec["num_embeddings"], a.spec["embedding_dim"],
+                                    a.spec.get("pooling_factor") or 1.0) for a in self.tables]
+            except (ConfigError, KeyError, TypeError) as exc:
+                return [f"gives a table a spec Neo cannot read ({exc})"]
+        else:  # written before plan.json kept each table's spec: its memory and ranks still checked
+            tables = []
+        plan = copy.deepcopy(self)
+        if not tables:
+            plan.tables = []
         try:
-            tables = [TableSpec(a.name, a.spec["num_embeddings"], a.spec["embedding_dim"],
-                                a.spec.get("pooling_factor") or 1.0) for a in self.tables]
-        except (ConfigError, KeyError, TypeError) as exc:
-            return [f"gives a table no spec Neo can read ({exc})"]
-        try:
-            check_plan(copy.deepcopy(self), tables, len(self.ranks), self.planner)
+            check_plan(plan, tables, len(self.ranks), self.planner)
         except PlanningError as exc:
             problems.append(str(exc).split(": it ", 1)[-1].rstrip("."))
         if none := [r.rank for r in self.ranks if not r.memory_capacity > 0]:
@@ -739,7 +745,8 @@ def check_plan(
                 break
     # host memory is a node's, shared by its ranks (each reports its share as its capacity;
     # with the topology known, the node's is the topology's, whatever ranks say)
-    per_node = context.topology.devices_per_node if context is not None else 1
+    # without a context (a saved plan): the node its own topology says, else a rank alone
+    per_node = context.topology.devices_per_node if context is not None else result.devices_per_node()
     used, offered = result.node_host_memory(per_node)
     for node in sorted(used):
         host = used[node]
@@ -895,7 +902,7 @@ def _bytes3(n: float) -> str:
     compared by, where a one-decimal figure hides a few percent."""
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
-            value = n / size
+            value = float(f"{n / size:.3g}")  # rounded first: 9.996 is 10.0, not 10.00
             return f"{value:.{max(0, 2 - int(math.floor(math.log10(value))))}f}{unit}"
     return f"{n:.0f}B"
 

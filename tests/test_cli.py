@@ -626,6 +626,54 @@ def test_a_plan_that_could_not_run_is_drawn_with_a_warning_and_a_copy_is_charted
     assert re.search(r" -89\d\.\dGiB ", out), out  # its free memory, readable
 
 
+def test_a_cached_plan_whose_rank_holds_more_than_its_host_share_is_not_called_unrunnable(
+        tmp_path: Path, capsys) -> None:
+    # host memory is a node's: a rank of it may hold more than its even share; the check of a
+    # saved plan held each rank to its share and warned of Neo's own plans
+    import json
+
+    from neo_core.api import plan_tables
+    from neo_core.cli import main as neo_main
+    from neo_core.sharding import TableSpec
+
+    topo = {"name": "zionex", "num_nodes": 1, "device_memory_gib": 8, "host_memory_gib_per_node": 400}
+    plan = plan_tables([TableSpec("big", 30_000_000, 512, 1.0), TableSpec("small", 1000, 16, 1.0)], topo, 64,
+                       cache={"name": "lru", "load_factor": 0.05}, table_sharding_types={"big": ["TW"]})
+    rank = max(plan.ranks, key=lambda r: sum(r.host_memory.values()))
+    assert sum(rank.host_memory.values()) > rank.host_memory_capacity  # over its share, within its node's
+    plan.save_json(tmp_path / "plan.json")
+    assert neo_main(["chart", str(tmp_path / "plan.json")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    # a plan.json written before plans kept their tables' specs: said so, its memory still checked
+    data = plan.to_dict()
+    for table in data["tables"]:
+        table.pop("spec")
+    data["ranks"][3]["memory_bytes"]["weights"] = 1e12
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    assert neo_main(["chart", str(tmp_path / "old.json")]) == 0
+    err = capsys.readouterr().err
+    assert "was written before plan.json kept each table's spec: its ranks and memory are checked" in err, err
+    assert "cannot run as written: it fills rank 3's memory with" in err and "no spec" not in err, err
+
+
+def test_the_yaml_check_reads_what_hydra_composes_and_names_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    from neo_core.cli import check_yaml_files
+    from neo_core.errors import ConfigError
+    from tests.conftest import ROOT
+
+    conf = ROOT / "conf"
+    mine = tmp_path / "mine"
+    (mine / "plan_model").mkdir(parents=True)
+    (mine / ".github").mkdir()
+    (mine / ".github" / "ci.yaml").write_text("a: 1\n---\nb: 2\n")  # two documents: not Hydra's, not read
+    (mine / "notes").mkdir()
+    (mine / "notes" / "x.yaml").write_text("a: [1\n")  # no config group of the recipes: not read
+    check_yaml_files(conf, ["--config-dir", str(mine)])
+    (mine / "plan_model" / "latin.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.yaml: not UTF-8 text \(byte 0xe9 at 9\); save it as UTF-8"):
+        check_yaml_files(conf, ["--config-dir", str(mine)])
+
+
 def test_a_chart_of_many_ranks_draws_the_slowest_and_the_fullest_with_fixed_colours(tmp_path: Path) -> None:
     # past 128 ranks it drew the first 128, where the text names the slowest and the fullest; and a
     # kind's colour depended on which kinds a plan had

@@ -1132,6 +1132,10 @@ def test_links_inside_a_node_slower_than_across_are_warned_of_for_built_ins_and_
     err = capsys.readouterr().err
     assert "warning: topology 'mine' gives its ranks 3 GB/s inside a node, less than the 150 GB/s" in err, err
     assert "faster than any scale-out NIC" in err, err
+    # a topology its plugin built, then given to make_context (as the recipes do): warned of once
+    slow = get_plugins().create("topology", "zionex", {"intra_node_bw_gbps": 12.0})
+    make_context(slow, 512)
+    assert capsys.readouterr().err.count("gives its ranks 12 GB/s inside a node") == 1
 
 
 def test_an_unannotated_parameter_given_a_value_unlike_its_default_is_named_when_the_factory_fails(

@@ -551,7 +551,7 @@ def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path
 
 
 def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> None:
-    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "model=mlperf_dcnv2,production_like",
+    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2,production_like",
                     "cache.load_factor=0.3", f"hydra.sweep.dir={tmp_path}")  # a share alone: LRU, after -m
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "0" / "plan.json").is_file() and (tmp_path / "1" / "plan.json").is_file()
@@ -559,16 +559,17 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert proc.stdout.count("cache lru (load factor 0.3)") == 2, proc.stdout[-2000:]
     launched = [line for line in (proc.stdout + proc.stderr).splitlines() if "[HYDRA] \t#" in line]
     assert len(launched) == 2 and launched[0].endswith(  # the overrides as typed, not as the recipe passes them
-        "#0 : +topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
+        "#0 : +topology=zionex topology.num_nodes=2 model=mlperf_dcnv2 cache.load_factor=0.3 cache=lru"), launched
     # the summary says how each plan shards and where its traffic goes, as its plan.json does
     plan = json.loads((tmp_path / "0" / "plan.json").read_text())
     intra, inter = (sum(r["comm_bytes"].get(k, 0.0) for r in plan["ranks"]) / 2**20 for k in ("intra_node", "inter_node"))
     types = next(n for n in plan["notes"] if n.startswith("types: ")).removeprefix("types: ").replace(", ", " + ")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("  #0 model=mlperf_dcnv2:"))
-    assert intra > 0 and " + " in types, (intra, types)  # one node: its traffic stays inside it
+    assert intra > 0 and inter > 0 and " + " in types, (intra, inter, types)  # two nodes: both links
     assert f"types {types}, intra-node {intra:,.0f} MiB, inter-node {inter:,.0f} MiB" in row, row
     busiest = max(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
-    assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 8," in row, row  # one node of 8
+    assert 0 < busiest < inter  # one rank's share of the total
+    assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 16," in row, row  # two nodes of 8
 
 
 def test_a_config_dirs_file_that_is_not_yaml_is_named_by_line_not_a_traceback(tmp_path: Path) -> None:
