@@ -949,7 +949,9 @@ def check_yaml_files(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> 
     folders or a ``--config-dir`` that does not parse (Hydra reads them only when an option is
     composed, and failed with a traceback through its loader)."""
     import yaml
+    from omegaconf._utils import get_yaml_loader  # Hydra's loader: what it refuses, refused here
 
+    loader = get_yaml_loader()
     groups = {p.name for p in Path(conf).iterdir() if p.is_dir()}  # the recipes' groups (data, plan_model, ...)
     for folder in config_dirs(conf, argv):
         if not folder.is_dir():
@@ -960,7 +962,7 @@ def check_yaml_files(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> 
             if path.name.startswith(".") or path.parent.name.startswith("."):
                 continue
             try:
-                yaml.safe_load(path.read_text(encoding="utf-8"))
+                yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a SafeLoader
             except OSError as exc:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}.") from None
             except UnicodeDecodeError as exc:
