@@ -675,8 +675,8 @@ def test_a_training_sweeps_summary_says_what_its_speeds_are_of(tmp_path: Path, c
     assert "samples/s 43,930 (per step 43,100-44,900), " in out[2] and out[2].endswith("not used cache lfu"), out
     rows = list(csv.reader((tmp_path / "summary.csv").open()))
     assert rows[0][4:] == ["val AUC", "val loss", "samples/s", "samples/s p10", "samples/s p90", "predicted step (ms)",
-                           "predicted by", "steps", "ranks", "global batch", "cached tables", "not used"]
-    assert rows[1][6:9] == ["7333.0", "43283.0", "45068.0"] and rows[1][-1] == "cache lru"
+                           "predicted by", "steps", "ranks", "global batch", "cached tables", "not used", "error"]
+    assert rows[1][6:9] == ["7333.0", "43283.0", "45068.0"] and rows[1][-2:] == ["cache lru", ""]
     assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
