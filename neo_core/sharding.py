@@ -365,6 +365,14 @@ class PlanResult:
         """How many tables the plan puts in host memory behind the device cache."""
         return sum(t.compute_kernel == "fused_uvm_caching" for t in self.tables)
 
+    def busiest_inter_node(self) -> tuple[int, float]:
+        """The rank that sends the most bytes across nodes per step, and those bytes (the lowest
+        such rank; 0.0 where the plan predicts none). A rank's inter-node bytes go through its
+        own link, so a slower network is felt by this rank; hierarchical types spread a table's
+        share over its node's ranks where TW sends it all from one."""
+        busiest = max(self.ranks, key=lambda r: (r.comm_bytes.get("inter_node", 0.0), -int(r.rank)))
+        return int(busiest.rank), float(busiest.comm_bytes.get("inter_node", 0.0))
+
     def types_note(self) -> str:
         """The plan note counting its tables by sharding type: ``types: DP 3, TW 20``."""
         counts: dict[str, int] = {}
@@ -615,15 +623,11 @@ class PlanResult:
         if has_bytes:
             intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)
             inter = sum(r.comm_bytes.get("inter_node", 0.0) for r in self.ranks)
-            # the busiest NIC: a rank's inter-node bytes go through its own link, so a slower
-            # network is felt by the rank that sends the most (hierarchical types spread a table's
-            # share over its node's ranks where TW sends it all from one)
-            busiest = max(self.ranks, key=lambda r: (r.comm_bytes.get("inter_node", 0.0), -int(r.rank)))
+            rank, most = self.busiest_inter_node()
             lines.append(
-                f"  predicted bytes sent per step (all ranks): intra-node {_bytes3(intra)}, "
-                f"inter-node {_bytes3(inter)}"
-                + (f"; most inter-node from one rank: {_bytes3(busiest.comm_bytes.get('inter_node', 0.0))} "
-                   f"(rank {busiest.rank})" if inter > 0 else "")
+                f"  predicted bytes sent per step (all ranks): intra-node {_bytes(intra, 3)}, "
+                f"inter-node {_bytes(inter, 3)}"
+                + (f"; most inter-node from one rank: {_bytes(most, 3)} (rank {rank})" if inter > 0 else "")
             )
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "
@@ -888,22 +892,18 @@ def _compute_time(rank: RankReport) -> float:
     return sum(v for k, v in rank.time.items() if not k.startswith("comm"))
 
 
-def _bytes(n: float) -> str:
+def _bytes(n: float, digits: int = 0) -> str:
+    """Bytes at a binary scale: one decimal (1.2GiB), or ``digits`` significant digits
+    (``digits=3``: 1.23GiB, 12.3MiB, 123MiB) for totals that plans are compared by, where a
+    one-decimal figure hides a few percent."""
     if n < 0:  # over capacity: "free" is negative
-        return "-" + _bytes(-n)
+        return "-" + _bytes(-n, digits)
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return f"{n:.0f}B"
-
-
-def _bytes3(n: float) -> str:
-    """Bytes to three significant digits (1.23GiB, 12.3MiB, 123MiB): totals that plans are
-    compared by, where a one-decimal figure hides a few percent."""
-    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            value = float(f"{n / size:.3g}")  # rounded first: 9.996 is 10.0, not 10.00
-            return f"{value:.{max(0, 2 - int(math.floor(math.log10(value))))}f}{unit}"
+            if not digits:
+                return f"{n / size:.1f}{unit}"
+            value = float(f"{n / size:.{digits}g}")  # rounded first: 9.996 is 10.0, not 10.00
+            return f"{value:.{max(0, digits - 1 - int(math.floor(math.log10(value))))}f}{unit}"
     return f"{n:.0f}B"
 
 

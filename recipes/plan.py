@@ -71,7 +71,7 @@ def most_inter_node(plan: Any) -> float:
     where the planner predicts no bytes."""
     if not any(r.comm_bytes for r in plan.ranks):
         return math.nan
-    return max(r.comm_bytes.get("inter_node", 0.0) for r in plan.ranks) / 2**20
+    return plan.busiest_inter_node()[1] / 2**20
 
 
 SWEEP = SweepFailures(lambda plan: {
