@@ -694,21 +694,22 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     finite = np.isfinite(host) & np.isfinite(dev)
     host0, dev0 = np.where(finite, host, 0.0), np.where(finite, dev, 0.0)
     some = finite.any(axis=0)
-    # sum_t min_o (h_o + mu d_o) for each mu, the host bound's terms (below)
-    terms = [(mu, float(np.where(finite, host0 + mu * dev0, np.inf).min(axis=0)[some].sum()))
-             for mu in np.concatenate(([0.0], np.logspace(-3, 3, 25)))]
+    mus = np.concatenate(([0.0], np.logspace(-3, 3, 25)))
+    in_cache = np.array([o.placement == CACHED for o in search.opts])[:, None]
 
-    def host_needed(device: float) -> float:  # host bytes any plan needs with this much device memory
-        return max(total - mu * device for mu, total in terms)
+    def host_terms(dev_bytes: np.ndarray) -> list[tuple[float, float]]:
+        """``sum_t min_o (h_o + mu d_o)`` for each ``mu``: the host bound's terms (below)."""
+        return [(mu, float(np.where(finite, host0 + mu * dev_bytes, np.inf).min(axis=0)[some].sum())) for mu in mus]
 
-    def host_needed_any_cache(device: float) -> float:
-        """Host bytes any plan needs with this much device memory at any cache load factor: a
-        cached option's device bytes taken as none (a lower factor shrinks them; its host bytes,
-        the whole rows, stay)."""
-        in_cache = np.array([o.placement == CACHED for o in search.opts])[:, None]
-        free = np.where(in_cache, 0.0, dev0)
-        return max(float(np.where(finite, host0 + mu * free, np.inf).min(axis=0)[some].sum()) - mu * device
-                   for mu, _ in terms)
+    terms = host_terms(dev0)
+
+    def host_needed(device: float, any_cache: bool = False) -> float:
+        """Host bytes any plan needs with this much device memory; ``any_cache``: at any cache
+        load factor, a cached option's device bytes taken as none (a lower factor shrinks them;
+        its host bytes, the whole rows, stay). Only a refusal asks that, so its terms are
+        computed then."""
+        return max(total - mu * device
+                   for mu, total in (host_terms(np.where(in_cache, 0.0, dev0)) if any_cache else terms))
 
     def more_nodes(least_ranks: float = 0.0) -> Setting | None:
         """The fewest nodes, at least ``least_ranks`` ranks, that the whole-cluster bounds allow."""
@@ -895,13 +896,14 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         if cache_fix == to_host and total_dev > D + H:
             cache_fix = ""
         floor = ""
-        if cache_fix == LOWER_CACHE and host_needed_any_cache(D) > H:
+        least_host = host_needed(D, any_cache=True) if cache_fix == LOWER_CACHE else 0.0
+        if cache_fix == LOWER_CACHE and least_host > H:
             # the cached tables' rows overfill host memory whatever the load factor: lowering it
             # would only move the refusal there
             cache_fix = ""
             floor = (f"; a lower cache load_factor does not help: host memory ({human_bytes(H)}{host_usable}) "
                      f"cannot hold the rows the devices would leave to it, at least "
-                     f"{human_bytes(host_needed_any_cache(D))}")
+                     f"{human_bytes(least_host)}")
         if cache_fix == LOWER_CACHE:
             bound = search.cache_bound() or 0.0
             if bound > 0:
