@@ -171,7 +171,7 @@ def test_torchrec_planner_report_rebuilds_its_own_plan() -> None:
 
     context = cpu_context(1, 2)
     specs = [TableSpec(f"t{i}", 1000 * (i + 1), (64, 256)[i % 2], pooling_factor=2.0) for i in range(12)]
-    model = _meta_model(specs)
+    model = _meta_model(specs, context)
     result = TorchRecPlanner().plan_module(model, specs, context)
     # in the model's order, as sharding=neo lists them (they were sorted by name: t0, t1, t10, t11, t2...)
     assert [t.name for t in result.tables] == [s.name for s in specs]
@@ -212,7 +212,7 @@ def test_torchrec_planner_keeps_to_the_selected_cache_policy() -> None:
     # Neo's memory bounds say by how much: the device memory is short, with the figure
     assert " Neo's memory bounds say why: Device memory is short: the tables need" in str(err.value)
     context = make_context(cluster(mem_gib=8.0), 256, cache=CachePolicy("lfu", load_factor=0.05))
-    result = TorchRecPlanner().plan_module(_meta_model(specs), specs, context)
+    result = TorchRecPlanner().plan_module(_meta_model(specs, context), specs, context)
     for name, sharding in result.torchrec_plan.plan["ebc"].items():
         assert sharding.compute_kernel == "fused_uvm_caching", (name, sharding.compute_kernel)
         assert sharding.cache_params.algorithm == CacheAlgorithm.LFU

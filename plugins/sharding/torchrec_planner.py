@@ -20,7 +20,6 @@ from torchrec.distributed.planner.types import PlannerError
 
 from neo_core.checks import counted, is_number
 from neo_core.errors import ConfigError, PlanningError
-from neo_core.models import embedding_bag_collection
 from neo_core.sharding import (
     Planner,
     PlanningContext,
@@ -120,7 +119,7 @@ class TorchRecPlanner(Planner):
 
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         """Plan ``tables`` on a meta-device ``EmbeddingBagCollection`` built from their specs."""
-        return self._solve(_meta_model(tables), tables, context)[0]
+        return self._solve(_meta_model(tables, context), tables, context)[0]
 
     def plan_module(
         self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
@@ -134,7 +133,7 @@ class TorchRecPlanner(Planner):
         self, module: nn.Module, tables: Sequence[TableSpec], context: PlanningContext
     ) -> tuple[PlanResult, Any]:
         topology = context.topology
-        constraints = {t.name: _constraints(t, context) for t in tables}
+        constraints = {t.name: table_constraints(t, context) for t in tables}
         if self.timeout_s is None and len(tables) > 200:
             print(
                 f"note: TorchRec's planner on {len(tables)} tables can take many minutes; "
@@ -238,7 +237,7 @@ class TorchRecPlanner(Planner):
         return result, torchrec_plan
 
 
-def _constraints(table: TableSpec, context: PlanningContext) -> ParameterConstraints:
+def table_constraints(table: TableSpec, context: PlanningContext) -> ParameterConstraints:
     """Pooling factors per feature, and on GPU topologies the cache policy: with a share of rows
     to cache, TorchRec may put a table in host memory behind that cache (its algorithm and
     share, not TorchRec's default 20%); without one, every table stays in device memory, as
@@ -258,11 +257,14 @@ def _constraints(table: TableSpec, context: PlanningContext) -> ParameterConstra
 
 
 class _TablesOnly(nn.Module):
-    def __init__(self, tables: Sequence[TableSpec]) -> None:
+    def __init__(self, ebc: nn.Module) -> None:
         super().__init__()
-        self.ebc = embedding_bag_collection(tables, device="meta")
+        self.ebc = ebc
 
 
-def _meta_model(tables: Sequence[TableSpec]) -> nn.Module:
-    """A module holding one meta-device EBC with ``tables``: enough for the planner."""
-    return _TablesOnly(tables)
+def _meta_model(tables: Sequence[TableSpec], context: PlanningContext) -> nn.Module:
+    """A module holding one meta-device EBC with ``tables``, its weights at the precision the
+    context's kernel stores (``meta_module``): enough for the planner."""
+    from neo_plugins.sharding.planner.torchrec_score import meta_module
+
+    return _TablesOnly(meta_module(tables, context))

@@ -151,3 +151,45 @@ def test_quick_estimates_undo_their_changes():
     with pytest.raises(RuntimeError), quick_estimates():
         raise RuntimeError("stop")
     assert torch.nn.EmbeddingBag.reset_parameters is before[2]
+
+
+def test_torchrec_sees_the_weight_precision_the_context_stores():
+    from torchrec.modules.embedding_configs import DataType
+
+    from neo_core.kernels import EmbeddingKernel
+    from neo_plugins.sharding.planner.torchrec_score import meta_module
+
+    tables = production_like(3, seed=1)
+    for weight_bytes, dtype in ((4, DataType.FP32), (2, DataType.FP16), (1, DataType.INT8)):
+        kernel = EmbeddingKernel("fused", "fused", weight_bytes=weight_bytes)
+        ctx = make_context({"name": "zionex", "num_nodes": 1}, 512, kernel=kernel)
+        assert {c.data_type for c in meta_module(tables, ctx).embedding_bag_configs()} == {dtype}
+
+
+def test_torchrec_kernels_as_neo_allows_host_memory_only_behind_a_cache():
+    from neo_plugins.sharding.planner.torchrec_score import constraints
+
+    tables = production_like(3, seed=1)
+    ctx = zionex(8)
+    # TorchRec's own choice by default (the benchmark's runs); Neo's settings on request
+    assert all(c.compute_kernels is None for c in constraints(tables, context=ctx).values())
+    for c in constraints(tables, context=ctx, kernels="neo").values():
+        assert c.compute_kernels and not any("uvm" in k for k in c.compute_kernels)
+    cached = make_context({"name": "zionex", "num_nodes": 1}, 512, cache=CachePolicy("lru", 0.1))
+    for c in constraints(tables, context=cached, kernels="neo").values():
+        assert "fused_uvm_caching" in c.compute_kernels and c.cache_params.load_factor == 0.1
+    with pytest.raises(ValueError, match="kernels='all'"):
+        constraints(tables, context=ctx, kernels="all")
+
+
+def test_a_cached_table_without_a_cache_is_named_when_scoring():
+    from neo_core.errors import PlanningError
+    from neo_core.sharding import TableAssignment
+    from neo_plugins.sharding.planner.score import score_assignments
+
+    tables = production_like(2, seed=1)
+    ctx = zionex(8)
+    plan = [TableAssignment(t.name, "table_wise", "fused_uvm_caching", [0], [(t.num_embeddings, t.embedding_dim)])
+            for t in tables]
+    with pytest.raises(PlanningError, match=rf"Table '{tables[0].name}' is in host memory behind a cache"):
+        score_assignments(tables, plan, ctx)

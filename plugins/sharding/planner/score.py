@@ -63,15 +63,27 @@ def score_assignments(
     for i, spec in enumerate(tables):
         a = by_name[spec.name]
         st, k = ShardingType(a.sharding_type), _col_shards(a, L)
+        if a.compute_kernel == "fused_uvm":
+            raise PlanningError(
+                f"Table {spec.name!r} is in host memory with no cache (fused_uvm): Neo's cost model has "
+                "no such option, so the plan cannot be scored by it."
+            )
         place = CACHED if a.compute_kernel == "fused_uvm_caching" else DEVICE
         match = [
             o
             for o, opt in enumerate(options)
             if opt.sharding_type is st and opt.placement == place and (opt.k == k or opt.k == 1 == k)
         ]
+        if not match and place == CACHED and not any(opt.placement == CACHED for opt in options):
+            raise PlanningError(
+                f"Table {spec.name!r} is in host memory behind a cache ({a.compute_kernel}), which this "
+                "context does not have: score it with the cache the plan assumed (e.g. cache=lru "
+                "cache.load_factor=0.2, TorchRec's default share of rows)."
+            )
         if not match:
             raise PlanningError(
-                f"Table {spec.name!r}: {st.short} with {k} column shard(s) is not an option on this topology."
+                f"Table {spec.name!r}: {st.short} with {k} column shard(s) on kernel {a.compute_kernel} is not an "
+                "option on this topology."
             )
         ranks = np.arange(search.W) if st in (ShardingType.DATA_PARALLEL, ShardingType.ROW_WISE) else None
         ranks = ranks if ranks is not None else np.array(a.ranks, dtype=np.int64)

@@ -95,48 +95,59 @@ def quick_estimates() -> Iterator[None]:
 
 
 def meta_module(tables: Sequence[TableSpec], context: PlanningContext | None = None) -> Any:
-    """An EmbeddingBagCollection on the meta device (no table memory); FP16 weights when the
-    context's kernel stores 2 bytes per element, as Neo's memory model then counts."""
+    """An EmbeddingBagCollection on the meta device (no table memory), its weights stored at
+    the context's kernel's bytes per element (FP16 for 2, INT8 for 1), as Neo's memory model
+    counts them."""
     from neo_core.models import embedding_bag_collection
 
     ebc = embedding_bag_collection(tables, device="meta")
-    if context is None or context.kernel.weight_bytes != 2:
+    if context is None or context.kernel.weight_bytes == 4:
         return ebc
     from torchrec.modules.embedding_configs import DataType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     configs = ebc.embedding_bag_configs()
     for config in configs:
-        config.data_type = DataType.FP16
+        config.data_type = {2: DataType.FP16, 1: DataType.INT8}[context.kernel.weight_bytes]
     return EmbeddingBagCollection(tables=configs, device=ebc.device)
 
 
 def constraints(
-    tables: Sequence[TableSpec], result: PlanResult | None = None, context: PlanningContext | None = None
+    tables: Sequence[TableSpec], result: PlanResult | None = None, context: PlanningContext | None = None,
+    kernels: str = "default",
 ) -> dict[str, Any]:
-    """Pooling factors for every table; with ``result``, its type, kernel and column width
-    pinned; with a ``context`` whose cache has a load factor, that cache for cached kernels
-    (TorchRec would otherwise size caches at its default 20% of rows)."""
+    """Pooling factors for every table; with a ``context`` whose cache has a load factor, that
+    cache for cached kernels (TorchRec would otherwise size caches at its default 20% of rows);
+    with ``kernels="neo"``, the kernels the training plugin ``sharding=torchrec`` allows (on GPU
+    topologies, host memory only behind the context's cache); with ``result``, its type, kernel
+    and column width pinned."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
+    from neo_plugins.sharding.torchrec_planner import table_constraints
+
+    if kernels not in ("default", "neo"):
+        raise ValueError(f"kernels={kernels!r}: use 'default' (TorchRec's own choice) or 'neo' (those Neo's settings allow)")
     pinned = {a.name: a for a in result.tables} if result else {}
     cache = context.cache.cache_params() if context is not None else None
     out = {}
     for t in tables:
-        kwargs: dict[str, Any] = {"pooling_factors": [t.pooling_factor] * len(t.feature_names)}
-        if cache is not None:
-            kwargs["cache_params"] = cache
+        if kernels == "neo" and context is not None:
+            given = table_constraints(t, context)
+        else:
+            given = ParameterConstraints(pooling_factors=[t.pooling_factor] * len(t.feature_names))
+            if cache is not None:
+                given.cache_params = cache
         a = pinned.get(t.name)
         if a is not None:
-            kwargs["sharding_types"] = [a.sharding_type]
-            kwargs["compute_kernels"] = [a.compute_kernel]
+            given.sharding_types = [a.sharding_type]
+            given.compute_kernels = [a.compute_kernel]
             if a.sharding_type in (
                 ShardingType.COLUMN_WISE.value,
                 ShardingType.TABLE_COLUMN_WISE.value,
                 ShardingType.GRID_SHARD.value,
             ):
-                kwargs["min_partition"] = a.shard_shapes[0][1]
-        out[t.name] = ParameterConstraints(**kwargs)
+                given.min_partition = a.shard_shapes[0][1]
+        out[t.name] = given
     return out
 
 
@@ -192,8 +203,15 @@ def torchrec_plan_and_score(
     context: PlanningContext,
     proposers: str = "default",
     timeout_s: float | None = None,
+    kernels: str = "default",
 ) -> dict[str, Any]:
     """Run TorchRec's EmbeddingShardingPlanner and score its plan with TorchRec's estimator.
+
+    ``kernels="default"`` lets TorchRec choose its kernels as it would by default (the planner
+    benchmark's runs, as the planning times it compares were measured), host memory included
+    where a table does not fit device memory, even with no cache set; the tables it puts there
+    are listed in ``host_tables``. ``kernels="neo"`` gives it the kernels Neo's settings allow
+    (``sharding=torchrec``'s constraints: host memory only behind the context's cache).
 
     ``proposers="default"`` uses TorchRec's default proposers (grid search, greedy with and
     without depth, uniform); ``"greedy"`` only its ``GreedyProposer`` (one of those four).
@@ -218,7 +236,7 @@ def torchrec_plan_and_score(
     from neo_plugins.sharding.sharders import make_sharders
 
     topo = context.topology.to_torchrec()
-    cons = constraints(tables, context=context)
+    cons = constraints(tables, context=context, kernels=kernels)
     module = meta_module(tables, context)
     sharders = make_sharders(context)
     kwargs: dict[str, Any] = {}
@@ -250,6 +268,8 @@ def torchrec_plan_and_score(
     best = planner._best_plan or []
     out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size)), "plan_s": plan_s}
     assignments = assignments_of(best)
+    if context.cache.load_factor is None:  # host memory Neo's settings do not allow: said, not hidden
+        out["host_tables"] = [a.name for a in assignments if "uvm" in a.compute_kernel]
     # the plan itself, so that it can be scored again under a changed cost model (bench --rescore)
     out["plan"] = plan_to_json(assignments)
     out.update(neo_model_score(tables, assignments, context))
