@@ -20,6 +20,7 @@ from neo_core.errors import ConfigError
 GiB = 1024**3
 GB = 1e9
 MIN_BW = 1e6  # bytes/s: a bandwidth under 1 MB/s is one given in GB/s by mistake
+MIN_MEMORY = 2**20  # bytes: a device or host memory under 1 MiB is a slip of units (GiB given as bytes)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,12 @@ class Topology:
             value = getattr(self, key)
             if not is_number(value) or not 0 < value < math.inf:
                 raise ConfigError(f"topology.{key} must be a positive finite number, got {value!r}.")
+            if key.endswith("_memory") and value < MIN_MEMORY:
+                raise ConfigError(
+                    f"topology {self.name!r}: {key}={value!r} bytes is under 1 MiB, surely a slip of units: "
+                    "Topology's memories are bytes, so a figure in GiB is multiplied by neo_core.topology.GiB "
+                    "(80 GiB is 80 * GiB)."
+                )
             if key.endswith("_bw") and value < MIN_BW:
                 raise ConfigError(
                     f"topology {self.name!r}: {key}={value!r} bytes/s is under 1 MB/s, surely a slip of units: "

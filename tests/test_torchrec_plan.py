@@ -188,7 +188,7 @@ def test_torchrec_planner_report_rebuilds_its_own_plan() -> None:
         if want.sharding_spec is not None:
             assert _shards(got) == _shards(want)
 
-    tiny = dataclasses.replace(context, topology=context.topology.replace(device_memory=1000, host_memory=1000))
+    tiny = dataclasses.replace(context, topology=context.topology.replace(device_memory=2**20, host_memory=2**20))
     with pytest.raises(PlanningError, match="no plan"):
         TorchRecPlanner().plan(specs, tiny)
 

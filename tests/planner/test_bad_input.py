@@ -1209,3 +1209,14 @@ def test_a_plan_counts_the_tables_it_puts_behind_the_cache():
     plan = plan_tables(tables, small, 512, cache={"name": "lru", "load_factor": 0.05}, check_settings_s=0)
     assert plan.cached_tables == 4
     assert plan_tables(tables[:1], "zionex", 512, cache={"name": "lru", "load_factor": 0.05}).cached_tables == 0
+
+
+def test_a_memory_given_in_gib_as_bytes_is_named():
+    from neo_core.topology import GB, GiB, Topology
+
+    figures = dict(name="h100x4", num_nodes=4, devices_per_node=4, compute_device="cuda", host_memory=256 * GiB,
+                   device_memory_bw=3350 * GB, host_memory_bw=50 * GB, host_to_device_bw=64 * GB,
+                   intra_node_bw=450 * GB, inter_node_bw=50 * GB)
+    with pytest.raises(ConfigError, match=r"device_memory=80 bytes is under 1 MiB, .* \(80 GiB is 80 \* GiB\)"):
+        Topology(device_memory=80, **figures)
+    assert Topology(device_memory=80 * GiB, **figures).device_memory == 80 * GiB
