@@ -74,7 +74,10 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
         params = {**node, **(params or {})}
         value = name
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{group} must be a {kind.__name__} or a plugin name, got {value!r}.")
+        inner = getattr(value, group, None)  # a PlanningContext holds one of each group
+        hint = (f"; it holds one: pass its .{group}" if isinstance(inner, kind) else "")
+        shown = repr(value) if len(repr(value)) <= 80 else f"a {type(value).__name__}"
+        raise ConfigError(f"{group} must be a {kind.__name__} or a plugin name, got {shown}{hint}.")
     from neo_core.plugins import get_plugins
 
     return get_plugins().create(group, value, dict(params or {}))  # unknown: names the choices

@@ -119,6 +119,9 @@ class TorchRecPlanner(Planner):
 
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         """Plan ``tables`` on a meta-device ``EmbeddingBagCollection`` built from their specs."""
+        from neo_plugins.sharding.planner.planner import check_plan_input
+
+        check_plan_input(tables, context)
         return self._solve(_meta_model(tables, context), tables, context)[0]
 
     def plan_module(

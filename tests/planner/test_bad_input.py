@@ -1220,3 +1220,42 @@ def test_a_memory_given_in_gib_as_bytes_is_named():
     with pytest.raises(ConfigError, match=r"device_memory=80 bytes is under 1 MiB, .* \(80 GiB is 80 \* GiB\)"):
         Topology(device_memory=80, **figures)
     assert Topology(device_memory=80 * GiB, **figures).device_memory == 80 * GiB
+
+
+def test_a_table_held_to_dp_is_not_offered_a_cache():
+    from neo_core.sharding import TableSpec
+
+    tables = [TableSpec("big", 100_000_000, 128, 10.0), TableSpec("small", 1000, 64, 1.0)]
+    topo = zionex_topology(num_nodes=2)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, topo, 512, table_sharding_types={"big": ["DP"]}, progress=False)
+    message = str(err.value)
+    # a cache holds shards of sharded tables; a replica stays in device memory
+    assert "sharding types allowed for it (DP)" in message and "allow it a row-wise sharding type" in message
+    assert "cache" not in message
+    # where a sharded type is allowed too, the cache is offered
+    with pytest.raises(PlanningError, match="behind a device cache"):
+        plan_tables(tables, topo, 512, table_sharding_types={"big": ["DP", "TW"]}, progress=False)
+
+
+def test_a_planner_called_directly_names_what_it_was_given():
+    from neo_core.api import make_context
+    from neo_core.sharding import PlanningContext
+    from neo_plugins.sharding.planner import NeoPlanner
+    from neo_plugins.sharding.planner.tables import production_like
+    from neo_plugins.sharding.torchrec_planner import TorchRecPlanner
+
+    tables = production_like(3, seed=1)
+    ctx = make_context("zionex", 512)
+    named = replace(ctx, topology="zionex")
+    for planner in (NeoPlanner(), TorchRecPlanner()):
+        with pytest.raises(ConfigError, match=r"context.topology must be a Topology object, got 'zionex'; .*make_context"):
+            planner.plan(tables, named)
+        with pytest.raises(ConfigError, match="tables must be a list of TableSpec objects, got generator"):
+            planner.plan((t for t in tables), ctx)
+    with pytest.raises(ConfigError, match="context must be a PlanningContext, got dict"):
+        NeoPlanner().plan(tables, {"topology": ctx.topology})
+    # plan_tables given a context where the topology goes: pointed to the one it holds
+    with pytest.raises(ConfigError, match=r"got a PlanningContext; it holds one: pass its .topology\.$"):
+        plan_tables(tables, ctx, 512)
+    assert isinstance(ctx, PlanningContext)

@@ -65,6 +65,26 @@ def rw_sizes(rows: int, n: int) -> list[int]:
     return [max(0, min(block, rows - i * block)) for i in range(n)]
 
 
+def check_plan_input(tables: Any, context: Any) -> None:
+    """What a planner's ``plan`` is given, called directly rather than through ``plan_tables``
+    (which builds both): a list of table specs and a context with a topology object."""
+    from neo_core.topology import Topology
+
+    if not isinstance(tables, Sequence) or isinstance(tables, (str, bytes)):
+        raise ConfigError(f"tables must be a list of TableSpec objects, got {type(tables).__name__}; pass list(...) "
+                          "of it (neo_core.api.plan_tables takes any iterable).")
+    bad = [t for t in tables if not isinstance(t, TableSpec)]
+    if bad:
+        raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    if not isinstance(context, PlanningContext):
+        raise ConfigError(f"context must be a PlanningContext, got {type(context).__name__}; build one with "
+                          "neo_core.api.make_context(topology, batch_size_per_rank).")
+    if not isinstance(context.topology, Topology):
+        shown = repr(context.topology) if len(repr(context.topology)) <= 80 else type(context.topology).__name__
+        raise ConfigError(f"context.topology must be a Topology object, got {shown}; neo_core.api.make_context("
+                          "topology, batch_size_per_rank) resolves a plugin name or mapping to one.")
+
+
 def validate_tables(tables: Sequence[TableSpec], context: PlanningContext) -> None:
     """Reject input no plan can be made for, with one clear sentence."""
     if len(tables) == 0:
@@ -262,6 +282,7 @@ class NeoPlanner(Planner):
 
     # ---- planning ------------------------------------------------------------------
     def plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
+        check_plan_input(tables, context)
         with _status_line("planning", self.progress) as self._status:
             try:
                 return self._plan(tables, context)
@@ -872,8 +893,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             settings = note([memory_settings])
             allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
             head = f"does not fit with the sharding types allowed for it ({allowed})"
+            # a cache holds shards of sharded tables: one replicated (DP only) stays in device memory
+            cache_helps = short_dev > 0 and cache_fix and allowed_types(i) - {ShardingType.DATA_PARALLEL}
             fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
-                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}"
+                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if cache_helps else ''}"
                    + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
