@@ -22,6 +22,10 @@ def test_table_sharding_types_force_types_per_table() -> None:
     result = NeoPlanner(table_sharding_types=forced).plan(TABLES, cpu_context(2, 2))
     got = {a.name: ShardingType(a.sharding_type).short for a in result.tables}
     assert got == {"t0": "RW", "t1": "CW", "t2": "TWRW", "t3": "GRID"}
+    # the why-lines say so: a reader sees where a forced type came from
+    why = {a.name: a.why for a in result.tables}
+    assert why["t0"].endswith("; held to RW by sharding.table_sharding_types")
+    assert all("table_sharding_types" not in w for n, w in why.items() if n not in forced)
 
 
 def test_table_sharding_types_reject_unknown_or_impossible() -> None:

@@ -404,7 +404,8 @@ class NeoPlanner(Planner):
         )
         host_shares = search.host_shares_used  # of the plan kept, which the fewer-types pass may replace
         self.last_search = search
-        result = build_result(self.name, search, tables, context, left_out=types - search.types_used())
+        result = build_result(self.name, search, tables, context, left_out=types - search.types_used(),
+                              held=self.table_types)
         result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
         result.notes.extend(context_notes(result, context))
         # on the fused kernel, where a type besides DP was allowed
@@ -1118,10 +1119,11 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
 
 def build_result(
     planner: str, search: Search, tables: Sequence[TableSpec], context: PlanningContext,
-    left_out: Collection[str] = (),
+    left_out: Collection[str] = (), held: Mapping[str, Collection[ShardingType]] | None = None,
 ) -> PlanResult:
     """Table assignments and per-rank report from the search state. ``left_out``: sharding
-    types the fewer-types pass dropped to save their collectives' latency."""
+    types the fewer-types pass dropped to save their collectives' latency; ``held``: the types
+    ``sharding.table_sharding_types`` held tables to, which their why-lines say."""
     model = search.model
     W, L = search.W, search.L
     kinds = len(TIME_KINDS)
@@ -1180,7 +1182,9 @@ def build_result(
                 compute_kernel=kernel,
                 ranks=[int(r) for r in ranks],
                 shard_shapes=shapes,
-                why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused", left_out=left_out),
+                why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused", left_out=left_out)
+                + (f"; held to {', '.join(sorted(st.short for st in held[spec.name]))} by "
+                   "sharding.table_sharding_types" if held and spec.name in held else ""),
             )
         )
     latency = model.latency_time(types_used)
