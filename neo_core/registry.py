@@ -64,6 +64,10 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
 KEY_NOTES = {
     ("compression", "forward"): "The forward precision is the option's name (compression=bf16 sends bf16 "
                                 "forward); compression.backward sets the backward one.",
+    ("kernel", "weight_bytes"): "Bytes per stored weight are a field of the kernel object, not a key (training "
+                                "stores fp32): a dry run sets them with plan_model.weight_bytes=2 "
+                                "(recipes/plan.py); in Python, dataclasses.replace(resolve('kernel', 'fused'), "
+                                "weight_bytes=2), resolve from neo_core.api.",
 }
 
 

@@ -1259,3 +1259,17 @@ def test_a_planner_called_directly_names_what_it_was_given():
     with pytest.raises(ConfigError, match=r"got a PlanningContext; it holds one: pass its .topology\.$"):
         plan_tables(tables, ctx, 512)
     assert isinstance(ctx, PlanningContext)
+
+
+def test_weight_bytes_given_as_a_kernel_key_says_where_it_is_set():
+    import dataclasses
+
+    from neo_core.api import resolve
+    from neo_core.sharding import TableSpec
+
+    tables = [TableSpec("t0", 1000, 64, 1.0)]
+    with pytest.raises(ConfigError, match=r"Unknown key kernel.weight_bytes .* plan_model.weight_bytes=2 "):
+        plan_tables(tables, "zionex", 512, kernel={"name": "fused", "weight_bytes": 2})
+    # the way it names works
+    kernel = dataclasses.replace(resolve("kernel", "fused"), weight_bytes=2)
+    assert plan_tables(tables, "zionex", 512, kernel=kernel, progress=False).tables[0].name == "t0"
