@@ -43,12 +43,43 @@ def user_error_message(exc: BaseException) -> str | None:
     """The one line to show for a :class:`NeoError`, also one raised inside a spawned rank
     (it arrives wrapped, as text); None for anything else (a bug: its traceback is wanted)."""
     if isinstance(exc, NeoError):
-        return str(exc)
+        text = str(exc)
+        if re.search(r"got '-?\d+(\.\d+)?(e-?\d+)?'", text):  # a number as text: what ${oc.env:...} gives
+            text = text.removesuffix(".") + (" (a number given as text, as ${oc.env:NAME} gives it: "
+                                             "${oc.decode:${oc.env:NAME}} reads it as a number).")
+        return text
+    if type(exc).__module__ == "omegaconf.errors" and "Interpolation" in type(exc).__name__:
+        return _interpolation_message(exc)
     if isinstance(exc, Exception):
         for line in reversed(str(exc).splitlines()):
             if line.startswith("neo_core.errors.") and ": " in line:
                 return line.split(": ", 1)[1]
     return None
+
+
+def _interpolation_message(exc: BaseException) -> str:
+    """A config value's ``${...}`` that does not resolve, as one line naming its key: an unset
+    environment variable (``${oc.env:NAME}``) with the way to give it a default."""
+    key = getattr(exc, "full_key", None) or "a config value"
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    unset = re.search(r"Environment variable '([^']+)' not found", text)
+    if unset:
+        name = unset.group(1)
+        return (f"{key}: environment variable {name} is not set (${{oc.env:{name}}}); set it, or give the "
+                f"interpolation a default: ${{oc.env:{name},<value>}}")
+    return f"{key}: {text}"
+
+
+def task_overrides() -> list[str]:
+    """This Hydra job's command-line overrides as typed, ``${...}`` left unresolved (reading
+    them through the config would resolve each, and fail on an unset environment variable)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    task = HydraConfig.get().overrides.task
+    if OmegaConf.is_config(task):
+        task = OmegaConf.to_container(task, resolve=False)
+    return [str(o) for o in task]  # type: ignore[union-attr]
 
 
 def plugin_blame(exc: BaseException) -> str | None:

@@ -46,6 +46,7 @@ from neo_core.cli import (
     launch_lines_as_typed,
     repeated_settings,
     select_by_name,
+    task_overrides,
     user_errors,
 )
 from neo_core.config import register_plugin_options
@@ -299,9 +300,8 @@ def check_job(cfg: dict[str, Any]) -> None:
     """What a job checks before it plans (its keys, the table set's values, every plugin), for
     every job of a ``-m`` sweep before the first starts; its notes and warnings are left to the
     job itself."""
-    from hydra.core.hydra_config import HydraConfig
 
-    share_set, no_cache = cache_overrides(HydraConfig.get().overrides.task)  # the job's, as it is checked
+    share_set, no_cache = cache_overrides(task_overrides())  # the job's, as it is checked
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         prepare(cfg, share_set, no_cache)
 
@@ -356,10 +356,11 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    overrides = HydraConfig.get().overrides.task
+    overrides = task_overrides()
     share_set, no_cache = cache_overrides(overrides)
     table_set = HydraConfig.get().runtime.choices.get("plan_model")
-    config = OmegaConf.to_container(cfg, resolve=True)
+    with user_errors():  # a ${...} that does not resolve (an unset environment variable) named by its key
+        config = OmegaConf.to_container(cfg, resolve=True)
     with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]
         for note in NOTES:
             print(note, file=sys.stderr)

@@ -43,6 +43,7 @@ from neo_core.cli import (
     repeated_settings,
     script_command,
     select_by_name,
+    task_overrides,
     user_errors,
 )
 from neo_core.config import register_plugin_options
@@ -142,9 +143,8 @@ def mixed_scales_note() -> str | None:
 
 def _typed_overrides() -> list[str]:
     """This run's overrides as typed: this recipe adds the ``++`` itself."""
-    from hydra.core.hydra_config import HydraConfig
 
-    return [as_typed(o) for o in HydraConfig.get().overrides.task]
+    return [as_typed(o) for o in task_overrides()]
 
 
 def _sweep_job(config: dict) -> dict:
@@ -278,7 +278,8 @@ def main(cfg: DictConfig) -> float:
 
     from neo_core.training.run import continues_earlier_run, train
 
-    config = OmegaConf.to_container(cfg, resolve=True)
+    with user_errors():  # a ${...} that does not resolve (an unset environment variable) named by its key
+        config = OmegaConf.to_container(cfg, resolve=True)
     # an experiment file sets keys across groups; the run's record names which one it was
     config["experiment"] = HydraConfig.get().runtime.choices.get("experiment")  # type: ignore[index]
     CONTINUE[:] = [_continue_command(str(config["output_dir"]))]  # type: ignore[index]

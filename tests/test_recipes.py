@@ -586,6 +586,24 @@ def test_a_config_dirs_file_that_is_not_yaml_is_named_by_line_not_a_traceback(tm
                 "but got '<stream end>' (while parsing a flow mapping)") in proc.stderr, proc.stderr[-2000:]
 
 
+def test_an_unset_environment_variable_is_named_by_its_key(tmp_path: Path) -> None:
+    # ${oc.env:...} unset ended in OmegaConf's traceback, raised while reading the overrides
+    proc = run_plan("+topology=zionex", "plan_model=mlperf_dcnv2", "topology.num_nodes=${oc.env:NEO_TEST_NO_SUCH_VAR}",
+                    f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert ("error: topology.num_nodes: environment variable NEO_TEST_NO_SUCH_VAR is not set "
+            "(${oc.env:NEO_TEST_NO_SUCH_VAR}); set it, or give the interpolation a default: "
+            "${oc.env:NEO_TEST_NO_SUCH_VAR,<value>}") in proc.stderr, proc.stderr[-2000:]
+    # set, it is text: the refusal says how to read it as a number
+    proc = subprocess.run(
+        [sys.executable, str(PLAN_RECIPE), "+topology=zionex", "plan_model=mlperf_dcnv2",
+         "topology.num_nodes=${oc.env:NEO_TEST_NODES}", f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT, env=subprocess_env(NEO_TEST_NODES="2"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert ("got '2' (a number given as text, as ${oc.env:NAME} gives it: ${oc.decode:${oc.env:NAME}} reads it "
+            "as a number).") in proc.stderr, proc.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     # a failure only the job's plan shows (fp8 over gloo for its table-wise tables): the
