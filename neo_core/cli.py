@@ -828,9 +828,15 @@ def check_not_a_sweep_under_torchrun(argv: Sequence[str]) -> None:
     for each job after the first; a second job on the dense kernel hung there for good."""
     from neo_core.errors import ConfigError
 
-    if is_sweep(argv) and "TORCHELASTIC_RUN_ID" in os.environ:
+    # torchrun's own variable, or any launcher's ranks (srun, mpirun: RANK and WORLD_SIZE, as the
+    # recipe reads them to run as one rank)
+    launched = "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
+        and "NEO_SPAWNED" not in os.environ)
+    if is_sweep(argv) and launched:
         raise ConfigError(
-            "recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew for "
+            "recipes/train.py -m under torchrun (or another launcher's ranks: RANK and WORLD_SIZE set) is not "
+            "supported: its ranks would form the process group anew for "
             "each job, which can hang (a second job on the dense kernel does). Launch each job with its own "
             "torchrun command, or sweep without torchrun (the recipe starts this machine's ranks itself)."
         )

@@ -981,10 +981,13 @@ def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, mo
 def test_a_sweep_inside_torchruns_ranks_is_refused(tmp_path: Path) -> None:
     # its ranks formed the process group anew for each job: a second job on the dense kernel hung
     env = subprocess_env(TORCHELASTIC_RUN_ID="test", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    said = "error: recipes/train.py -m under torchrun is not supported: its ranks would form the process group anew"
+    said = "error: recipes/train.py -m under torchrun (or another launcher's ranks: RANK and WORLD_SIZE set) is not"
     proc = run_recipe("-m", "trainer=smoke", "kernel=fused,dense", env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(said)
+    # another launcher's ranks (srun, mpirun) set RANK and WORLD_SIZE but not torchrun's variable
+    proc = run_recipe("-m", "trainer=smoke", "kernel=fused,dense", env=subprocess_env(RANK="0", WORLD_SIZE="2"))
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(said), proc.stderr[-2000:]
     # a sweep its config asks for (hydra.mode), not the command line: refused in the job
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "swept.yaml").write_text("# @package _global_\nhydra:\n  mode: MULTIRUN\n")
