@@ -303,6 +303,8 @@ class Search:
         shard_dev = np.stack([o.cost.mem_device for o in options])
         shard_host = np.stack([o.cost.mem_host for o in options])
         self.shard_dev, self.shard_host = shard_dev, shard_host  # (O, T) bytes per shard
+        # whether any option holds host memory: where none does, a node's host bytes stay 0
+        self._host_used = bool((shard_host > 0).any())
         per_node = np.array([o.per_node(self.L, self.N) for o in options], dtype=float)[:, None]
         # shards a node may take of each option: the most (where any ranks may be chosen) and
         # what a rank's own check counts (1 for shards placed rank by rank, ``_spread``)
@@ -431,7 +433,8 @@ class Search:
         """The most device memory any rank and host memory any node holds, once per state (as
         ``_sorted_loads``)."""
         if self._mem_max is None:
-            self._mem_max = (float(self.mem_dev.max()), float(self._node_host().max()))
+            host = float(self._node_host().max()) if self._host_used else 0.0
+            self._mem_max = (float(self.mem_dev.max()), host)
         return self._mem_max
 
     def _host_shares(self, on: bool) -> None:
@@ -557,7 +560,9 @@ class Search:
         retry (``by_memory``), which ``best_option`` hands to ``_best_by_memory``."""
         _, T, _, dev_need, host_need, peak_at, nodes, _ = self._options_of(i)
         dev, host = self._fullest()
-        fit = (dev + dev_need <= self.cap_dev) & (host + host_need <= self.cap_node)
+        fit = dev + dev_need <= self.cap_dev
+        if self._host_used or self.cap_node < 0:  # else every option's host test holds (0 <= cap)
+            fit &= host + host_need <= self.cap_node
         return fit, self._peak_bases(nodes)[peak_at] + T
 
     def _unmasked_ranks(self, o: int, i: int) -> np.ndarray:
@@ -593,9 +598,17 @@ class Search:
         opt = self.opts[o]
         self._pre = self._mem_max = self._host_nodes = self._ties = None
         if distinct:
-            self.loads[ranks] += sign * opt.shard_time[i]
-            self.mem_dev[ranks] += sign * opt.cost.mem_device[i]
-            self.mem_host[ranks] += sign * opt.cost.mem_host[i]
+            T, dev, host = opt.shard_time[i], opt.cost.mem_device[i], opt.cost.mem_host[i]
+            if len(ranks) == self.W:  # a shard on every rank: the whole vectors (the same sums)
+                self.loads += sign * T
+                self.mem_dev += sign * dev
+                if host:
+                    self.mem_host += sign * host
+            else:
+                self.loads[ranks] += sign * T
+                self.mem_dev[ranks] += sign * dev
+                if host:
+                    self.mem_host[ranks] += sign * host
         else:
             np.add.at(self.loads, ranks, sign * opt.shard_time[i])
             np.add.at(self.mem_dev, ranks, sign * opt.cost.mem_device[i])
@@ -647,9 +660,11 @@ class Search:
             return self._best_by_memory(i, rest_lb)
         cand, T, tots, _, _, _, _, seen = self._options_of(i)
         # remembered for greedy runs that reach the same state with the same options (restarts)
-        h = hashlib.blake2b(digest_size=16)
-        for a in (self.loads, self.mem_dev, self.mem_host, np.float64([i, rest_lb, self.tolerance])):
-            h.update(a)
+        h = hashlib.blake2b(self.loads, digest_size=16)
+        h.update(self.mem_dev)
+        if self._host_used:  # else all zero
+            h.update(self.mem_host)
+        h.update(np.float64([i, rest_lb, self.tolerance]))
         key = h.digest()
         for options, result in self.decided.get(key, ()):
             if options == seen:
