@@ -20,7 +20,15 @@ from neo_core.checks import as_whole
 from neo_core.compression import Compressor
 from neo_core.errors import ConfigError
 from neo_core.kernels import EmbeddingKernel, SparseOptimizer
-from neo_core.sharding import Planner, PlanningContext, PlanResult, TableSpec, check_plan, check_table_names
+from neo_core.sharding import (
+    Planner,
+    PlanningContext,
+    PlanResult,
+    TableSpec,
+    check_plan,
+    check_table_names,
+    check_table_specs,
+)
 from neo_core.topology import Topology
 
 __all__ = ["make_context", "plan_tables", "resolve"]
@@ -154,9 +162,7 @@ def plan_tables(
     tables = list(tables)
     if not tables:
         raise ConfigError("The table list is empty; give at least one embedding table to plan.")
-    bad = [t for t in tables if not isinstance(t, TableSpec)]
-    if bad:
-        raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    check_table_specs(tables)
     check_table_names(tables)
     _check_planner_params(params, planner)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)

@@ -39,14 +39,21 @@ def script_command(script: str | os.PathLike[str], cwd: str | os.PathLike[str] |
     return f"{shlex.quote(interpreter)} {shown}" if python else shown
 
 
+# a refusal of a number, or a true/false switch, quoting what it got as text ('2', '1e3', 'true'):
+# the value came in as a string, as ${oc.env:NAME} gives one
+NUMBER_AS_TEXT = re.compile(
+    r"(number|integer|fraction|seconds|true or false)[^.;]*?, got "
+    r"'([-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|true|false|True|False)'")
+
+
 def user_error_message(exc: BaseException) -> str | None:
     """The one line to show for a :class:`NeoError`, also one raised inside a spawned rank
     (it arrives wrapped, as text); None for anything else (a bug: its traceback is wanted)."""
     if isinstance(exc, NeoError):
         text = str(exc)
-        if re.search(r"got '-?\d+(\.\d+)?(e-?\d+)?'", text):  # a number as text: what ${oc.env:...} gives
-            text = text.removesuffix(".") + (" (a number given as text, as ${oc.env:NAME} gives it: "
-                                             "${oc.decode:${oc.env:NAME}} reads it as a number).")
+        if NUMBER_AS_TEXT.search(text):  # a number as text, where a number is asked: what ${oc.env:...} gives
+            text = text.removesuffix(".") + (" (a value given as text, as ${oc.env:NAME} gives it: "
+                                             "${oc.decode:${oc.env:NAME}} reads it as YAML would).")
         return text
     if type(exc).__module__ == "omegaconf.errors" and "Interpolation" in type(exc).__name__:
         return _interpolation_message(exc)
@@ -828,17 +835,18 @@ def check_not_a_sweep_under_torchrun(argv: Sequence[str]) -> None:
     for each job after the first; a second job on the dense kernel hung there for good."""
     from neo_core.errors import ConfigError
 
-    # torchrun's own variable, or any launcher's ranks (srun, mpirun: RANK and WORLD_SIZE, as the
-    # recipe reads them to run as one rank)
+    # torchrun's own variable, or RANK and WORLD_SIZE set by another launcher's script: the
+    # recipe then runs as that rank of an outside group (training.run.resolve_launch), not
+    # its own spawned ranks (NEO_SPAWNED)
     launched = "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1")
-        and "NEO_SPAWNED" not in os.environ)
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "NEO_SPAWNED" not in os.environ)
     if is_sweep(argv) and launched:
         raise ConfigError(
             "recipes/train.py -m under torchrun (or another launcher's ranks: RANK and WORLD_SIZE set) is not "
             "supported: its ranks would form the process group anew for "
-            "each job, which can hang (a second job on the dense kernel does). Launch each job with its own "
-            "torchrun command, or sweep without torchrun (the recipe starts this machine's ranks itself)."
+            "each job, which can hang (a second job on the dense kernel does). Launch each job on its own "
+            "(one torchrun or launcher command a job), or sweep without a launcher (the recipe starts this "
+            "machine's ranks itself)."
         )
 
 

@@ -163,6 +163,13 @@ class TableSpec:
 
 
 
+def check_table_specs(tables: Sequence[Any]) -> None:
+    """Every table a :class:`TableSpec` (a planner reads their fields)."""
+    bad = [t for t in tables if not isinstance(t, TableSpec)]
+    if bad:
+        raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+
+
 def check_table_names(tables: Sequence[TableSpec]) -> None:
     """Each table name once, and each feature read by one table (TorchRec's bag collections
     key their input by feature)."""

@@ -83,6 +83,12 @@ class Topology:
             if not is_number(value) or not 0 < value < math.inf:
                 raise ConfigError(f"topology.{key} must be a positive finite number, got {value!r}.")
             if key.endswith("_memory") and value < MIN_MEMORY:
+                named = self.config_keys.get(key)
+                if named is not None:  # set through the plugin's own key, in its unit
+                    raise ConfigError(
+                        f"topology {self.name!r}: {named[0]}={value / named[1]:.3g} gives {value:.0f} bytes of "
+                        f"{key.replace('_', ' ')} per rank, under 1 MiB: no table fits; give it more."
+                    )
                 raise ConfigError(
                     f"topology {self.name!r}: {key}={value!r} bytes is under 1 MiB, surely a slip of units: "
                     "Topology's memories are bytes, so a figure in GiB is multiplied by neo_core.topology.GiB "

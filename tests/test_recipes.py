@@ -600,8 +600,22 @@ def test_an_unset_environment_variable_is_named_by_its_key(tmp_path: Path) -> No
          "topology.num_nodes=${oc.env:NEO_TEST_NODES}", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, env=subprocess_env(NEO_TEST_NODES="2"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert ("got '2' (a number given as text, as ${oc.env:NAME} gives it: ${oc.decode:${oc.env:NAME}} reads it "
-            "as a number).") in proc.stderr, proc.stderr[-2000:]
+    assert ("got '2' (a value given as text, as ${oc.env:NAME} gives it: ${oc.decode:${oc.env:NAME}} reads it "
+            "as YAML would).") in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_text_hint_is_for_numbers_and_switches_only() -> None:
+    from neo_core.cli import user_error_message
+    from neo_core.errors import ConfigError
+
+    hint = "a value given as text"
+    for asked in ("topology.num_nodes must be a whole number, got '2'.", "x must be a fraction in (0, 1], got '.5'.",
+                  "trainer.progress_bar must be true or false, got 'true'.", "x must be a positive number, got '1E3'."):
+        assert hint in user_error_message(ConfigError(asked)), asked
+    # a text field quoting a digit is not a number given as text
+    for text in ("topology.compute_device must be 'cpu' or 'cuda', got '2'.",
+                 "sharding.sharding_types must be a non-empty list of sharding types, e.g. [TW, RW]; got '2'."):
+        assert user_error_message(ConfigError(text)) == text
 
 
 @pytest.mark.slow
@@ -976,6 +990,22 @@ def test_the_command_to_continue_runs_from_where_it_was_typed(tmp_path: Path, mo
     spaced.symlink_to(sys.executable)
     monkeypatch.setattr(sys, "executable", str(spaced))
     assert script_command(RECIPE, ROOT) == f"'{spaced}' recipes/train.py"
+
+
+def test_the_launcher_check_leaves_plain_runs_and_spawned_ranks_alone(monkeypatch) -> None:
+    from neo_core.cli import check_not_a_sweep_under_torchrun
+    from neo_core.errors import ConfigError
+
+    for key in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "NEO_SPAWNED"):
+        monkeypatch.delenv(key, raising=False)
+    check_not_a_sweep_under_torchrun(["-m", "kernel=fused,dense"])  # no launcher: the recipe's own sweep
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    check_not_a_sweep_under_torchrun(["kernel=fused"])  # one run under a launcher
+    with pytest.raises(ConfigError, match="another launcher's ranks"):
+        check_not_a_sweep_under_torchrun(["-m", "kernel=fused,dense"])
+    monkeypatch.setenv("NEO_SPAWNED", "1")  # the recipe's own spawned ranks
+    check_not_a_sweep_under_torchrun(["-m", "kernel=fused,dense"])
 
 
 def test_a_sweep_inside_torchruns_ranks_is_refused(tmp_path: Path) -> None:

@@ -1220,6 +1220,9 @@ def test_a_memory_given_in_gib_as_bytes_is_named():
     with pytest.raises(ConfigError, match=r"device_memory=80 bytes is under 1 MiB, .* \(80 GiB is 80 \* GiB\)"):
         Topology(device_memory=80, **figures)
     assert Topology(device_memory=80 * GiB, **figures).device_memory == 80 * GiB
+    # through a plugin's key, in its unit: that key is named, not the field in bytes
+    with pytest.raises(ConfigError, match=r"topology.device_memory_gib=0.0005 gives \d+ bytes of device memory per rank"):
+        zionex_topology(num_nodes=1, device_memory_gib=0.0005)
 
 
 def test_a_table_held_to_dp_is_not_offered_a_cache():
@@ -1236,6 +1239,11 @@ def test_a_table_held_to_dp_is_not_offered_a_cache():
     # where a sharded type is allowed too, the cache is offered
     with pytest.raises(PlanningError, match="behind a device cache"):
         plan_tables(tables, topo, 512, table_sharding_types={"big": ["DP", "TW"]}, progress=False)
+    # on one rank too, where the message takes another branch
+    one = zionex_topology(num_nodes=1, devices_per_node=1)
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, one, 512, table_sharding_types={"big": ["DP"]}, progress=False)
+    assert "cache" not in str(err.value) and "more device memory" in str(err.value), str(err.value)
 
 
 def test_a_planner_called_directly_names_what_it_was_given():

@@ -25,7 +25,11 @@ def test_table_sharding_types_force_types_per_table() -> None:
     # the why-lines say so: a reader sees where a forced type came from
     why = {a.name: a.why for a in result.tables}
     assert why["t0"].endswith("; held to RW by sharding.table_sharding_types")
-    assert all("table_sharding_types" not in w for n, w in why.items() if n not in forced)
+    # held to what sharding.sharding_types allows of its list; not where that holds it to nothing less
+    some = NeoPlanner(sharding_types=["TW", "RW", "DP"], table_sharding_types={"t0": ["TW", "CW"], "t1": ["TW", "RW", "DP"]})
+    why = {a.name: a.why for a in some.plan(TABLES, cpu_context(2, 2)).tables}
+    assert why["t0"].endswith("; held to TW by sharding.table_sharding_types")
+    assert all("table_sharding_types" not in why[n] for n in ("t1", "t2", "t3")), why
 
 
 def test_table_sharding_types_reject_unknown_or_impossible() -> None:

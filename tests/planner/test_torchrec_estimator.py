@@ -160,10 +160,13 @@ def test_torchrec_sees_the_weight_precision_the_context_stores():
     from neo_plugins.sharding.planner.torchrec_score import meta_module
 
     tables = production_like(3, seed=1)
-    for weight_bytes, dtype in ((4, DataType.FP32), (2, DataType.FP16), (1, DataType.INT8)):
+    # the bytes TorchRec's planner counts are the tensors': int8 is stored as float16 by its EBC
+    for weight_bytes, dtype, size in ((4, DataType.FP32, 4), (2, DataType.FP16, 2), (1, DataType.INT8, 2)):
         kernel = EmbeddingKernel("fused", "fused", weight_bytes=weight_bytes)
         ctx = make_context({"name": "zionex", "num_nodes": 1}, 512, kernel=kernel)
-        assert {c.data_type for c in meta_module(tables, ctx).embedding_bag_configs()} == {dtype}
+        module = meta_module(tables, ctx)
+        assert {c.data_type for c in module.embedding_bag_configs()} == {dtype}
+        assert {p.element_size() for p in module.parameters()} == {size}
 
 
 def test_torchrec_kernels_as_neo_allows_host_memory_only_behind_a_cache():

@@ -25,6 +25,7 @@ from neo_core.sharding import (
     TableAssignment,
     TableSpec,
     check_table_names,
+    check_table_specs,
     context_notes,
     settings_note,
 )
@@ -73,9 +74,7 @@ def check_plan_input(tables: Any, context: Any) -> None:
     if not isinstance(tables, Sequence) or isinstance(tables, (str, bytes)):
         raise ConfigError(f"tables must be a list of TableSpec objects, got {type(tables).__name__}; pass list(...) "
                           "of it (neo_core.api.plan_tables takes any iterable).")
-    bad = [t for t in tables if not isinstance(t, TableSpec)]
-    if bad:
-        raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
+    check_table_specs(tables)
     if not isinstance(context, PlanningContext):
         raise ConfigError(f"context must be a PlanningContext, got {type(context).__name__}; build one with "
                           "neo_core.api.make_context(topology, batch_size_per_rank).")
@@ -404,8 +403,9 @@ class NeoPlanner(Planner):
         )
         host_shares = search.host_shares_used  # of the plan kept, which the fewer-types pass may replace
         self.last_search = search
-        result = build_result(self.name, search, tables, context, left_out=types - search.types_used(),
-                              held=self.table_types)
+        # the types a table is held to, where that holds it to fewer than sharding.sharding_types
+        held = {name: kept for name, types in self.table_types.items() if (kept := types & self.allowed) != self.allowed}
+        result = build_result(self.name, search, tables, context, left_out=types - search.types_used(), held=held)
         result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
         result.notes.extend(context_notes(result, context))
         # on the fused kernel, where a type besides DP was allowed
@@ -879,6 +879,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             bound = search.cache_bound(i) or 0.0
             host_short = bool(cached_host) and min(cached_host) > cap_node
             cache_fix = _lower_cache(float(search.model.cache_load_factor), bound) if bound > 0 and not host_short else ""
+        # a cache holds shards of sharded tables: one held to DP (a replica) stays in device memory
+        held_to_dp = allowed_types is not None and not allowed_types(i) - {ShardingType.DATA_PARALLEL}
+        if held_to_dp and not kernel.data_parallel_only:
+            cache_fix = ""
         if short_dev > 0 and cache_fix:
             fix += f", {cache_fix}"
         row_split = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
@@ -894,10 +898,8 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
             settings = note([memory_settings])
             allowed = ", ".join(dict.fromkeys(o.sharding_type.short for o in opts))
             head = f"does not fit with the sharding types allowed for it ({allowed})"
-            # a cache holds shards of sharded tables: one replicated (DP only) stays in device memory
-            cache_helps = short_dev > 0 and cache_fix and allowed_types(i) - {ShardingType.DATA_PARALLEL}
             fix = (f"allow it a row-wise sharding type (RW, TWRW or GRID), whose shards shrink as ranks are added "
-                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if cache_helps else ''}"
+                   f"(more ranks do not help with {allowed} only){', ' + cache_fix if short_dev > 0 and cache_fix else ''}"
                    + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
@@ -1184,7 +1186,7 @@ def build_result(
                 shard_shapes=shapes,
                 why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused", left_out=left_out)
                 + (f"; held to {', '.join(sorted(st.short for st in held[spec.name]))} by "
-                   "sharding.table_sharding_types" if held and spec.name in held else ""),
+                   "sharding.table_sharding_types" if held and held.get(spec.name) else ""),
             )
         )
     latency = model.latency_time(types_used)

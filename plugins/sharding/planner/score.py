@@ -74,6 +74,11 @@ def score_assignments(
             for o, opt in enumerate(options)
             if opt.sharding_type is st and opt.placement == place and (opt.k == k or opt.k == 1 == k)
         ]
+        if not match and place == CACHED and context.topology.compute_device != "cuda":
+            raise PlanningError(
+                f"Table {spec.name!r} is in host memory behind a cache ({a.compute_kernel}), which "
+                f"{context.topology.compute_device} ranks do not use: their tables stay in their memory."
+            )
         if not match and place == CACHED and not any(opt.placement == CACHED for opt in options):
             raise PlanningError(
                 f"Table {spec.name!r} is in host memory behind a cache ({a.compute_kernel}), which this "

@@ -96,8 +96,9 @@ def quick_estimates() -> Iterator[None]:
 
 def meta_module(tables: Sequence[TableSpec], context: PlanningContext | None = None) -> Any:
     """An EmbeddingBagCollection on the meta device (no table memory), its weights stored at
-    the context's kernel's bytes per element (FP16 for 2, INT8 for 1), as Neo's memory model
-    counts them."""
+    the context's kernel's bytes per element where TorchRec can: FP16 for 2. For 1 (int8) the
+    configs say INT8, but TorchRec's training EBC stores every type but FP32 as float16, and
+    its planner counts the tensor's bytes: 2 per weight, where Neo's memory model counts 1."""
     from neo_core.models import embedding_bag_collection
 
     ebc = embedding_bag_collection(tables, device="meta")
@@ -268,8 +269,10 @@ def torchrec_plan_and_score(
     best = planner._best_plan or []
     out: dict[str, Any] = {"score_ms": max(rank_perf(best, topo.world_size)), "plan_s": plan_s}
     assignments = assignments_of(best)
-    if context.cache.load_factor is None:  # host memory Neo's settings do not allow: said, not hidden
-        out["host_tables"] = [a.name for a in assignments if "uvm" in a.compute_kernel]
+    # host memory Neo's settings do not allow, said, not hidden: any table with no cache
+    # (fused_uvm), and behind a cache where the context has none
+    host_kernels = {"fused_uvm"} | ({"fused_uvm_caching"} if context.cache.load_factor is None else set())
+    out["host_tables"] = [a.name for a in assignments if a.compute_kernel in host_kernels]
     # the plan itself, so that it can be scored again under a changed cost model (bench --rescore)
     out["plan"] = plan_to_json(assignments)
     out.update(neo_model_score(tables, assignments, context))
@@ -320,7 +323,7 @@ def neo_model_score(tables: Sequence[TableSpec], assignments: Sequence[Any], con
     try:
         scored = score_assignments(tables, list(assignments), context, planner="torchrec")
     except Exception as exc:  # noqa: BLE001 - any failure is reported in the result, as it was
-        return {"neo_model_error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        return {"neo_model_error": f"{type(exc).__name__}: {str(exc)[:400]}"}
     return {"neo_model_step_ms": scored.predicted_step_time * 1e3}
 
 
