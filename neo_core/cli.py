@@ -787,8 +787,13 @@ def _unreadable(override: str) -> str | None:
     if lines and lines[0].startswith("LexerNoViableAltException: ") and len(lines) > 1 and "^" in lines[1]:
         at = lines[1].index("^") - len("LexerNoViableAltException: ")
     if 0 <= at < len(key):
-        return (f"{override}: Hydra cannot read the key {key!r} ({override[at]!r} is not read in a key); a key is "
-                "names joined by dots (trainer.max_steps).")
+        said = (f"{override}: Hydra cannot read the key {key!r} ({override[at]!r} is not read in a key); a key is "
+                "names joined by dots (trainer.max_steps)")
+        parent, dot, last = key.rpartition(".")
+        if dot and at > len(parent) and value:  # in the last name: a mapping's key, such as a table's name
+            return (f"{said}; a name with {override[at]!r} in it goes inside the mapping, which sets it whole: "
+                    f"'{parent}={{{last.strip()}: {value}}}'.")
+        return said + "."
     if 0 <= at < len(override):
         why = f"{override[at]!r} is not read unquoted"
     elif any(value.count(a) > value.count(b) for a, b in ("[]", "{}", "()")):

@@ -231,6 +231,11 @@ def test_hydras_command_line_mistakes_are_one_sentence_or_mended(tmp_path: Path)
          "quotes: https://hydra.cc/docs/advanced/override_grammar/basic/"),
         (["a=it's$HOME"], "a=it's$HOME: Hydra cannot read this value (\"'\" is not read unquoted); quote it, as Hydra reads quotes: a=\"it's$HOME\" (in the shell: 'a=\"it'\"'\"'s$HOME\"')."),
         (["a b=1"], "a b=1: Hydra cannot read the key 'a b' (' ' is not read in a key); a key is names joined by dots"),
+        # a name with a space under a mapping (a table's name): how to give it, in a form Hydra reads
+        (["+sharding.table_sharding_types.my table=[TW]"], "+sharding.table_sharding_types.my table=[TW]: Hydra "
+         "cannot read the key '+sharding.table_sharding_types.my table' (' ' is not read in a key); a key is names "
+         "joined by dots (trainer.max_steps); a name with ' ' in it goes inside the mapping, which sets it whole: "
+         "'+sharding.table_sharding_types={my table: [TW]}'."),
         (["hydra.sweep.dir=~/a,~/b"], "hydra.sweep.dir=~/a,~/b: '~' is not expanded here (the shell leaves it "
          "quoted, or after '='); write the folder out: hydra.sweep.dir="
          f"{Path('~/a').expanduser()},{Path('~/b').expanduser()}"),
