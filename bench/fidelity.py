@@ -257,7 +257,6 @@ def _load(avg: tuple[float, float, float]) -> str:
     return "/".join(f"{x:.2f}" for x in avg)
 
 
-
 def cpu_model() -> str:
     """' (<model>, <widest vector unit>)' from /proc/cpuinfo, '' where it cannot be read: the
     fused CPU kernel's per-id cost moves with the processor, so a result says which it ran on."""
@@ -269,6 +268,7 @@ def cpu_model() -> str:
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     vector = next((v for v in ("avx512f", "avx2", "avx") if v in flags), "")
     return f" ({', '.join(filter(None, (model, vector)))})" if model or vector else ""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

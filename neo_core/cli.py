@@ -839,13 +839,10 @@ def check_not_a_sweep_under_torchrun(argv: Sequence[str]) -> None:
     """A ``-m`` sweep inside torchrun's ranks re-forms the process group from torchrun's settings
     for each job after the first; a second job on the dense kernel hung there for good."""
     from neo_core.errors import ConfigError
+    from neo_core.training import started_as_rank
 
-    # torchrun's own variable, or RANK and WORLD_SIZE set by another launcher's script: the
-    # recipe then runs as that rank of an outside group (training.run.resolve_launch), not
-    # its own spawned ranks (NEO_SPAWNED)
-    launched = "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "NEO_SPAWNED" not in os.environ)
-    if is_sweep(argv) and launched:
+    # torchrun's own variable, or the ranks of another launcher, as the launch resolves them
+    if is_sweep(argv) and ("TORCHELASTIC_RUN_ID" in os.environ or started_as_rank()):
         raise ConfigError(
             "recipes/train.py -m under torchrun (or another launcher's ranks: RANK and WORLD_SIZE set) is not "
             "supported: its ranks would form the process group anew for "

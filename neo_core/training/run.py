@@ -49,6 +49,7 @@ from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
 from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec, check_plan
 from neo_core.topology import Topology
+from neo_core.training import started_as_rank
 from neo_core.training.console import discard_transcript, replace_earlier_transcript
 
 log = logging.getLogger("neo")
@@ -83,7 +84,7 @@ class Launch:
 
 def resolve_launch(run: RunConfig) -> Launch:
     """World size, device and backend for this run on this machine."""
-    external = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "NEO_SPAWNED" not in os.environ
+    external = started_as_rank()
     cuda = torch.cuda.is_available()
     if run.topology.get("name") == "local" and run.topology.get("compute_device"):
         cuda = run.topology["compute_device"] == "cuda"

@@ -598,17 +598,12 @@ class Search:
         opt = self.opts[o]
         self._pre = self._mem_max = self._host_nodes = self._ties = None
         if distinct:
-            T, dev, host = opt.shard_time[i], opt.cost.mem_device[i], opt.cost.mem_host[i]
-            if len(ranks) == self.W:  # a shard on every rank: the whole vectors (the same sums)
-                self.loads += sign * T
-                self.mem_dev += sign * dev
-                if host:
-                    self.mem_host += sign * host
-            else:
-                self.loads[ranks] += sign * T
-                self.mem_dev[ranks] += sign * dev
-                if host:
-                    self.mem_host[ranks] += sign * host
+            # a shard on every rank: the whole vectors (the same sums, without an index)
+            at = slice(None) if len(ranks) == self.W else ranks
+            self.loads[at] += sign * opt.shard_time[i]
+            self.mem_dev[at] += sign * opt.cost.mem_device[i]
+            if host := opt.cost.mem_host[i]:
+                self.mem_host[at] += sign * host
         else:
             np.add.at(self.loads, ranks, sign * opt.shard_time[i])
             np.add.at(self.mem_dev, ranks, sign * opt.cost.mem_device[i])
