@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests import forked
 from tests.conftest import ROOT, subprocess_env
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -62,8 +63,8 @@ def test_planner_bench_rescores_a_kept_result_without_running_torchrec(tmp_path)
     kept[0]["torchrec"].pop("plan", None)
     path = tmp_path / "kept.json"
     path.write_text(json.dumps(kept))
-    proc = subprocess.run([sys.executable, "bench/planner.py", "--rescore", str(path), "--repeats", "1"],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run("bench/planner.py", "--rescore", str(path), "--repeats", "1", env=subprocess_env(),
+                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = json.loads(path.read_text())  # written back to the kept file
     # without TorchRec's plan, its score under Neo's (possibly changed) model is left out
@@ -76,8 +77,8 @@ def test_planner_bench_rescores_a_kept_result_without_running_torchrec(tmp_path)
         {"name": a["name"], "sharding_type": a["sharding_type"], "compute_kernel": a["compute_kernel"],
          "ranks": a["ranks"], "shard_shapes": a["shard_shapes"]} for a in _neo_plan_mlperf_8()]
     path.write_text(json.dumps(kept))
-    proc = subprocess.run([sys.executable, "bench/planner.py", "--rescore", str(path), "--repeats", "1"],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run("bench/planner.py", "--rescore", str(path), "--repeats", "1", env=subprocess_env(),
+                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = json.loads(path.read_text())
     assert row["neo_over_torchrec_neo_model"] == pytest.approx(1.0)  # the same plan both ways
@@ -104,10 +105,8 @@ def test_charts_are_drawn_from_kept_results(result, tmp_path):
     import matplotlib.image
 
     out = tmp_path / "charts" / "chart.png"  # a folder not there yet is made
-    proc = subprocess.run(
-        [sys.executable, "bench/charts.py", f"docs/results/{result}", "--out", str(out)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )
+    proc = forked.run("bench/charts.py", f"docs/results/{result}", "--out", str(out), env=subprocess_env(),
+                      timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == PNG and f"wrote {out}" in proc.stdout
     height, width = matplotlib.image.imread(out).shape[:2]
@@ -127,10 +126,7 @@ def test_charts_reject_what_no_bench_wrote(content, fragment, tmp_path):
     source = tmp_path / "result.json"
     if content is not None:
         source.write_text(content)
-    proc = subprocess.run(
-        [sys.executable, "bench/charts.py", str(source)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )
+    proc = forked.run("bench/charts.py", str(source), env=subprocess_env(), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"{source}: {fragment}" in proc.stderr.splitlines()[-1], proc.stderr
     assert not source.with_suffix(".png").exists()
@@ -164,10 +160,7 @@ def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp
     (tmp_path / "kept.json").write_text('[{"suite": "mlperf_dcnv2", "ranks": 8}]')
     args = [a.format(file=tmp_path / "file", zero=tmp_path / "zero.json", kept=tmp_path / "kept.json") for a in args]
     suites = [] if "--rescore" in args else ["--suites", "mlperf_dcnv2"]
-    proc = subprocess.run(
-        [sys.executable, "bench/planner.py", *suites, *args],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )
+    proc = forked.run("bench/planner.py", *suites, *args, env=subprocess_env(), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert fragment in proc.stderr.splitlines()[-1], proc.stderr
     assert "planner bench" not in proc.stderr  # no case started
@@ -175,19 +168,14 @@ def test_planner_bench_rejects_bad_arguments_before_planning(args, fragment, tmp
 
 def test_torchrec_estimator_bench_times_both_ways(tmp_path):
     out = tmp_path / "est.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/torchrec_estimator.py", "--suites", "mlperf_dcnv2", "--ranks", "8", "--json", str(out)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-    )
+    proc = forked.run("bench/torchrec_estimator.py", "--suites", "mlperf_dcnv2", "--ranks", "8", "--json", str(out),
+                      env=subprocess_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].split()[:2] == ["mlperf_dcnv2", "8"], proc.stdout
     [row] = json.loads(out.read_text())  # the bench exits with an error if the plans differ
     assert row["as_is_s"] > 0 and row["quick_s"] > 0
     assert row["ratio"] == row["as_is_s"] / row["quick_s"]
-    bad = subprocess.run(
-        [sys.executable, "bench/torchrec_estimator.py", "--ranks", "12"],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120,
-    )
+    bad = forked.run("bench/torchrec_estimator.py", "--ranks", "12", env=subprocess_env(), timeout=120)
     assert bad.returncode == 2 and "--ranks 12: use 1 to 8 ranks" in bad.stderr, bad.stderr
 
 
@@ -216,8 +204,7 @@ def test_torchrec_estimator_bench_times_both_ways(tmp_path):
 def test_training_and_fidelity_benches_reject_bad_arguments_before_any_run(script, args, fragment, tmp_path):
     (tmp_path / "file").write_text("")  # a results folder under a file cannot be made
     args = [a.format(file=tmp_path / "file", tmp=tmp_path) for a in args]
-    proc = subprocess.run([sys.executable, script, *args], cwd=ROOT, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = forked.run(script, *args, env=subprocess_env(), timeout=120)
     assert proc.returncode == 2 and fragment in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
@@ -226,11 +213,8 @@ def test_gpu_lookup_bench_measures_on_cpu_and_costs_with_both_models(tmp_path):
     """The measuring half runs anywhere (here a small CPU check); the report costs each case
     with Neo's formula and TorchRec's estimator on the measured bandwidths."""
     raw, out = tmp_path / "raw.json", tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/gpu_lookup.py", "--raw", str(raw), "--device", "cpu", "--rows", "5000",
-         "--batch", "64", "--reps", "1", "--dtypes", "fp32,fp16", "--json", str(out)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-    )
+    proc = forked.run("bench/gpu_lookup.py", "--raw", str(raw), "--device", "cpu", "--rows", "5000", "--batch", "64",
+                      "--reps", "1", "--dtypes", "fp32,fp16", "--json", str(out), env=subprocess_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert len(data["cases"]) == 2 * 5 * 3 and data["device_memory_bw"] > 0
@@ -275,8 +259,8 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
 
 def test_alltoall_share_bench_times_every_share(tmp_path):
     out = tmp_path / "results" / "share.json"  # a folder not there yet is made before the run
-    proc = subprocess.run([sys.executable, "bench/alltoall_share.py", "--mib", "1", "--repeats", "1", "--json", str(out)],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    proc = forked.run("bench/alltoall_share.py", "--mib", "1", "--repeats", "1", "--json", str(out),
+                      env=subprocess_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # each rank checks that what it kept is its own and what crossed is the other's (else it fails)
     rows = json.loads(out.read_text())["rows"]
@@ -285,8 +269,8 @@ def test_alltoall_share_bench_times_every_share(tmp_path):
 
 def test_input_dist_bench_times_ids_and_pooled_rows(tmp_path):
     out = tmp_path / "ids.json"
-    proc = subprocess.run([sys.executable, "bench/input_dist.py", "--batch", "64", "--repeats", "1", "--json", str(out)],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    proc = forked.run("bench/input_dist.py", "--batch", "64", "--repeats", "1", "--json", str(out),
+                      env=subprocess_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # each rank checks it received every id of the feature it owns (else it fails)
     rows = json.loads(out.read_text())["rows"]
@@ -335,8 +319,8 @@ def test_a_torchrec_child_with_a_large_result_is_read_not_waited_out(monkeypatch
 
 def test_capacity_settings_bench_plans_with_every_checked_setting(tmp_path):
     out = tmp_path / "settings.json"
-    proc = subprocess.run([sys.executable, "bench/capacity_settings.py", "--seeds", "0", "12", "--json", str(out)],
-                          cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    proc = forked.run("bench/capacity_settings.py", "--seeds", "0", "12", "--json", str(out), env=subprocess_env(),
+                      timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     counts = result["counts"]
@@ -349,16 +333,12 @@ def test_planner_ab_compares_a_revision_with_the_working_tree(tmp_path):
     # dada775 plans before the fewer-types pass re-placed tables: on this random cluster (MLPerf
     # on 64 nodes of 8 GPUs) the working tree's plan is better; each side plans with its own code
     out = tmp_path / "ab.json"
-    proc = subprocess.run(
-        [sys.executable, "bench/planner_ab.py", "--base", "dada775", "--rounds", "1", "--cases", "random",
-         "--seeds", "13", "14", "--out", str(out)],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
-    )
+    proc = forked.run("bench/planner_ab.py", "--base", "dada775", "--rounds", "1", "--cases", "random",
+                      "--seeds", "13", "14", "--out", str(out), env=subprocess_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr
     [row] = json.loads(out.read_text())["rows"]
     assert row["case"] == "random 13" and row["change"].startswith("better"), row
     assert row["head_step_s"] < 0.97 * row["base_step_s"]
     assert "plans: 1 better, 0 worse" in proc.stdout
-    bad = subprocess.run([sys.executable, "bench/planner_ab.py", "--base", "no-such-rev"], cwd=ROOT,
-                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    bad = forked.run("bench/planner_ab.py", "--base", "no-such-rev", env=subprocess_env(), timeout=60)
     assert bad.returncode == 2 and "--base no-such-rev: not a revision of this repository" in bad.stderr

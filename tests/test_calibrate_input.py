@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from neo_core.errors import CalibrationError, ConfigError
 from neo_plugins.sharding.planner import calibrate
-from tests.conftest import ROOT, subprocess_env
+from tests import forked
+from tests.conftest import subprocess_env
 
 
 def _failing_rank(rank: int, world: int, port: int, out) -> None:
@@ -41,10 +40,7 @@ def test_a_failing_rank_stops_the_step_and_is_named() -> None:
 def test_bad_arguments_are_one_line_before_measuring(args, fragment, tmp_path) -> None:
     (tmp_path / "file").write_text("")
     args = [a.format(file=tmp_path / "file") for a in args]
-    proc = subprocess.run(
-        [sys.executable, "-m", "neo_plugins.sharding.planner.calibrate", *args],
-        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=60,
-    )
+    proc = forked.run("-m", "neo_plugins.sharding.planner.calibrate", *args, env=subprocess_env(), timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert fragment in proc.stderr.splitlines()[-1], proc.stderr
 

@@ -21,6 +21,7 @@ from neo_core.config import register_plugin_options
 from neo_core.errors import NeoError, PlanningError, PluginError
 from neo_core.plugins import load_plugins
 from neo_core.training.run import train
+from tests import forked
 from tests.conftest import ROOT, subprocess_env
 
 CONF = ROOT / "conf"
@@ -30,11 +31,14 @@ EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 HUGE_TABLE = ("data.rows=[100000000000]", "data.num_sparse=1")
 
 
-def run_recipe(*overrides: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(RECIPE), *overrides], cwd=ROOT, env=env or subprocess_env(),
-        capture_output=True, text=True, timeout=timeout,
-    )
+def run_recipe(*overrides: str, env: dict[str, str] | None = None, timeout: int = 300,
+               cold: bool = False) -> subprocess.CompletedProcess:
+    """``python recipes/train.py *overrides``: forked from preloaded imports (:mod:`tests.forked`),
+    or ``cold``, a fresh interpreter that imports everything itself."""
+    if cold:
+        return subprocess.run([sys.executable, str(RECIPE), *overrides], cwd=ROOT, env=env or subprocess_env(),
+                              capture_output=True, text=True, timeout=timeout)
+    return forked.run(RECIPE, *overrides, env=env or subprocess_env(), timeout=timeout)
 
 
 def assert_one_sentence(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -110,7 +114,7 @@ def test_resume_without_a_checkpoint_starts_a_fresh_transcript(tmp_path: Path) -
 
 
 def test_recipe_error_is_one_line_without_traceback(tmp_path: Path) -> None:
-    proc = run_recipe(*HUGE_TABLE, "trainer=smoke", f"hydra.run.dir={tmp_path}")
+    proc = run_recipe(*HUGE_TABLE, "trainer=smoke", f"hydra.run.dir={tmp_path}", cold=True)
     assert proc.returncode == 2
     assert_one_sentence(proc, "Table 't_cat_0'", "GiB", "over the")
     error = next(line for line in proc.stderr.splitlines() if line.startswith("error: "))
@@ -132,11 +136,12 @@ def test_recipe_misspelled_key_without_plus_suggests_the_right_one(tmp_path: Pat
 # --- recipes/plan.py: an unknown option names the key, the value and the group's choices ------
 
 
-def run_plan(*overrides: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(PLAN_RECIPE), *overrides], cwd=ROOT, env=subprocess_env(),
-        capture_output=True, text=True, timeout=timeout,
-    )
+def run_plan(*overrides: str, timeout: int = 120, cold: bool = False) -> subprocess.CompletedProcess:
+    """``python recipes/plan.py *overrides``, as :func:`run_recipe` runs train.py."""
+    if cold:
+        return subprocess.run([sys.executable, str(PLAN_RECIPE), *overrides], cwd=ROOT, env=subprocess_env(),
+                              capture_output=True, text=True, timeout=timeout)
+    return forked.run(PLAN_RECIPE, *overrides, env=subprocess_env(), timeout=timeout)
 
 
 def choices(group: str) -> str:
@@ -292,7 +297,7 @@ def test_plan_recipe_accepts_a_plain_planner_override(tmp_path: Path) -> None:
 
 
 def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
-    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", f"hydra.run.dir={tmp_path}")
+    proc = run_plan("+topology=zionex", "model=mlperf_dcnv2", f"hydra.run.dir={tmp_path}", cold=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "26 tables" in proc.stdout and "predicted step" in proc.stdout
     assert len(json.loads((tmp_path / "plan.json").read_text())["tables"]) == 26
@@ -339,10 +344,9 @@ def test_a_plan_sweep_leaves_a_training_jobs_folder_as_it_is(tmp_path: Path) -> 
     (tmp_path / "sw" / "0").mkdir(parents=True)
     (tmp_path / "sw" / "0" / "metrics.json").write_text("{}")
     (tmp_path / "sw" / "0" / "error.txt").write_text("the training job's error\n")
-    proc = subprocess.run(
-        [sys.executable, str(PLAN_RECIPE), "-m", "hydra.sweep.dir=sw", "hydra.job.chdir=true", "+topology=zionex",
-         "topology.num_nodes=1", "model=mlperf_dcnv2", "batch_size_per_rank=64,128"],
-        cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    proc = forked.run(PLAN_RECIPE, "-m", "hydra.sweep.dir=sw", "hydra.job.chdir=true", "+topology=zionex",
+                      "topology.num_nodes=1", "model=mlperf_dcnv2", "batch_size_per_rank=64,128",
+                      cwd=tmp_path, env=subprocess_env(), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert (f"error: job #0 (+topology=zionex topology.num_nodes=1 model=mlperf_dcnv2 batch_size_per_rank=64): "
             f"{tmp_path / 'sw' / '0'} holds a training run (metrics.json)") in proc.stderr
@@ -595,10 +599,9 @@ def test_an_unset_environment_variable_is_named_by_its_key(tmp_path: Path) -> No
             "(${oc.env:NEO_TEST_NO_SUCH_VAR}); set it, or give the interpolation a default: "
             "${oc.env:NEO_TEST_NO_SUCH_VAR,<value>}") in proc.stderr, proc.stderr[-2000:]
     # set, it is text: the refusal says how to read it as a number
-    proc = subprocess.run(
-        [sys.executable, str(PLAN_RECIPE), "+topology=zionex", "plan_model=mlperf_dcnv2",
-         "topology.num_nodes=${oc.env:NEO_TEST_NODES}", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, env=subprocess_env(NEO_TEST_NODES="2"), capture_output=True, text=True, timeout=120)
+    proc = forked.run(PLAN_RECIPE, "+topology=zionex", "plan_model=mlperf_dcnv2",
+                      "topology.num_nodes=${oc.env:NEO_TEST_NODES}", f"hydra.run.dir={tmp_path}",
+                      env=subprocess_env(NEO_TEST_NODES="2"), timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert ("got '2' (a value given as text, as ${oc.env:NAME} gives it: ${oc.decode:${oc.env:NAME}} reads it "
             "as YAML would).") in proc.stderr, proc.stderr[-2000:]
@@ -952,18 +955,16 @@ def test_a_stop_asked_as_a_sweep_job_finishes_stops_the_sweep(tmp_path: Path) ->
         runpy.run_path({str(RECIPE)!r}, run_name="__main__")
     """))
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, str(wrapper), "-m", "cache=none,lru", "trainer=smoke",
-                           f"hydra.sweep.dir={sweep}"], cwd=ROOT, env=subprocess_env(ASKED_IN="none"),
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run(wrapper, "-m", "cache=none,lru", "trainer=smoke", f"hydra.sweep.dir={sweep}",
+                      env=subprocess_env(ASKED_IN="none"), timeout=300)
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert not (sweep / "1" / "train.log").exists()  # the next job did not start
     assert proc.stderr.strip().splitlines()[-1] == (
         f"interrupted: stopped as job #0 finished, before job #1 started; continue with: "
         f"{script_command(RECIPE, ROOT)} -m cache=none,lru trainer=smoke trainer.resume=true hydra.sweep.dir={sweep}")
     # asked as the last job finished: the sweep is over, and says so with its results
-    proc = subprocess.run([sys.executable, str(wrapper), "-m", "cache=none,lru", "trainer=smoke",
-                           f"hydra.sweep.dir={tmp_path / 'last'}"], cwd=ROOT, env=subprocess_env(ASKED_IN="lru"),
-                          capture_output=True, text=True, timeout=300)
+    proc = forked.run(wrapper, "-m", "cache=none,lru", "trainer=smoke", f"hydra.sweep.dir={tmp_path / 'last'}",
+                      env=subprocess_env(ASKED_IN="lru"), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "note: the stop request came as the last job was finishing; it finished, and so did the sweep" in proc.stdout
     assert (tmp_path / "last" / "summary.csv").is_file()

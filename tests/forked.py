@@ -1,0 +1,209 @@
+"""Run a script or module as its own process, forked from a server that has already imported
+what every command here imports (torch, TorchRec, Hydra, Lightning, matplotlib, Neo).
+
+A recipe run as ``python recipes/plan.py ...`` spends about 4.5 s importing before it reads its
+first argument; the suite runs such commands about a hundred times. :func:`run` gives the same
+command line, working folder, environment, standard streams and exit status as
+``subprocess.run(..., capture_output=True, text=True)``, in a process of its own, without the
+imports. What a fork cannot give is refused to a real subprocess instead:
+
+- an environment that differs from the server's in a variable read at interpreter start or at
+  import (``PYTHON*``, thread counts, ``MPLBACKEND``, ...), e.g. a plugin folder on PYTHONPATH;
+- a platform without ``fork``;
+- ``NEO_TEST_COLD=1`` in the suite's environment: every command in a fresh interpreter.
+
+The server imports and does nothing else. Its imports start no thread besides OpenBLAS's pool
+(checked), which OpenBLAS stops and restarts around a fork, so the forks are safe.
+Tests that must see a cold start (the recipes' own imports) call ``subprocess.run`` directly.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Read by the interpreter at start or by a library at import: a fork keeps the server's values.
+STARTUP_VARS = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "TORCH_", "MPL", "CUDA_", "LD_")
+
+_SERVER_CODE = r"""
+import json, os, sys
+proto_in, proto_out = int(sys.argv[1]), int(sys.argv[2])
+def threads():
+    return len(os.listdir("/proc/self/task"))
+import numpy  # its OpenBLAS starts a thread pool, which it stops and restarts around a fork
+blas = threads()
+import torch, torchrec, torchrec.distributed, torchrec.distributed.planner, hydra, omegaconf
+import lightning.pytorch, matplotlib, matplotlib.pyplot, tqdm
+import neo_core.cli, neo_core.api, neo_core.training.run, neo_plugins
+from tests.forked import _child
+import importlib.metadata as md
+for ep in md.entry_points(group="neo"):
+    ep.load()
+from neo_core.plugins import _drop_implicit_root_handler
+_drop_implicit_root_handler()  # FBGEMM's, as a cold run drops it after loading the plugins
+requests = os.fdopen(proto_in, "r")
+replies = os.fdopen(proto_out, "w", buffering=1)
+replies.write(json.dumps({"ready": True, "threads": threads() - blas}) + "\n")
+for line in requests:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        requests.close(); replies.close()
+        _child(req)
+    replies.write(json.dumps({"pid": pid}) + "\n")
+    _, status = os.waitpid(pid, 0)
+    replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+"""
+
+
+def _child(req: dict) -> None:
+    """In the fork: become the command ``req`` describes, run it, exit as Python would."""
+    import atexit as _atexit
+    import runpy
+    import threading
+    import traceback
+
+    code = 1
+    try:
+        os.setsid()  # its own group: a timeout ends what it started too
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, req["stdout"], os.O_WRONLY),
+                                (2, req["stderr"], os.O_WRONLY)):
+            opened = os.open(path, flags)
+            os.dup2(opened, fd)
+            os.close(opened)
+        sys.stdin = sys.__stdin__ = open(0, closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", errors="strict", closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace",
+                                           closefd=False, buffering=1)
+        sys.argv = list(req["argv"])
+        code = 0
+        try:
+            if req.get("module"):
+                sys.path[0] = req["cwd"]
+                runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            else:
+                sys.path[0] = str(Path(req["cwd"], sys.argv[0]).resolve().parent)
+                runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as exc:  # as the interpreter reads it
+            if exc.code is None:
+                code = 0
+            elif isinstance(exc.code, int):
+                code = exc.code
+            else:
+                print(exc.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:
+            traceback.print_exc()
+            code = 130
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, then exit handlers
+        _atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+        code = code or 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code & 0xFF)
+
+
+class _Server:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = dict(env)
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER_CODE, str(req_r), str(rep_w)], cwd=ROOT, env=self.env,
+            pass_fds=(req_r, rep_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        )
+        os.close(req_r)
+        os.close(rep_w)
+        self.requests = os.fdopen(req_w, "w", buffering=1)
+        self.replies = os.fdopen(rep_r, "r")
+        hello = self._reply(timeout=180)
+        if hello["threads"]:
+            self.close()
+            raise RuntimeError(f"the fork server started {hello['threads']} thread(s) while importing; forks are unsafe")
+
+    def _reply(self, timeout: float | None) -> dict:
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        if not ready:
+            raise TimeoutError
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError(f"the fork server ended (exit status {self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, argv: Sequence[str], module: str | None, cwd: Path, env: Mapping[str, str],
+            timeout: float) -> subprocess.CompletedProcess:
+        args = [sys.executable, *(("-m", module, *argv[1:]) if module else argv)]
+        with tempfile.TemporaryDirectory(prefix="neo-forked-") as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            out.touch()
+            err.touch()
+            req = {"argv": list(argv), "module": module, "cwd": str(cwd), "env": dict(env),
+                   "stdout": str(out), "stderr": str(err)}
+            self.requests.write(json.dumps(req) + "\n")
+            pid = self._reply(timeout=60)["pid"]
+            try:
+                status = self._reply(timeout=timeout)["status"]
+            except TimeoutError:
+                os.killpg(pid, signal.SIGKILL)
+                self._reply(timeout=60)
+                raise subprocess.TimeoutExpired(args, timeout, out.read_text(), err.read_text()) from None
+            return subprocess.CompletedProcess(args, status, out.read_text(errors="replace"),
+                                               err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        try:
+            self.requests.close()
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+
+
+_server: _Server | None = None
+
+
+def _startup(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_VARS)}
+
+
+def run(*command: str | Path, env: Mapping[str, str], cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True,
+    text=True, timeout=timeout)``, forked from the preloaded server where that gives the same
+    run. ``command`` is a script and its arguments, or ``"-m", module, arguments...``."""
+    global _server
+    command = [str(c) for c in command]
+    module = command[1] if command[0] == "-m" else None
+    argv = [module, *command[2:]] if module else command
+    if os.environ.get("NEO_TEST_COLD") or not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"):
+        return subprocess.run([sys.executable, *command], cwd=cwd, env=dict(env), capture_output=True,
+                              text=True, timeout=timeout)
+    if _server is None:
+        from tests.conftest import subprocess_env
+
+        _server = _Server(subprocess_env())
+        atexit.register(_server.close)
+    if _startup(env) != _startup(_server.env):
+        return subprocess.run([sys.executable, *command], cwd=cwd, env=dict(env), capture_output=True,
+                              text=True, timeout=timeout)
+    return _server.run(argv, module, Path(cwd), env, timeout)
