@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests import forked
 from tests.conftest import ROOT, subprocess_env
 
@@ -53,3 +55,48 @@ def test_what_a_fork_cannot_give_runs_in_a_fresh_interpreter(tmp_path: Path) -> 
     assert runs[0].stdout != runs[1].stdout
     # otherwise forked, with the script's folder first on the path, as python puts it
     assert forked.run(script, env=subprocess_env()).stdout.split()[1:] == [str(tmp_path), str(ROOT)]
+
+
+ENDINGS = {
+    "interrupted": "raise KeyboardInterrupt",
+    "excepthook": "import sys\nsys.excepthook = lambda t, v, tb: print('hook:', v)\nraise ValueError('x')",
+    "exit-text": "raise SystemExit('bye')",
+    "exit-big": "raise SystemExit(256 + 3)",
+    "unbuffered": "import os, sys\nprint('before', flush=False)\nos.system('echo child')\nprint('after')",
+    "time-zone": "import time\nprint(time.strftime('%Z'))",
+    "random": "import random\nprint(random.random())",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDINGS))
+def test_odd_endings_and_settings_are_the_cold_runs(name: str, tmp_path: Path) -> None:
+    script = tmp_path / f"{name}.py"
+    script.write_text(ENDINGS[name] + "\n")
+    env = subprocess_env(TZ="Asia/Tokyo", PYTHONUNBUFFERED="1")
+    warm, fresh = forked.run(script.name, cwd=tmp_path, env=env), cold(script.name, cwd=tmp_path, env=env)
+    if name == "random":  # seeded afresh in each fork, as in each interpreter
+        assert warm.stdout != forked.run(script.name, cwd=tmp_path, env=env).stdout
+        return
+    strip = re.compile(r'  File "[^"]*(forked\.py|runpy[^"]*)", line.*\n(    .*\n)*')  # the fork's own frames
+    warm.stderr = strip.sub("", warm.stderr)
+    same_run(warm, fresh, tmp_path)
+
+
+def test_a_missing_script_and_a_missing_folder_are_told_as_python_tells_them(tmp_path: Path) -> None:
+    same_run(forked.run("no_such.py", cwd=tmp_path, env=subprocess_env()),
+             cold("no_such.py", cwd=tmp_path, env=subprocess_env()), tmp_path)
+    with pytest.raises(FileNotFoundError):
+        forked.run("no_such.py", cwd=tmp_path / "gone", env=subprocess_env())
+
+
+def test_a_timed_out_command_is_ended_and_the_next_one_runs(tmp_path: Path) -> None:
+    script = tmp_path / "sleepy.py"
+    script.write_text("import subprocess, sys, time\nprint('started', flush=True)\n"
+                      "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired) as expired:
+        forked.run(script, env=subprocess_env(), timeout=3)
+    assert expired.value.stdout == "started\n"
+    again = forked.run(script.with_name("quick.py"), env=subprocess_env())
+    assert again.returncode == 2  # the server was replaced; this one ran
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "time.sleep(60)" not in ps  # the command's own child went with it

@@ -105,7 +105,7 @@ def test_resume_without_a_checkpoint_starts_a_fresh_transcript(tmp_path: Path) -
     # folder's earlier one as if it went on from it
     (tmp_path / "train.log").write_text("an earlier run's plan\nerror: it failed\n")
     proc = run_recipe("trainer=smoke", "trainer.max_steps=2", "trainer.world_size=1", "trainer.resume=true",
-                      f"hydra.run.dir={tmp_path}")
+                      f"hydra.run.dir={tmp_path}", cold=True)  # one training run that imports for itself
     assert proc.returncode == 0, proc.stderr[-3000:]
     transcript = (tmp_path / "train.log").read_text()
     assert "an earlier run's" not in transcript and "---" not in transcript, transcript[:500]
@@ -236,7 +236,7 @@ def test_plan_recipe_help_says_which_groups_are_train_pys() -> None:
 def test_a_bare_info_flag_after_the_overrides_shows_hydras_information_once() -> None:
     # moved before the overrides, a bare --info took +topology=zionex as its value ("invalid choice");
     # and a root log handler left by FBGEMM's import printed each line again as DEBUG:hydra._internal...
-    proc = run_plan("+topology=zionex", "--info")
+    proc = run_plan("+topology=zionex", "--info", cold=True)  # the handler comes with FBGEMM's import
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Installed Hydra Plugins" in proc.stdout and "Defaults List" in proc.stdout
     assert "DEBUG:" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
