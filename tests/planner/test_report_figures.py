@@ -1,0 +1,86 @@
+"""What a plan's report says, checked against the figures it is made of: a saved plan.json
+reads back to the same plan and text, the compute/communication split, the ranks a chart
+shows, TorchRec's forward and backward communication kept apart, and the table sets' own figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from neo_core.api import make_context
+from neo_core.compression import Compressor
+from neo_core.sharding import PlanResult, RankReport, ShardingType, TableAssignment
+from neo_plugins.sharding.planner.cost import CMB, CMF, CostModel, TableArrays
+from neo_plugins.sharding.planner.report import chart_ranks
+from neo_plugins.sharding.planner.search import build_options
+from neo_plugins.sharding.planner.tables import mlperf_dcnv2, production_like, zionex_12t
+from neo_plugins.sharding.planner.torchrec_score import meta_module, torchrec_option_costs
+from neo_plugins.sharding.sharders import make_sharders
+
+
+def test_a_saved_plan_reads_back_to_the_same_plan_and_text(tmp_path: Path) -> None:
+    ranks = [RankReport(r, memory={"weights": 1e6}, memory_capacity=1e9, time={"compute_fwd": 1e-3 * (r + 1)},
+                        comm_bytes={"intra_node": 10.0 * r, "inter_node": 3.0 * r}) for r in range(2)]
+    plan = PlanResult("neo", [TableAssignment("t", "table_wise", "fused", [1], [(10, 4)], why="w")], ranks,
+                      batch_size_per_rank=8, topology={"devices_per_node": 2}, times_from="TorchRec's estimator",
+                      notes=["n"], settings={"optimizer": "adagrad"})
+    plan.save_json(tmp_path / "plan.json")
+    back = PlanResult.load_json(tmp_path / "plan.json")
+    assert back.to_dict() == plan.to_dict()
+    assert back.format_text() == plan.format_text()
+
+
+def test_the_optimizer_and_prefetch_count_as_compute_in_the_report() -> None:
+    rank = RankReport(0, memory={"weights": 1.0}, memory_capacity=2.0,
+                      time={"compute_fwd": 1e-3, "compute_bwd": 1e-3, "optimizer": 2e-3, "prefetch": 1e-3, "comm_fwd": 3e-3})
+    text = PlanResult("x", [], [rank], batch_size_per_rank=1, topology={}).format_text()
+    assert "(compute 5.000ms, comm 3.000ms)" in text, text
+    assert "   5.000ms    3.000ms    8.000ms" in text, text  # the rank's row: compute, comm, total
+
+
+def test_the_chart_shows_the_slowest_ranks_and_the_fullest() -> None:
+    ranks = [RankReport(r, memory={"weights": 9.0 if r == 3 else 1.0}, memory_capacity=10.0,
+                        time={"compute_fwd": float(10 - r)}) for r in range(6)]
+    plan = PlanResult("x", [], ranks, batch_size_per_rank=1, topology={})
+    assert [r.rank for r in chart_ranks(plan, 2)] == [0, 3]  # the slowest, then the fullest (not the 2nd slowest)
+
+
+def test_the_busiest_inter_node_rank_is_the_first_of_a_tie() -> None:
+    ranks = [RankReport(r, comm_bytes={"intra_node": 0.0, "inter_node": b}) for r, b in enumerate([5.0, 9.0, 9.0, 1.0])]
+    assert PlanResult("x", [], ranks, batch_size_per_rank=1, topology={}).busiest_inter_node() == (1, 9.0)
+
+
+def test_torchrecs_forward_and_backward_communication_stay_apart() -> None:
+    # fp16 forward, fp32 backward: TorchRec's two figures differ, and each lands in its own kind
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    tables = production_like(1, seed=3)
+    context = make_context({"name": "zionex", "num_nodes": 2, "devices_per_node": 4}, 512,
+                           compressor=Compressor("h", "fp16", "fp32"))
+    option = next(o for o in build_options(CostModel(context), TableArrays.from_specs(tables),
+                                           {ShardingType.TABLE_WISE}, (), 16) if o.placement != "cached")
+    torchrec_option_costs([option], tables, context)
+    topology = context.topology.to_torchrec()
+    t = tables[0]
+    constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor], sharding_types=["table_wise"],
+                                                compute_kernels=[context.kernel.compute_kernel])}
+    enumerator = EmbeddingEnumerator(topology, 512, constraints, estimator=[EmbeddingPerfEstimator(topology, constraints)])
+    perf = enumerator.enumerate(meta_module(tables, context), make_sharders(context))[0].shards[0].perf
+    assert perf.fwd_comms != pytest.approx(perf.bwd_comms)
+    assert option.cost.time[0, CMF] * 1e3 == pytest.approx(perf.fwd_comms, rel=1e-9)
+    assert option.cost.time[0, CMB] * 1e3 == pytest.approx(perf.bwd_comms, rel=1e-9)
+
+
+def test_the_table_sets_have_their_published_figures() -> None:
+    mlperf = mlperf_dcnv2()  # Criteo 1TB's 26 features, capped at 40M rows, MLPerf's multi-hot sizes
+    rows = [t.num_embeddings for t in mlperf]
+    assert len(mlperf) == 26 and max(rows) == 40_000_000 and rows.count(40_000_000) == 5
+    assert sum(rows) == 204_184_588
+    assert sum(t.pooling_factor for t in mlperf) == 214 and mlperf[20].pooling_factor == 100.0
+    big = zionex_12t()  # the paper's 12 trillion parameters
+    assert len(big) == 800 and sum(t.num_embeddings * t.embedding_dim for t in big) == pytest.approx(12e12, rel=0.01)
+    hot = [t.hot_fraction for t in production_like(500)]
+    assert 0.1 <= min(hot) < 0.15 and 0.85 < max(hot) <= 0.9
