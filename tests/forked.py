@@ -195,8 +195,7 @@ class _Server:
     def run(self, argv: Sequence[str], module: str | None, cwd: Path, env: Mapping[str, str],
             timeout: float) -> subprocess.CompletedProcess:
         """One command; on anything but its end (a timeout, Ctrl-C, the server gone) the
-        command's process group and the server are ended, and the next command starts another."""
-        global _server
+        command's process group and the server are ended (:func:`run` then starts another)."""
         args = [sys.executable, *(("-m", module, *argv[1:]) if module else argv)]
         pid = None
         with tempfile.TemporaryDirectory(prefix="neo-forked-") as tmp:
@@ -214,8 +213,6 @@ class _Server:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
                 self.kill()
-                if _server is self:
-                    _server = None
                 if isinstance(exc, TimeoutError) and pid is not None:
                     raise subprocess.TimeoutExpired(args, timeout, out.read_text(errors="replace"),
                                                     err.read_text(errors="replace")) from None
@@ -226,6 +223,9 @@ class _Server:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        for pipe in (self.requests, self.replies):
+            with contextlib.suppress(OSError):
+                pipe.close()
 
     def close(self) -> None:
         try:
@@ -236,6 +236,12 @@ class _Server:
 
 
 _server: _Server | None = None
+
+
+@atexit.register
+def _close_server() -> None:
+    if _server is not None:
+        _server.close()
 
 
 def _startup(env: Mapping[str, str]) -> dict[str, str]:
@@ -249,20 +255,20 @@ def run(*command: str | Path, env: Mapping[str, str], cwd: Path = ROOT, timeout:
     run (``cold``: never). ``command`` is a script and its arguments, or ``"-m", module,
     arguments...``."""
     global _server
+    from tests.conftest import subprocess_env
+
     command = [str(c) for c in command]
-    module = command[1] if command[0] == "-m" else None
-    argv = [module, *command[2:]] if module else command
+    if _server is not None and _server.proc.poll() is not None:  # ended (a timeout, Ctrl-C): start another
+        _server = None
+    server_env = _server.env if _server is not None else subprocess_env()
     if (cold or os.environ.get("NEO_TEST_COLD") or not hasattr(os, "fork") or not os.path.isdir("/proc/self/task")
-            or (_server is not None and _startup(env) != _startup(_server.env))):
+            or _startup(env) != _startup(server_env)):
         return subprocess.run([sys.executable, *command], cwd=cwd, env=dict(env), capture_output=True,
                               text=True, timeout=timeout)
     if not Path(cwd).is_dir():
         raise FileNotFoundError(2, "No such file or directory", str(cwd))
     if _server is None:
-        from tests.conftest import subprocess_env
-
-        _server = _Server(subprocess_env())
-        atexit.register(lambda: _server.close() if _server is not None else None)
-        if _startup(env) != _startup(_server.env):
-            return run(*command, env=env, cwd=cwd, timeout=timeout)
+        _server = _Server(server_env)
+    module = command[1] if command[0] == "-m" else None
+    argv = [module, *command[2:]] if module else command
     return _server.run(argv, module, Path(cwd), env, timeout)

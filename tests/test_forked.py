@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from tests.conftest import ROOT, subprocess_env
 
 
 def cold(*command: str, env: dict[str, str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *command], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return forked.run(*command, env=env, cwd=cwd, cold=True)
 
 
 def same_run(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess, *folders: Path) -> None:

@@ -35,10 +35,7 @@ def run_recipe(*overrides: str, env: dict[str, str] | None = None, timeout: int 
                cold: bool = False) -> subprocess.CompletedProcess:
     """``python recipes/train.py *overrides``: forked from preloaded imports (:mod:`tests.forked`),
     or ``cold``, a fresh interpreter that imports everything itself."""
-    if cold:
-        return subprocess.run([sys.executable, str(RECIPE), *overrides], cwd=ROOT, env=env or subprocess_env(),
-                              capture_output=True, text=True, timeout=timeout)
-    return forked.run(RECIPE, *overrides, env=env or subprocess_env(), timeout=timeout)
+    return forked.run(RECIPE, *overrides, env=env or subprocess_env(), timeout=timeout, cold=cold)
 
 
 def assert_one_sentence(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -138,10 +135,7 @@ def test_recipe_misspelled_key_without_plus_suggests_the_right_one(tmp_path: Pat
 
 def run_plan(*overrides: str, timeout: int = 120, cold: bool = False) -> subprocess.CompletedProcess:
     """``python recipes/plan.py *overrides``, as :func:`run_recipe` runs train.py."""
-    if cold:
-        return subprocess.run([sys.executable, str(PLAN_RECIPE), *overrides], cwd=ROOT, env=subprocess_env(),
-                              capture_output=True, text=True, timeout=timeout)
-    return forked.run(PLAN_RECIPE, *overrides, env=subprocess_env(), timeout=timeout)
+    return forked.run(PLAN_RECIPE, *overrides, env=subprocess_env(), timeout=timeout, cold=cold)
 
 
 def choices(group: str) -> str:

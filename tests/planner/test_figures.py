@@ -4,6 +4,7 @@ peak as the placement it makes, a refusal's shortfall from the bytes it compares
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -24,11 +25,9 @@ from tests.test_torchrec_plan import cpu_context
 CIN = 3  # the input all-to-all's column of ShardCosts.time
 
 
-def topology(device: str = "cuda", nodes: int = 2, per_node: int = 4, memory: float = 1e11, host: float = 1e12,
-             **extra) -> Topology:
-    return Topology(name="round", num_nodes=nodes, devices_per_node=per_node, compute_device=device,
-                    device_memory=memory, host_memory=host, device_memory_bw=1e12, host_memory_bw=5e10,
-                    host_to_device_bw=1e10, intra_node_bw=1e11, inter_node_bw=1e10, **extra)
+def topology(nodes: int = 2, per_node: int = 4, **changes) -> Topology:
+    """The planner tests' GPU cluster (:func:`tests.planner.cluster`) with ``changes``."""
+    return dataclasses.replace(cluster(nodes, per_node), **changes)
 
 
 @pytest.mark.parametrize("k", [2, 4])
@@ -46,7 +45,7 @@ def test_a_grid_tables_ids_are_bucketized_once_over_its_column_shards(k: int) ->
     # CPU calibration prices bucketizing an id (bucketize_id_s); GRID's k column shards share one
     # bucketizing of the ids, TWRW's one shard does it all
     def input_time(stype: ShardingType, per_id: float, shards: int = 1) -> float:
-        model = CostModel(make_context(topology("cpu", bucketize_id_s=per_id), 100))
+        model = CostModel(make_context(topology(compute_device="cpu", bucketize_id_s=per_id), 100))
         return float(model.costs(TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)]), stype, shards).time[0, CIN])
 
     twrw = input_time(ShardingType.TABLE_ROW_WISE, 1e-9) - input_time(ShardingType.TABLE_ROW_WISE, 0.0)
@@ -102,7 +101,7 @@ def test_a_shard_fits_a_rank_with_exactly_its_bytes_free() -> None:
 def refusal(device_memory: float | None = None, zionex_gib: float | None = None) -> tuple[Search, PlanningError]:
     """t0 placed table-wise on rank 0 of two; t1 then fits no rank as TW, and as RW not on both."""
     topo = zionex_topology(num_nodes=1, devices_per_node=2, device_memory_gib=zionex_gib) if zionex_gib \
-        else topology(nodes=1, per_node=2, memory=device_memory)
+        else topology(nodes=1, per_node=2, device_memory=device_memory)
     model = CostModel(make_context(topo, 100))
     arrays = TableArrays.from_specs([TableSpec("t0", 120_000, 128, 1.0), TableSpec("t1", 200_000, 128, 1.0)])
     options = build_options(model, arrays, {ShardingType.TABLE_WISE, ShardingType.ROW_WISE})
@@ -143,7 +142,7 @@ def test_a_cached_shard_is_weighed_against_its_nodes_host_memory() -> None:
     # a 47.7 GiB shard behind a cache fits the 128 GiB of host memory its node's 4 ranks share:
     # the refusal is about device memory only
     with pytest.raises(PlanningError) as err:
-        plan_tables([TableSpec("big", 100_000_000, 128, 1.0)], topology(nodes=1, memory=16 * GiB, host=32 * GiB), 64,
+        plan_tables([TableSpec("big", 100_000_000, 128, 1.0)], topology(nodes=1, host_memory=32 * GiB), 64,
                     cache={"name": "lru", "load_factor": 0.9}, planner=NeoPlanner(check_settings_s=0, sharding_types=["TW"]))
     message = str(err.value)
     assert "of device memory usable on each of 4 ranks" in message and message.count(" over the ") == 1, message
