@@ -84,3 +84,36 @@ def test_the_table_sets_have_their_published_figures() -> None:
     assert len(big) == 800 and sum(t.num_embeddings * t.embedding_dim for t in big) == pytest.approx(12e12, rel=0.01)
     hot = [t.hot_fraction for t in production_like(500)]
     assert 0.1 <= min(hot) < 0.15 and 0.85 < max(hot) <= 0.9
+
+
+def test_a_why_line_names_only_what_the_alternative_really_costs_more() -> None:
+    # "larger shards" only where the alternative's shard is larger, not equal: table 0 took
+    # CWx4 (4 x 1 ms), the least total is CWx2 (2 x 1 ms) with the same shard (a stub search)
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    from neo_plugins.sharding.planner.planner import NeoPlanner, _why
+    from tests.planner import cluster
+    from tests.planner.test_planner import mixed_tables
+
+    def option(label: str, k: int) -> NS:
+        return NS(label=label, num_shards=k, k=k, sharding_type=ShardingType.COLUMN_WISE, placement="device",
+                  unit="any_k", shard_time=np.array([1e-3]), cost=NS(mem_device=np.array([1e6])))
+
+    opts = [option("CWx4", 4), option("CWx2", 2)]
+    search = NS(t=NS(rows=np.array([1000]), dims=np.array([64]), hot=np.array([0.5])),
+                model=NS(e=4, cache_load_factor=None), opts=opts, usable=np.array([[True], [True]]),
+                total=np.array([[4e-3], [2e-3]]), choice=np.array([0]), loads=np.array([4e-3, 1e-3]), W=4,
+                ranks=[np.array([0, 1, 2, 3])], refined=True, torchrec_times=False)
+    why = _why(opts[0], search, 0)
+    assert "least total would be CWx2 2 x 1.000 ms = 2.000 ms" in why and "larger shards" not in why, why
+    # "more device memory per shard" where the alternative's shard takes over 1% more: TW holds
+    # the whole table where TWRW holds a quarter of it
+    plan = NeoPlanner().plan(mixed_tables(), make_context(cluster(), 1024))
+    assert plan.table("small").why.endswith(
+        "least total would be TW 1 x 0.0574 ms = 0.0574 ms, larger shards, more device memory per shard")
+    # an alternative whose total ties the chosen one's is not "less": it is named as the next
+    plan = NeoPlanner().plan(mlperf_dcnv2(), make_context(cluster(4, 8, mem_gib=4.0), 1024))
+    why = plan.table("cat_9").why
+    assert "; the least total (next: TWCWx8 8 x 0.297 ms = 2.378 ms)" in why and "would be" not in why, why
