@@ -449,8 +449,9 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
                 with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
                     config.hydra.runtime.output_dir = out
                 HydraConfig.instance().set_config(config)
+                with open_dict(config):  # the job's keys alone (hydra.run.dir would claim a folder)
+                    del config["hydra"]
                 job = OmegaConf.to_container(config, resolve=True)
-                job.pop("hydra", None)  # type: ignore[union-attr]
                 _SWEEP_CHECK[0](job)  # type: ignore[arg-type]
             except NeoError as exc:
                 shown = " ".join(as_typed(o) for o in filter_overrides(list(overrides)))
@@ -479,6 +480,101 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
 # before its first job may remove the one it was given
 _MADE_DIRS: dict[str, Path] = {}  # a folder -> the outermost of those made for it
 HYDRA_SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"  # Hydra's default: made by each launch
+# each base's folder this process took (Hydra reads hydra.run.dir more than once)
+_FRESH_DIRS: dict[str, str] = {}
+
+
+def fresh_run_dir(base: str) -> str:
+    """The recipes' default output folder (``${neo_fresh_dir:outputs}`` in conf/), named as
+    Hydra names it, ``base/<date>/<time>``, but this run's alone: it is made here, and where a
+    run started in the same second has it already (a shell loop that starts several runs, a
+    scheduler), this one takes ``<time>-2``, then ``-3``, and so on. Hydra's own name gave both
+    runs one folder, where the second wrote its log, plan and checkpoints over the first's.
+    One folder per process and base. Under torchrun every rank must write into one folder, and
+    each rank naming its own by its clock gave ranks that started a second apart two folders
+    (a checkpoint split between them): rank 0 claims the folder and the others read its name
+    from the launch's store (:func:`_rank0s_name`)."""
+    if base in _FRESH_DIRS:
+        return _FRESH_DIRS[base]
+    from datetime import datetime
+
+    from neo_core.training import started_as_rank
+
+    now = datetime.now()
+    name = os.path.join(base, now.strftime("%Y-%m-%d"), now.strftime("%H-%M-%S"))
+    _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
+    return _FRESH_DIRS[base]
+
+
+_STORE: list[Any] = []  # the launch's store, kept open while the process runs
+
+
+def _rank0s_name(base: str, name: str) -> str:
+    """Under torchrun: rank 0 claims ``name`` (:func:`claim_folder`) and puts what it got in the
+    store torchrun's agent keeps for the launch (``TORCHELASTIC_USE_AGENT_STORE``), where the
+    other ranks read it, on every node. Without such a store (another launcher), or when rank 0
+    does not say within ``NEO_RUN_DIR_TIMEOUT_S`` seconds (600), each rank keeps ``name``, with
+    a warning: give every rank one ``hydra.run.dir``."""
+    rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return name
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    key = (f"neo/{base}/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+           f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    wait = float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600"))
+    try:
+        if not _STORE:
+            _STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                        is_master=False, timeout=timedelta(seconds=wait)))
+        if rank == 0:
+            name = claim_folder(name)
+            _STORE[0].set(key, name)
+            return name
+        return _STORE[0].get(key).decode()
+    except Exception as exc:  # noqa: BLE001 - the run goes on in this rank's own folder, said
+        print(f"warning: rank {rank} could not learn the run's folder from rank 0 ({type(exc).__name__}: {exc}); "
+              f"it writes into {name}, which may not be rank 0's: give every rank one hydra.run.dir=...",
+              file=sys.stderr)
+        return name
+
+
+def claim_folder(name: str) -> str:
+    """Make the folder ``name`` (its parents as needed), or where it is there already
+    ``name-2``, ``name-3``, ...: the first that this call made, so that processes claiming one
+    name at once each get their own. Returns the name made (``name`` as given where a folder
+    cannot be made here: Hydra's own attempt then says why)."""
+    day = Path(os.path.abspath(name)).parent
+    made, top = not day.exists(), day  # the outermost folder made here
+    while not top.parent.exists():
+        top = top.parent
+    try:
+        day.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return name
+    claimed = name
+    for n in range(2, 1_000_000):
+        try:
+            os.mkdir(claimed)  # atomic: of two processes, one makes it and the other takes the next
+        except FileExistsError:
+            claimed = f"{name}-{n}"
+            continue
+        except OSError:
+            return name
+        folder = Path(os.path.abspath(claimed))
+        _MADE_DIRS[str(folder)] = top if made else folder  # a refused sweep removes what it made
+        return claimed
+    return name
+
+
+def use_fresh_run_dirs() -> None:
+    """Register ``neo_fresh_dir`` (:func:`fresh_run_dir`), which conf/'s ``hydra.run.dir`` and
+    ``hydra.sweep.dir`` use."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("neo_fresh_dir", fresh_run_dir, use_cache=True, replace=True)
 
 
 def _remove_made_sweep_dir(sweeper: Any) -> None:

@@ -47,6 +47,7 @@ from neo_core.cli import (
     repeated_settings,
     select_by_name,
     task_overrides,
+    use_fresh_run_dirs,
     user_errors,
 )
 from neo_core.config import register_plugin_options
@@ -388,6 +389,7 @@ if __name__ == "__main__":
                 print(note, file=sys.stderr)
             check_sweep_values(sys.argv[1:], "recipes/plan.py")
             check_run_dirs(sys.argv[1:])
+            use_fresh_run_dirs()
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
             typed = list(sys.argv[1:])
             OmegaConf.register_new_resolver(

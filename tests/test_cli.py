@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from neo_core.cli import (
     SweepFailures,
     check_group_options,
     check_run_dirs,
+    claim_folder,
     config_groups,
     force_add_overrides,
     list_plugins,
@@ -407,6 +409,50 @@ def test_a_run_folder_hydra_cannot_make_is_one_sentence_before_it_starts(tmp_pat
     check_run_dirs(["hydra.run.dir=outputs/${now:%H}"])  # Hydra resolves it
     check_run_dirs([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
     assert (tmp_path / "new" / "run").is_dir()
+
+
+def test_a_claimed_folder_is_this_process_alone(tmp_path: Path) -> None:
+    # runs started in the same second took Hydra's one outputs/<date>/<time> folder, and the
+    # second wrote its log, plan and checkpoints over the first's
+    name = str(tmp_path / "outputs" / "day" / "12-00-00")
+    assert claim_folder(name) == name and Path(name).is_dir()
+    (Path(name) / "plan.json").write_text("{}")
+    assert claim_folder(name) == f"{name}-2"
+    Path(f"{name}-3").write_text("a file in the way")
+    assert claim_folder(name) == f"{name}-4" and Path(f"{name}-4").is_dir()
+    assert (Path(name) / "plan.json").read_text() == "{}"
+    # processes claiming one name at once each get their own
+    racing = str(tmp_path / "race" / "12-00-00")
+    code = ("import sys, time; from neo_core.cli import claim_folder\n"
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); print(claim_folder(sys.argv[1]))")
+    start = f"{time.time() + 3:.3f}"
+    procs = [subprocess.Popen([sys.executable, "-c", code, racing, start], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env(), cwd=ROOT) for _ in range(6)]
+    got = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert got == sorted([racing] + [f"{racing}-{n}" for n in range(2, 7)]), got
+    # a place that cannot hold it: the name as given, for Hydra to say why
+    blocked = str(tmp_path / "plan.txt" / "run")
+    (tmp_path / "plan.txt").write_text("")
+    assert claim_folder(blocked) == blocked and not Path(blocked).exists()
+
+
+def test_a_launchers_ranks_without_torchruns_store_name_hydras_folder_unclaimed(tmp_path: Path, monkeypatch) -> None:
+    # every rank must name the same folder, and a claim would give each its own; under torchrun
+    # rank 0's claim is shared through its store (tests/training: test_torchruns_ranks_share_...)
+    from neo_core import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "_FRESH_DIRS", {})
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("NEO_SPAWNED", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    name = cli.fresh_run_dir("outputs")
+    assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", name) and not (tmp_path / "outputs").exists()
+    monkeypatch.delenv("RANK")
+    assert cli.fresh_run_dir("outputs") == name  # once per process and base
+    fresh = cli.fresh_run_dir("multirun")
+    assert fresh.startswith("multirun/") and (tmp_path / fresh).is_dir()
 
 
 def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(tmp_path: Path) -> None:

@@ -861,6 +861,36 @@ def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None
     assert "1 job(s) of the sweep failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:
+    # Hydra's default outputs/<date>/<time> gave runs started in the same second one folder:
+    # the second wrote its log, plan and checkpoints over the first's. Every folder the next
+    # minute would name is taken here (as by runs started beside this one): the run and the
+    # sweep each take <time>-2, and the taken ones are left as they were.
+    from datetime import datetime, timedelta
+
+    now = datetime.now()
+    taken = []
+    for base in ("outputs", "multirun"):
+        for s in range(90):
+            at = now + timedelta(seconds=s)
+            folder = tmp_path / base / at.strftime("%Y-%m-%d") / at.strftime("%H-%M-%S")
+            folder.mkdir(parents=True)
+            (folder / "mine.txt").write_text(str(folder))
+            taken.append(folder)
+    plan = forked.run(PLAN_RECIPE, "+topology=zionex", "topology.num_nodes=1", env=subprocess_env(), cwd=tmp_path,
+                      timeout=120)
+    sweep = forked.run(PLAN_RECIPE, "-m", "+topology=zionex", "topology.num_nodes=1", "compression=none,fp16",
+                       env=subprocess_env(), cwd=tmp_path, timeout=120)
+    assert plan.returncode == 0 and sweep.returncode == 0, plan.stderr[-2000:] + sweep.stderr[-2000:]
+    assert all(sorted(p.name for p in folder.iterdir()) == ["mine.txt"] for folder in taken)
+    ran = [p for p in (tmp_path / "outputs").glob("*/*") if p not in taken]
+    swept = [p for p in (tmp_path / "multirun").glob("*/*") if p not in taken]
+    assert len(ran) == 1 and ran[0].name.endswith("-2") and (ran[0] / "plan.json").is_file(), ran
+    assert len(swept) == 1 and swept[0].name.endswith("-2"), swept
+    assert (swept[0] / "0" / "plan.json").is_file() and (swept[0] / "1" / "plan.json").is_file()
+    assert f"wrote {ran[0] / 'plan.json'}" in plan.stdout
+
+
 def test_a_plan_sweep_checks_every_job_before_the_first_plans(tmp_path: Path) -> None:
     # a key only one planner takes failed the second job after the first had planned (a 12T
     # sweep's minutes lost); a plan that does not fit still fails only its own job (above)

@@ -413,6 +413,34 @@ def test_ctrl_c_stops_every_rank_after_one_step_and_saves(tmp_path: Path, sig: s
 
 
 @pytest.mark.slow
+def test_torchruns_ranks_share_the_default_folder_whenever_they_start(tmp_path: Path) -> None:
+    """Without hydra.run.dir each rank named outputs/<date>/<time> by its own clock: ranks that
+    reached that a second apart (two runs in three on this machine) wrote into two folders, the
+    checkpoint's shards split between them. Rank 1 starts 2 s late here; rank 0 names the
+    folder, and rank 1 reads the name from torchrun's store."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+    from tests.distributed.multi_process import free_port
+
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "sitecustomize.py").write_text("import os, time\nif os.environ.get('RANK') == '1':\n    time.sleep(2.0)\n")
+    torchrun = Path(sys.executable).parent / "torchrun"
+    proc = subprocess.run(
+        [str(torchrun), "--nproc-per-node=2", f"--master-port={free_port()}", str(ROOT / "recipes" / "train.py"),
+         "trainer=smoke", "trainer.checkpoint=true"],
+        cwd=tmp_path, env=subprocess_env(late), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folders = list((tmp_path / "outputs").glob("*/*"))
+    assert len(folders) == 1, folders
+    shards = sorted(p.name for p in (folders[0] / "checkpoint").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"], shards
+    assert "could not learn the run's folder" not in proc.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_under_torchrun_stops_after_an_agreed_step_and_saves(tmp_path: Path, sig: str) -> None:
     """Under torchrun the agent takes the terminal's SIGINT (or a batch system's SIGTERM) and
