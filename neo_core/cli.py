@@ -379,12 +379,16 @@ def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) 
     for num, overrides, message in failed:
         by_message.setdefault(message, []).append((num, overrides))
     for message, jobs in by_message.items():
+        # a job with several bad settings (config.validate): each on a line of its own
+        first, *more = message.split(" Also: ")
         if len(jobs) == 1:
-            print(f"  #{jobs[0][0]} {jobs[0][1]}: {message[:width]}", file=sys.stderr)
-            continue
-        for num, overrides in jobs:
-            print(f"  #{num} {overrides}", file=sys.stderr)
-        print(f"    all {len(jobs)}: {message[:width]}", file=sys.stderr)
+            print(f"  #{jobs[0][0]} {jobs[0][1]}: {first[:width]}", file=sys.stderr)
+        else:
+            for num, overrides in jobs:
+                print(f"  #{num} {overrides}", file=sys.stderr)
+            print(f"    all {len(jobs)}: {first[:width]}", file=sys.stderr)
+        for problem in more:
+            print(f"      also: {problem[:width]}", file=sys.stderr)
 
 
 # the check a sweep runs on its jobs before they start (check_sweep_jobs: the last one given)
@@ -512,9 +516,10 @@ _STORE: list[Any] = []  # the launch's store, kept open while the process runs
 def _rank0s_name(base: str, name: str) -> str:
     """Under torchrun: rank 0 claims ``name`` (:func:`claim_folder`) and puts what it got in the
     store torchrun's agent keeps for the launch (``TORCHELASTIC_USE_AGENT_STORE``), where the
-    other ranks read it, on every node. Without such a store (another launcher), or when rank 0
-    does not say within ``NEO_RUN_DIR_TIMEOUT_S`` seconds (600), each rank keeps ``name``, with
-    a warning: give every rank one ``hydra.run.dir``."""
+    other ranks read it, on every node. Without such a store (another launcher) each rank keeps
+    ``name``, as Hydra's default did; so does a rank that cannot reach the store or hears nothing
+    from rank 0 within ``NEO_RUN_DIR_TIMEOUT_S`` seconds (600), with a warning to give every
+    rank one ``hydra.run.dir``."""
     rank = int(os.environ.get("RANK", "0"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return name

@@ -8,17 +8,18 @@ signature. ``trainer`` is checked against :class:`TrainerConfig`, the root again
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from neo_core.checks import as_whole, is_number
-from neo_core.errors import ConfigError, PluginClash
+from neo_core.errors import ConfigError, NeoError, PluginClash
 from neo_core.plugins import KINDS, Plugins, get_plugins
 from neo_core.registry import meanwhile
 
@@ -174,23 +175,45 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
     cfg = dict(cfg)
     plugins = plugins or get_plugins()
     allowed = [f.name for f in dataclasses.fields(RunConfig)]
+    # every problem, not only the first: a command (or a sweep's job) with two bad settings
+    # is then fixed in one go, not in as many runs
+    problems: list[NeoError] = []
     for key in cfg:
         if key not in allowed and key != "hydra":
             hint = owner_hint(key, cfg, plugins, trainer=True) or _close(key, allowed)  # an exact key first
-            raise ConfigError(f"Unknown config key {key!r}.{hint} Top-level keys: {', '.join(allowed)}.")
+            problems.append(ConfigError(f"Unknown config key {key!r}.{hint} Top-level keys: {', '.join(allowed)}."))
     cfg.setdefault("topology", {"name": DEFAULT_TOPOLOGY})
     nodes = {}
     for group in PLUGIN_GROUPS:
         if group not in cfg or cfg[group] is None:
-            raise ConfigError(f"Config group {group!r} is missing; add {group}=<name> (see `neo plugins`).")
-        nodes[group] = _check_plugin_node(group, cfg[group], plugins)
+            problems.append(ConfigError(f"Config group {group!r} is missing; add {group}=<name> (see `neo plugins`)."))
+            continue
+        with _noted(problems):
+            nodes[group] = _check_plugin_node(group, cfg[group], plugins)
+    with _noted(problems):
+        trainer = _check_trainer(cfg.get("trainer"))
+    with _noted(problems):
+        seed = _check_seed(cfg.get("seed", 0))
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError(f"{len(problems)} settings are wrong. " + " Also: ".join(str(p) for p in problems))
     return RunConfig(
         **nodes,
-        trainer=_check_trainer(cfg.get("trainer")),
-        seed=_check_seed(cfg.get("seed", 0)),
+        trainer=trainer,
+        seed=seed,
         output_dir=str(cfg.get("output_dir", "outputs/run")),
         experiment=cfg.get("experiment"),
     )
+
+
+@contextlib.contextmanager
+def _noted(problems: list[NeoError]) -> Iterator[None]:
+    """Add a setting's error to ``problems`` instead of raising it."""
+    try:
+        yield
+    except NeoError as exc:
+        problems.append(exc)
 
 
 def instantiate(group: str, node: Mapping[str, Any], plugins: Plugins | None = None) -> Any:

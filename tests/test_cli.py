@@ -22,6 +22,7 @@ from neo_core.cli import (
     force_add_overrides,
     list_plugins,
     main,
+    print_failed_jobs,
     user_errors,
 )
 from neo_core.errors import ConfigError
@@ -453,6 +454,23 @@ def test_a_launchers_ranks_without_torchruns_store_name_hydras_folder_unclaimed(
     assert cli.fresh_run_dir("outputs") == name  # once per process and base
     fresh = cli.fresh_run_dir("multirun")
     assert fresh.startswith("multirun/") and (tmp_path / fresh).is_dir()
+
+
+def test_a_failed_jobs_bad_settings_are_listed_a_line_each(capsys) -> None:
+    # config.validate names every bad setting of a job at once; the sweep's list gives each a line
+    print_failed_jobs([
+        (0, "seed=-1", "2 settings are wrong. trainer.max_steps must be a positive integer, got 0. Also: seed must "
+                       "be a whole number, 0 or more, got -1."),
+        (1, "seed=3", "trainer.max_steps must be a positive integer, got 0."),
+        (2, "seed=4", "trainer.max_steps must be a positive integer, got 0."),
+    ])
+    assert capsys.readouterr().err.splitlines() == [
+        "  #0 seed=-1: 2 settings are wrong. trainer.max_steps must be a positive integer, got 0.",
+        "      also: seed must be a whole number, 0 or more, got -1.",
+        "  #1 seed=3",
+        "  #2 seed=4",
+        "    all 2: trainer.max_steps must be a positive integer, got 0.",
+    ]
 
 
 def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(tmp_path: Path) -> None:

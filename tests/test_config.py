@@ -295,6 +295,23 @@ def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) ->
     assert "\n" not in str(err.value)
 
 
+def test_every_bad_setting_is_named_at_once(hydra_conf) -> None:
+    # only the first was named: a command (or a sweep's job) with three bad settings took three
+    # runs to fix, each starting torch and TorchRec again
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run("+kernel.learning_rat=0.1", "trainer.max_steps=0", "seed=-1", "+nonsense=1"))
+    message = str(err.value)
+    assert message.startswith("4 settings are wrong. Unknown config key 'nonsense'.")
+    for said in ("Also: Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean kernel.learning_rate?",
+                 "Also: trainer.max_steps must be a positive integer, got 0.",
+                 "Also: seed must be a whole number, 0 or more, got -1."):
+        assert said in message, message
+    assert "\n" not in message
+    with pytest.raises(ConfigError) as err:  # one: as it was
+        validate(compose_run("trainer.max_steps=0"))
+    assert str(err.value) == "trainer.max_steps must be a positive integer, got 0."
+
+
 def test_whole_numbers_written_as_floats_are_taken_everywhere(hydra_conf) -> None:
     # YAML and Hydra's command line read 1e3 and 2.0 as floats; every whole-number setting
     # (trainer, seed, plugin parameters, topology, data) takes them as the whole number
