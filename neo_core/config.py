@@ -188,16 +188,13 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
         if group not in cfg or cfg[group] is None:
             problems.append(ConfigError(f"Config group {group!r} is missing; add {group}=<name> (see `neo plugins`)."))
             continue
-        with _noted(problems):
+        with noted(problems):
             nodes[group] = _check_plugin_node(group, cfg[group], plugins)
-    with _noted(problems):
+    with noted(problems):
         trainer = _check_trainer(cfg.get("trainer"))
-    with _noted(problems):
+    with noted(problems):
         seed = _check_seed(cfg.get("seed", 0))
-    if len(problems) == 1:
-        raise problems[0]
-    if problems:
-        raise ConfigError(f"{len(problems)} settings are wrong. " + " Also: ".join(str(p) for p in problems))
+    raise_all(problems)
     return RunConfig(
         **nodes,
         trainer=trainer,
@@ -208,12 +205,21 @@ def validate(cfg: Mapping[str, Any], plugins: Plugins | None = None) -> RunConfi
 
 
 @contextlib.contextmanager
-def _noted(problems: list[NeoError]) -> Iterator[None]:
-    """Add a setting's error to ``problems`` instead of raising it."""
+def noted(problems: list[NeoError]) -> Iterator[None]:
+    """Add a setting's error to ``problems`` instead of raising it (:func:`raise_all`)."""
     try:
         yield
     except NeoError as exc:
         problems.append(exc)
+
+
+def raise_all(problems: Sequence[NeoError]) -> None:
+    """Raise the settings' errors as one: the one error itself, or several in a
+    :class:`ConfigError` of one line ("N settings are wrong. <first> Also: <second> ...")."""
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigError(f"{len(problems)} settings are wrong. " + " Also: ".join(str(p) for p in problems))
 
 
 def instantiate(group: str, node: Mapping[str, Any], plugins: Plugins | None = None) -> Any:

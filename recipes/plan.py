@@ -251,23 +251,42 @@ def _model_choice() -> str | None:
 def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False) -> tuple:
     """The configured tables, topology, planning context and planner, every key and value
     checked (``run``'s first half, and each job's check before a sweep starts)."""
-    check_keys(cfg)
+    from neo_core.config import noted, raise_all
+
+    problems: list = []  # every bad setting, named at once
+    with noted(problems):
+        check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
-    from neo_core.api import make_context, resolve
+    from neo_core.api import resolve
     from neo_core.cache import CachePolicy
+    from neo_core.checks import as_whole
     from neo_core.errors import ConfigError
     from neo_plugins.sharding.planner.tables import make_tables
 
     model = cfg["plan_model"]
-    check_model_values(model)
-    try:
-        tables = make_tables(model["generator"], **(model.get("params") or {}))
-    except ConfigError as exc:  # the generator's own words: say where its parameters are set
-        choice = _model_choice()
-        where = f"model={choice}: " if choice else ""
-        raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
-    topology = resolve("topology", cfg["topology"])
+    tables = topology = kernel = cache = planner = compressor = None
+    with noted(problems):
+        check_model_values(model)
+        try:
+            tables = make_tables(model["generator"], **(model.get("params") or {}))
+        except ConfigError as exc:  # the generator's own words: say where its parameters are set
+            choice = _model_choice()
+            where = f"model={choice}: " if choice else ""
+            raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
+    with noted(problems):
+        topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
+    if batch is not None and ((as_whole(batch) or 0) < 1):
+        problems.append(ConfigError(f"batch_size_per_rank must be a positive integer, got {batch!r}."))
+    with noted(problems):
+        kernel = resolve("kernel", cfg["kernel"])
+    with noted(problems):
+        compressor = resolve("compression", cfg["compression"])
+    with noted(problems):
+        cache = resolve("cache", cfg["cache"])
+    with noted(problems):
+        planner = resolve("sharding", cfg["sharding"])
+    raise_all(problems)
     if batch is None:
         wanted = int(model.get("global_batch", 65536))
         batch = max(1, wanted // topology.world_size)
@@ -275,10 +294,8 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
             print(f"note: plan_model.global_batch={wanted} is not a whole number per rank on "
                   f"{topology.world_size} ranks; planning for {batch} per rank ({batch * topology.world_size} "
                   "in all). batch_size_per_rank=<n> sets it directly.", file=sys.stderr)
-    kernel = resolve("kernel", cfg["kernel"])
     if model.get("weight_bytes") is not None:
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
-    cache = resolve("cache", cfg["cache"])
     share = model.get("cache_load_factor")
     if share is not None and not cache_share_set and not no_cache:
         if cache.load_factor is None:
@@ -291,10 +308,12 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
                     f"plan_model.cache_load_factor={share} cannot be applied to cache {cache.name!r}; give "
                     "its share with cache.load_factor=<share>."
                 ) from None
-    context = make_context(topology, batch, kernel, cfg["compression"], cache)
+    from neo_core.api import make_context
+
+    context = make_context(topology, batch, kernel, compressor, cache)
     if cfg.get("batch_size_per_rank") is None:  # the table set's global batch, divided by the ranks
         context = dataclasses.replace(context, global_batch=int(model.get("global_batch", 65536)))
-    return tables, topology, context, resolve("sharding", cfg["sharding"])
+    return tables, topology, context, planner
 
 
 def check_job(cfg: dict[str, Any]) -> None:

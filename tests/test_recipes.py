@@ -861,6 +861,18 @@ def test_a_failing_plan_job_does_not_stop_the_plan_sweep(tmp_path: Path) -> None
     assert "1 job(s) of the sweep failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_plans_bad_settings_are_named_at_once(tmp_path: Path) -> None:
+    # the first alone was named: three bad settings took three runs to find
+    proc = run_plan("+topology=zionex", "batch_size_per_rank=-1", "sharding.foo=1", "cache.load_factor=7",
+                    "plan_model.global_batch=0", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, "4 settings are wrong. plan_model.global_batch must be a whole number, at least 1; "
+                              "got 0. Also: batch_size_per_rank must be a positive integer, got -1.",
+                        "Also: cache.load_factor=7 (cache 'lru') must lie in (0, 1]",
+                        "Also: Unknown key sharding.foo for sharder plugin 'neo'.")
+    proc = run_plan("+topology=zionex", "batch_size_per_rank=-1", f"hydra.run.dir={tmp_path}")  # one: as it was
+    assert_one_sentence(proc, "error: batch_size_per_rank must be a positive integer, got -1.")
+
+
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:
     # Hydra's default outputs/<date>/<time> gave runs started in the same second one folder:
     # the second wrote its log, plan and checkpoints over the first's. Every folder the next
