@@ -372,9 +372,17 @@ def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
     return said
 
 
-def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) -> None:
+def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int | None = 300,
+                      rest: str = "the rest in its error.txt") -> None:
     """``(job number, overrides, message)`` one job a line; a message several jobs share is
-    given once, after them (a bad key or value every job has)."""
+    given once, after them (a bad key or value every job has). A message over ``width``
+    characters is cut at a word and says where the ``rest`` is (None: whole)."""
+
+    def clip(text: str) -> str:
+        if width is None or len(text) <= width:
+            return text
+        return text[:width].rsplit(" ", 1)[0].rstrip(",;:") + f" ... ({rest})"
+
     by_message: dict[str, list[tuple[int, str]]] = {}
     for num, overrides, message in failed:
         by_message.setdefault(message, []).append((num, overrides))
@@ -382,13 +390,13 @@ def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int = 200) 
         # a job with several bad settings (config.validate): each on a line of its own
         first, *more = message.split(" Also: ")
         if len(jobs) == 1:
-            print(f"  #{jobs[0][0]} {jobs[0][1]}: {first[:width]}", file=sys.stderr)
+            print(f"  #{jobs[0][0]} {jobs[0][1]}: {clip(first)}", file=sys.stderr)
         else:
             for num, overrides in jobs:
                 print(f"  #{num} {overrides}", file=sys.stderr)
-            print(f"    all {len(jobs)}: {first[:width]}", file=sys.stderr)
+            print(f"    all {len(jobs)}: {clip(first)}", file=sys.stderr)
         for problem in more:
-            print(f"      also: {problem[:width]}", file=sys.stderr)
+            print(f"      also: {clip(problem)}", file=sys.stderr)
 
 
 # the check a sweep runs on its jobs before they start (check_sweep_jobs: the last one given)
@@ -474,7 +482,7 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
             head = (f"{len(failed)} of the {n} jobs of {where} would fail, so none was started (fix them, or "
                     "leave them out of the sweep):")
         print(f"error: {head}", file=sys.stderr)
-        print_failed_jobs(failed, width=400)
+        print_failed_jobs(failed, width=None)  # a setting's error: whole (no job ran to keep it)
         if not first:  # nothing ran: the folder made for the sweep (its multirun.yaml alone) goes
             _remove_made_sweep_dir(sweeper)
         raise SystemExit(2)
@@ -507,6 +515,10 @@ def fresh_run_dir(base: str) -> str:
     now = datetime.now()
     name = os.path.join(base, now.strftime("%Y-%m-%d"), now.strftime("%H-%M-%S"))
     _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
+    if os.environ.get("RANK", "0") == "0" and os.path.isdir(_FRESH_DIRS[base]):
+        from neo_core.folder_lock import hold_folder
+
+        hold_folder(_FRESH_DIRS[base])  # this run's until it ends (hold_run_folders)
     return _FRESH_DIRS[base]
 
 
@@ -574,6 +586,40 @@ def claim_folder(name: str) -> str:
     return name
 
 
+def hold_given_dirs(argv: Sequence[str]) -> None:
+    """Hold the folder ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``) names on the command
+    line before Hydra writes its ``.hydra/`` records and log there (:func:`hold_run_folders`
+    holds it again, once Hydra has made it, for a folder a config file names). Under torchrun
+    rank 0 holds it for the ranks."""
+    from neo_core.folder_lock import hold_folder
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        value = value.strip("'\"")
+        if eq and name.lstrip("+") == key and value and "${" not in value and not value.startswith("~"):
+            hold_folder(value, key)
+
+
+def hold_run_folders(output_dir: str | os.PathLike[str]) -> None:
+    """A recipe's run holds its output folder while it writes there, and a sweep's job the
+    sweep's folder too (:func:`neo_core.folder_lock.hold_folder`): a second run or sweep given
+    the same folder is refused, naming the first."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from neo_core.folder_lock import hold_folder
+
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        hold_folder(Path(hydra.runtime.cwd) / str(hydra.sweep.dir), "hydra.sweep.dir")
+        hold_folder(output_dir, "hydra.sweep.dir")
+    else:
+        hold_folder(output_dir, "hydra.run.dir")
+
+
 def use_fresh_run_dirs() -> None:
     """Register ``neo_fresh_dir`` (:func:`fresh_run_dir`), which conf/'s ``hydra.run.dir`` and
     ``hydra.sweep.dir`` use."""
@@ -592,8 +638,12 @@ def _remove_made_sweep_dir(sweeper: Any) -> None:
         raw = node._value() if node is not None else None
         folder = Path(os.path.abspath(str(sweeper.config.hydra.sweep.dir)))
         dated = raw == HYDRA_SWEEP_DIR
-        if (str(folder) in _MADE_DIRS or dated) and [p.name for p in folder.iterdir()] == ["multirun.yaml"]:
+        from neo_core.folder_lock import LOCK_NAME, release_folder
+
+        kept = [p.name for p in folder.iterdir() if p.name != LOCK_NAME]  # this launch's hold goes with it
+        if (str(folder) in _MADE_DIRS or dated) and kept == ["multirun.yaml"]:
             (folder / "multirun.yaml").unlink()
+            release_folder(folder)
             folder.rmdir()
             # the folders made here around it (Hydra's dated ones may hold other sweeps, or be
             # the user's: they stay)

@@ -43,6 +43,8 @@ from neo_core.cli import (
     flags_first,
     force_add_overrides,
     help_groups,
+    hold_given_dirs,
+    hold_run_folders,
     launch_lines_as_typed,
     repeated_settings,
     select_by_name,
@@ -261,7 +263,7 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
     from neo_core.cache import CachePolicy
     from neo_core.checks import as_whole
     from neo_core.errors import ConfigError
-    from neo_plugins.sharding.planner.tables import make_tables
+    from neo_plugins.sharding.planner.tables import GENERATORS, make_tables
 
     model = cfg["plan_model"]
     tables = topology = kernel = cache = planner = compressor = None
@@ -272,6 +274,8 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
         except ConfigError as exc:  # the generator's own words: say where its parameters are set
             choice = _model_choice()
             where = f"model={choice}: " if choice else ""
+            if model["generator"] not in GENERATORS:  # the generator's name, not its parameters
+                raise ConfigError(f"{where}plan_model.generator: {exc}") from None
             raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
     with noted(problems):
         topology = resolve("topology", cfg["topology"])
@@ -381,6 +385,7 @@ def main(cfg: DictConfig) -> None:
     table_set = HydraConfig.get().runtime.choices.get("plan_model")
     with user_errors():  # a ${...} that does not resolve (an unset environment variable) named by its key
         config = OmegaConf.to_container(cfg, resolve=True)
+        hold_run_folders(config["output_dir"])  # type: ignore[index]
     with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]
         for note in NOTES:
             print(note, file=sys.stderr)
@@ -408,6 +413,7 @@ if __name__ == "__main__":
                 print(note, file=sys.stderr)
             check_sweep_values(sys.argv[1:], "recipes/plan.py")
             check_run_dirs(sys.argv[1:])
+            hold_given_dirs(sys.argv[1:])
             use_fresh_run_dirs()
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
             typed = list(sys.argv[1:])

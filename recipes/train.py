@@ -38,6 +38,8 @@ from neo_core.cli import (
     flags_first,
     force_add_overrides,
     help_groups,
+    hold_given_dirs,
+    hold_run_folders,
     launch_lines_as_typed,
     option_names,
     repeated_settings,
@@ -287,6 +289,9 @@ def main(cfg: DictConfig) -> float:
     OUTPUT_DIR[:] = [str(config["output_dir"])]  # type: ignore[index]
     SWEEPING[:] = [True] if HydraConfig.get().mode == RunMode.MULTIRUN else []
     rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 keeps the transcript
+    if rank0:  # one run at a time in a folder (and one sweep in a sweep's)
+        with user_errors():
+            hold_run_folders(config["output_dir"])  # type: ignore[index]
     log = Path(config["output_dir"]) / "train.log"  # type: ignore[index]
     # the transcript of a run going on from a checkpoint follows the earlier one's
     resuming = continues_earlier_run(log.parent, bool(config["trainer"].get("resume")), config)  # type: ignore[index, union-attr, arg-type]
@@ -331,6 +336,7 @@ if __name__ == "__main__":
                 print(note, file=sys.stderr)
             check_sweep_values(sys.argv[1:], "recipes/train.py")
             check_run_dirs(sys.argv[1:])
+            hold_given_dirs(sys.argv[1:])
             use_fresh_run_dirs()
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
             typed = list(sys.argv[1:])

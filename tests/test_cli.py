@@ -471,6 +471,15 @@ def test_a_failed_jobs_bad_settings_are_listed_a_line_each(capsys) -> None:
         "  #2 seed=4",
         "    all 2: trainer.max_steps must be a positive integer, got 0.",
     ]
+    # a long message (a refusal's list of tables) was cut mid-number with nothing said
+    long = "Device memory is short; largest: " + ", ".join(f"t{i:03d} (53.34 GiB)" for i in range(40)) + "; add ranks."
+    print_failed_jobs([(0, "x=1", long)])
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("#0 x=1: Device memory is short; largest: t000 (53.34 GiB), ")
+    head, _, rest = line.removeprefix("#0 x=1: ").partition(" ... ")
+    assert rest == "(the rest in its error.txt)" and long.startswith(head + " ") and 250 < len(head) <= 300, line
+    print_failed_jobs([(0, "x=1", long)], width=None)
+    assert capsys.readouterr().err.strip() == f"#0 x=1: {long}"
 
 
 def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(tmp_path: Path) -> None:
@@ -941,26 +950,34 @@ def test_a_setting_given_twice_is_noted_with_the_value_used() -> None:
 
 def test_a_charts_title_says_whose_model_gave_its_times(tmp_path: Path) -> None:
     # two planners' charts side by side (neo, torchrec) read as one scale: the title says which
-    from matplotlib import pyplot as plt
+    from matplotlib.figure import Figure
 
     from neo_core.sharding import PlanResult, RankReport
     from neo_plugins.sharding.planner import report
 
     titles = []
-    real = plt.Axes.set_title
+    real = Figure.suptitle
 
-    def spy(ax, text, *args, **kwargs):
+    def spy(fig, text, *args, **kwargs):
         titles.append(text)
-        return real(ax, text, *args, **kwargs)
+        return real(fig, text, *args, **kwargs)
 
     ranks = [RankReport(r, memory={"weights": 1.0}, memory_capacity=10.0, time={"comm_bwd": 1e-3}) for r in range(4)]
+    cluster = {"name": "zionex", "num_nodes": 1, "devices_per_node": 8, "compute_device": "cuda",
+               "device_memory": 40 * 2**30, "host_memory": 192 * 2**30, "intra_node_bw": 300e9, "inter_node_bw": 25e9}
     try:
-        plt.Axes.set_title = spy
+        Figure.suptitle = spy
         for source in ("TorchRec's estimator", ""):
             plan = PlanResult(planner="torchrec", tables=[], ranks=ranks, batch_size_per_rank=1, topology={},
                               times_from=source)
             report.save_chart(plan, tmp_path / "c.png")
+        # a narrow chart (few ranks): the cluster's line is wrapped, not cut off at both ends
+        plan = PlanResult(planner="neo", tables=[], ranks=ranks, batch_size_per_rank=1, topology=cluster)
+        report.save_chart(plan, tmp_path / "c.png")
     finally:
-        plt.Axes.set_title = real
+        Figure.suptitle = real
+    lines = titles.pop().splitlines()
+    assert " ".join(lines[1:]) == plan.topology_summary() and len(lines) > 2
+    assert max(map(len, lines)) <= 6 * 13
     assert titles == ["torchrec: 4 ranks, step 1.000 ms (TorchRec's estimator), imbalance 1.00",
                       "torchrec: 4 ranks, step 1.000 ms, imbalance 1.00"]

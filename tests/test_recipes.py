@@ -871,6 +871,10 @@ def test_a_plans_bad_settings_are_named_at_once(tmp_path: Path) -> None:
                         "Also: Unknown key sharding.foo for sharder plugin 'neo'.")
     proc = run_plan("+topology=zionex", "batch_size_per_rank=-1", f"hydra.run.dir={tmp_path}")  # one: as it was
     assert_one_sentence(proc, "error: batch_size_per_rank must be a positive integer, got -1.")
+    # a misspelled generator is the generator's key, not its parameters'
+    proc = run_plan("plan_model.generator=listd", f"hydra.run.dir={tmp_path}")
+    assert_one_sentence(proc, "error: model=mlperf_dcnv2: plan_model.generator: Unknown table generator 'listd'; "
+                              "choose one of listed, mlperf_dcnv2, production_like, zionex_12t.")
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 from neo_core.checks import counted
@@ -97,13 +98,16 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
     ax_mem.set_ylim(0, 100)
     # whose times: two planners' charts side by side are on one scale only if this matches
     source = f" ({result.times_from})" if result.times_from else ""
-    ax_mem.set_title(
+    title = (
         f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms"
         f"{source}, imbalance {result.imbalance:.2f}"
         + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else "")
-        + (f"\n{cluster}" if (cluster := result.topology_summary()) else ""),
-        fontsize=9,
+        + (f"\n{cluster}" if (cluster := result.topology_summary()) else "")
     )
+    # wrapped to the figure's width (about 13 characters an inch at this size): a narrow
+    # chart of few ranks cut the cluster's line off at both ends
+    chars = int(fig.get_figwidth() * 13)
+    fig.suptitle("\n".join(textwrap.fill(line, chars) for line in title.splitlines()), fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -1,0 +1,86 @@
+"""One run at a time in an output folder (neo_core.folder_lock): a second run given a folder
+another is writing in is refused, naming it, before it writes anything there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from neo_core.errors import ConfigError
+from neo_core.folder_lock import LOCK_NAME, hold_folder, release_folder
+from tests import forked
+from tests.conftest import ROOT, subprocess_env
+
+HOLD = "import sys, time; from neo_core.folder_lock import hold_folder; hold_folder(sys.argv[1]); print('held', flush=True); time.sleep(120)"
+
+
+def holder(folder: Path) -> subprocess.Popen:
+    """A process that holds ``folder`` until it is ended."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                            env=subprocess_env(), cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_folder_another_live_run_holds_is_refused_until_it_ends(tmp_path: Path) -> None:
+    proc = holder(tmp_path / "run")
+    try:
+        with pytest.raises(ConfigError) as err:
+            hold_folder(tmp_path / "run")
+        said = str(err.value)
+        assert said.startswith(f"another run is writing in {tmp_path / 'run'} (pid {proc.pid} on ")
+        assert f"choose another folder (hydra.run.dir=...). If no run is writing there, remove {tmp_path / 'run' / LOCK_NAME}." in said
+        proc.kill()  # killed, not yet reaped: its lock is left behind, and holds nothing
+        time.sleep(0.5)
+        hold_folder(tmp_path / "run")
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+        hold_folder(tmp_path / "run")  # this process's already
+    finally:
+        proc.kill()
+        proc.wait()
+        release_folder(tmp_path / "run")
+    assert not (tmp_path / "run" / LOCK_NAME).exists()
+    # a lock file that names no one (written by hand, cut short) holds nothing
+    (tmp_path / "run" / LOCK_NAME).write_text("")
+    os.utime(tmp_path / "run" / LOCK_NAME, (time.time() - 10, time.time() - 10))
+    hold_folder(tmp_path / "run")
+    release_folder(tmp_path / "run")
+    # a holder on another machine is not second-guessed
+    (tmp_path / "run" / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere", "since": "then",
+                                                          "command": "train.py"}))
+    with pytest.raises(ConfigError, match=r"\(pid 1 on elsewhere, since then: train.py\)"):
+        hold_folder(tmp_path / "run", "hydra.sweep.dir")
+
+
+def test_recipes_refuse_a_folder_a_live_run_holds_before_writing_there(tmp_path: Path) -> None:
+    # two runs given one folder: the second deleted the first's results as stale, or both said
+    # "done" and the folder held one run's plan beside both transcripts
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    procs = [holder(run), holder(sweep)]
+    try:
+        for script, args in ((ROOT / "recipes" / "plan.py", ["+topology=zionex", f"hydra.run.dir={run}"]),
+                             (ROOT / "recipes" / "train.py", ["trainer=smoke", f"hydra.run.dir={run}"]),
+                             (ROOT / "recipes" / "plan.py", ["-m", "+topology=zionex", "compression=none,fp16",
+                                                             f"hydra.sweep.dir={sweep}"])):
+            proc = forked.run(script, *args, env=subprocess_env())
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            folder = sweep if "-m" in args else run
+            key = "hydra.sweep.dir" if "-m" in args else "hydra.run.dir"
+            assert proc.stderr.strip().splitlines()[-1].startswith(
+                f"error: another run is writing in {folder} (pid {procs[folder == sweep].pid} on "), proc.stderr
+            assert f"choose another folder ({key}=...)" in proc.stderr and "Traceback" not in proc.stderr
+            assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # no .hydra/, no log
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    proc = forked.run(ROOT / "recipes" / "plan.py", "+topology=zionex", "topology.num_nodes=1",
+                      f"hydra.run.dir={run}", env=subprocess_env())  # its holder gone: the folder is free
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run / "plan.json").is_file() and not (run / LOCK_NAME).exists()
