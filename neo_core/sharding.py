@@ -565,7 +565,9 @@ class PlanResult:
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
             "device's size, 'free' what is left of it; 'compute' is lookups and the optimizer, 'comm' the "
-            "collectives with their fixed latency, per step" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
+            + ("collectives with their fixed latency" if any("comm_latency" in r.time for r in self.ranks)
+               else "collectives")  # TorchRec's estimator charges no fixed latency
+            + ", per step" + ("; 'host' is host memory (weights of cached tables, and their optimizer state unless row-wise), "
                                "'node host' how full its node's host memory is, which its ranks share (a rank may hold "
                                "more than its even share)"
                                if has_host else "")

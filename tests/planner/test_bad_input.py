@@ -845,13 +845,14 @@ def test_a_table_the_packing_leaves_out_names_the_memory_and_the_levers() -> Non
 
 
 def test_capacity_messages_name_what_every_refused_table_needs_and_the_batch() -> None:
-    # two tables too large for a rank: the device memory named holds the larger ('b'), not
-    # just the first refused ('a')
+    # two tables too large for a rank: the larger ('b') is named first, and the device memory
+    # named holds it, not just the first in order ('a')
     two = [TableSpec("a", 12_000_000_000, 128, 1.0), TableSpec("b", 20_000_000_000, 128, 1.0)]
     with pytest.raises(PlanningError) as err:
         plan_tables(two, "zionex", 512)
     msg = str(err.value)
-    assert msg.startswith("Table 'a'") and "checked: the tables plan with each" in msg
+    assert msg.startswith("Table 'b'") and "(1 more table also does not fit: 'a')" in msg
+    assert "checked: the tables plan with each" in msg
     gib, _ = _setting(msg, "device_memory_gib")
     assert gib > 20e9 * 128 * 4 / 128 / 2**30 / 0.85
     # row-wise, its shards shrink with more ranks: 'b' needs at least 36 nodes' worth
@@ -1281,3 +1282,38 @@ def test_weight_bytes_given_as_a_kernel_key_says_where_it_is_set():
     # the way it names works
     kernel = dataclasses.replace(resolve("kernel", "fused"), weight_bytes=2)
     assert plan_tables(tables, "zionex", 512, kernel=kernel, progress=False).tables[0].name == "t0"
+
+
+def test_a_reserve_raised_above_its_default_is_named_as_the_first_fix():
+    # a refusal caused by sharding.reserve_fraction=0.9 offered more ranks, bigger devices and
+    # a cache, but never the user's own setting
+    from neo_plugins.sharding.planner.tables import mlperf_dcnv2
+
+    lower = "lower sharding.reserve_fraction (now 0.9: 90% of each rank's device memory is kept free; at 0.15, the default, "
+    node = zionex_topology(num_nodes=1)
+    with pytest.raises(PlanningError) as err:  # the cluster as a whole: 98 GiB for 8 x 4 GiB usable (8 x 34 at 0.15)
+        plan_tables(mlperf_dcnv2(), node, 1024, planner=NeoPlanner(reserve_fraction=0.9))
+    assert str(err.value).startswith("Device memory is short")
+    assert f"; {lower}the ranks hold the tables), add ranks or device memory" in str(err.value), str(err.value)
+    held = NeoPlanner(reserve_fraction=0.9, sharding_types=["table_wise"])
+    with pytest.raises(PlanningError) as err:  # one table's shard: 19 GiB for 4 GiB usable (34 at 0.15)
+        plan_tables([TableSpec("big", 40_000_000, 128, 1.0)], node, 1024, planner=held)
+    assert str(err.value).startswith("Table 'big'") and f"; {lower}a rank holds the shard), " in str(err.value)
+    with pytest.raises(PlanningError) as err:  # 143 GiB: the default's reserve would not make room either
+        plan_tables([TableSpec("big", 300_000_000, 128, 1.0)], node, 1024, planner=held)
+    assert "reserve_fraction" not in str(err.value)
+    for reserve in (0.15, 0.1):  # at or under the default: not a fix to offer
+        with pytest.raises(PlanningError) as err:
+            plan_tables(mlperf_dcnv2(), zionex_topology(num_nodes=1, device_memory_gib=10), 1024,
+                        planner=NeoPlanner(reserve_fraction=reserve))
+        assert "reserve_fraction" not in str(err.value)
+
+
+def test_of_the_tables_that_fit_nowhere_the_largest_is_named_first():
+    # the first in list order was named, with the worst left to "1 more table also does not fit"
+    tables = [TableSpec("small_but_first", 30_000_000, 128, 1.0), TableSpec("huge", 400_000_000, 128, 1.0),
+              TableSpec("fits", 1000, 128, 1.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=1), 1024)
+    assert str(err.value).startswith("Table 'huge' (400,000,000 rows x 128) is larger than the whole cluster allows")
+    assert "(1 more table also does not fit: 'small_but_first')" in str(err.value)

@@ -117,3 +117,16 @@ def test_a_why_line_names_only_what_the_alternative_really_costs_more() -> None:
     plan = NeoPlanner().plan(mlperf_dcnv2(), make_context(cluster(4, 8, mem_gib=4.0), 1024))
     why = plan.table("cat_9").why
     assert "; the least total (next: TWCWx8 8 x 0.297 ms = 2.378 ms)" in why and "would be" not in why, why
+
+
+def test_the_columns_legend_names_a_fixed_latency_only_where_one_is_charged() -> None:
+    # under TorchRec's estimator no latency is charged, yet the legend said "with their fixed latency"
+    def plan(kinds: dict) -> PlanResult:
+        ranks = [RankReport(r, memory={"weights": 1e6}, memory_capacity=1e9, time=kinds) for r in range(2)]
+        return PlanResult("neo", [TableAssignment("t", "table_wise", "fused", [1], [(10, 4)], why="w")], ranks,
+                          batch_size_per_rank=8, topology={"devices_per_node": 2})
+
+    charged = plan({"compute_fwd": 1e-3, "comm_fwd": 1e-3, "comm_latency": 1e-4}).format_text()
+    assert "'comm' the collectives with their fixed latency, per step" in charged
+    uncharged = plan({"compute_fwd": 1e-3, "comm_fwd": 1e-3}).format_text()
+    assert "'comm' the collectives, per step" in uncharged and "fixed latency" not in uncharged

@@ -190,6 +190,10 @@ def _status_line(what: str, enabled: bool) -> Iterator[Callable[[str], None]]:
         bar.close()
 
 
+# the share of each rank's device memory kept free by default (sharding.reserve_fraction)
+RESERVE_FRACTION = 0.15
+
+
 class NeoPlanner(Planner):
     """Topology-aware 4D sharding planner (TW, RW, CW, DP, TWRW, TWCW, GRID)."""
 
@@ -198,7 +202,7 @@ class NeoPlanner(Planner):
     def __init__(
         self,
         sharding_types: Sequence[str] | None = None,
-        reserve_fraction: float = 0.15,
+        reserve_fraction: float = RESERVE_FRACTION,
         host_reserve_fraction: float = 0.0,
         col_shard_counts: Sequence[int] = (2, 4, 8),
         min_col_width: int = 16,
@@ -667,6 +671,15 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
     else:
         mem = "memory (each CPU rank's share of RAM)"
     mem_short = "device memory" if on_gpu else "memory"
+    # a reserve raised above the default is the user's own lever, named first where the
+    # default's reserve leaves room for what is short (``reserve_fix(short, room)``)
+    freed = (1 - RESERVE_FRACTION) / (1 - params.reserve_fraction) - 1  # room the default adds, per usable byte
+
+    def reserve_fix(short: float, usable: float, what: str) -> str:
+        if params.reserve_fraction <= RESERVE_FRACTION or short > usable * freed:
+            return ""
+        return (f"lower sharding.reserve_fraction (now {params.reserve_fraction:g}: {params.reserve_fraction:.0%} of each "
+                f"rank's {mem_short} is kept free; at {RESERVE_FRACTION:g}, the default, {what}), ")
     add_memory = topology.memory_fix  # where more ranks add no memory (CPU ranks splitting one machine's RAM)
     cached = search.model.cache_load_factor is not None
     cache = search.model.context.cache
@@ -745,8 +758,10 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         return None
 
     if never.any():
-        # a table with no option at all first: no memory would hold it
-        refused = sorted(np.flatnonzero(never), key=lambda j: (bool(some[j]), j))
+        # a table with no option at all first: no memory would hold it; then the largest (its
+        # least bytes over its options), whose shortfall is the one to fix
+        least = np.where(some, np.where(finite, dev + host, np.inf).min(axis=0), 0.0)
+        refused = sorted(np.flatnonzero(never), key=lambda j: (bool(some[j]), -float(least[j]), j))
         i = int(refused[0])
         rest = [t.names[j] for j in refused[1:]]
         named = ", ".join(map(repr, rest[:8])) + (f" and {len(rest) - 8} more" if len(rest) > 8 else "")
@@ -903,7 +918,9 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                    + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)}{more}; {fix}, or shrink the table{cpu_cache}."
+            f"rank, {' and '.join(shorts)}{more}; {reserve_fix(short_dev, cap_dev, 'a rank holds the shard') if short_dev > 0 else ''}"
+            f"{fix}, or shrink the "
+            f"table{cpu_cache}."
         )
     if total_dev > D and kernel.data_parallel_only:  # each rank holds every table
         per_rank = total_dev / W
@@ -972,7 +989,8 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
         raise PlanningError(
             f"{mem_short.capitalize()} is short: the tables need {human_bytes(total_dev)} of {mem}"
             f"{where}, but {counted(W, 'rank')} offer{'s' if W == 1 else ''} {human_bytes(D)} usable: {short:,.0f} bytes "
-            f"({human_bytes(short)}) short{per_batch}{floor}; {names}; {add_memory or grow}"
+            f"({human_bytes(short)}) short{per_batch}{floor}; {names}; {reserve_fix(short, D, 'the ranks hold the tables')}"
+            f"{add_memory or grow}"
             + note([
                 more_nodes(),
                 # more device memory alone, where the host memory then holds the rest

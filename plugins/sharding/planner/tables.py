@@ -75,7 +75,8 @@ def production_like(
     ):
         raise ConfigError(f"total_parameters must be a positive number (or null), got {total_parameters!r}.")
     rng = np.random.default_rng(seed)
-    rows = np.exp(rng.uniform(np.log(min_rows), np.log(max_rows), num_tables))
+    # exp(log(x)) can land a hair under x (500 -> 499.99999999999994, which int() made 499)
+    rows = np.clip(np.exp(rng.uniform(np.log(min_rows), np.log(max_rows), num_tables)), min_rows, max_rows)
     sigma = 1.0
     pooling = rng.lognormal(np.log(mean_pooling) - sigma**2 / 2, sigma, num_tables)
     pooling = np.clip(pooling, 1.0, 500.0)
