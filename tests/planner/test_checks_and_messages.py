@@ -1,0 +1,293 @@
+"""The checks a plan and its input pass, at their edges, and the figures their messages give:
+check_plan's own memory check (a plugin's plan, a saved plan.json), TableSpec's and the
+planner's argument ranges, the plan's text, the table generators and plan_tables' own checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from neo_core.api import make_context, plan_tables
+from neo_core.cache import CachePolicy
+from neo_core.errors import ConfigError, PlanningError
+from neo_core.sharding import Planner, PlanResult, RankReport, TableAssignment, TableSpec
+from neo_plugins.sharding.planner import NeoPlanner
+from neo_plugins.sharding.planner.search import human_bytes
+from neo_plugins.sharding.planner.tables import production_like
+from tests.planner import cluster
+
+GIB = 2**30
+
+
+# --- check_plan: a plugin's plan, checked against the tables and the topology -------------------
+
+
+class Given(Planner):
+    """A planner plugin whose plan is what the test gives it (assignments and rank reports)."""
+
+    name = "given"
+
+    def __init__(self, assignments, reports) -> None:
+        self.assignments, self.reports = assignments, reports
+
+    def plan(self, tables, context):
+        return PlanResult("given", self.assignments, self.reports, context.batch_size_per_rank, {})
+
+    def sharders(self, context):
+        return []
+
+
+def two_tables(dim: int = 16) -> list[TableSpec]:
+    return [TableSpec("a", 1000, dim, 1.0), TableSpec("b", 1000, 16, 1.0)]
+
+
+def reports(weights: float = 2**20, capacity: float = 16 * GIB, ranks: range = range(8)) -> list[RankReport]:
+    return [RankReport(rank=r, memory={"weights": weights}, memory_capacity=capacity) for r in ranks]
+
+
+def tw(dim: int = 16, kernel: str = "fused") -> list[TableAssignment]:
+    return [TableAssignment("a", "table_wise", kernel, [0], [(1000, dim)]),
+            TableAssignment("b", "table_wise", "fused", [1], [(1000, 16)])]
+
+
+def refusal(assignments, ranks, tables=None) -> str:
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables or two_tables(), cluster(), 256, planner=Given(assignments, ranks))
+    assert str(err.value).startswith("Sharding planner 'given' gave a plan that cannot run: "), str(err.value)
+    return str(err.value)
+
+
+def test_a_rank_over_its_memory_by_a_fraction_of_a_percent_is_refused() -> None:
+    # the memory check's slack is a rounding's (1e-9), not a share of the device: 16.1 GiB on
+    # a 16 GiB rank (0.6% over) fails on the device, so it is refused here
+    over = reports()
+    over[3].memory["weights"] = 16.1 * GIB
+    assert "it fills rank 3's memory with 16.1GiB of 16.0GiB" in refusal(tw(), over)
+    full = reports()
+    full[3].memory["weights"] = 16 * GIB  # exactly full: runs
+    assert plan_tables(two_tables(), cluster(), 256, planner=Given(tw(), full)).ranks[3].memory_total == 16 * GIB
+
+
+def test_a_replicated_table_under_reported_on_its_ranks_is_refused_at_its_weights_bytes() -> None:
+    # a replica holds the whole table on every rank: 1000 x 16 x 4 bytes = 62.5 KiB each, so a
+    # rank reporting 40,000 bytes for two replicas (125 KiB) under-reports them
+    dp = [TableAssignment(n, "data_parallel", "dense", list(range(8))) for n in ("a", "b")]
+    message = refusal(dp, reports(weights=40_000))
+    assert ("it reports 39.1KiB of device memory on rank 0, less than its shards' weights alone (125.0KiB at 4 "
+            "bytes per element)") in message, message
+    assert plan_tables(two_tables(), cluster(), 256, planner=Given(dp, reports(weights=128_000))).ranks
+
+
+def test_a_rank_reported_twice_is_refused_naming_the_ranks_reported() -> None:
+    # nine reports for eight ranks, rank 0 twice: its memory and time are counted twice
+    ranks = [*reports(ranks=range(1)), *reports()]
+    message = refusal(tw(), ranks)
+    assert "it reports ranks 0,0-7, not each of the 8 ranks once" in message, message
+
+
+def test_row_wise_shards_that_do_not_add_up_to_their_table_are_refused() -> None:
+    # eight row-wise shards of 100 rows hold 800 of table a's 1000 rows
+    rw = [TableAssignment("a", "row_wise", "fused", list(range(8)), [(100, 16)] * 8),
+          TableAssignment("b", "table_wise", "fused", [1], [(1000, 16)])]
+    message = refusal(rw, reports())
+    assert ("it gives shard shapes (rows, cols) that do not make up their tables (a: [(100, 16), (100, 16), "
+            "(100, 16), (100, 16)] ... for 1000 x 16)") in message, message
+    rw[0].shard_shapes = [(125, 16)] * 8  # 1000 rows: runs
+    assert plan_tables(two_tables(), cluster(), 256, planner=Given(rw, reports())).tables[0].ranks == list(range(8))
+
+
+def test_shards_a_multiple_of_4_wide_pass_the_fused_kernels_width_check_and_cached_ones_do_not_escape_it() -> None:
+    # FBGEMM's unit is 4 columns: 12 are fine (a Neo plan of a dim-12 table runs); 6 are not,
+    # whichever fused kernel (fused, fused_uvm_caching) holds them
+    result = plan_tables(two_tables(dim=12), cluster(), 256, planner=Given(tw(dim=12), reports()))
+    assert result.tables[0].shard_shapes == [(1000, 12)]
+    assert plan_tables([TableSpec("a", 100_000, 12, 4.0)], cluster(), 256).tables[0].sharding_type != "data_parallel"
+    message = refusal(tw(dim=6, kernel="fused_uvm_caching"), reports(), tables=two_tables(dim=6))
+    assert "shards whose width is not a multiple of 4, which FBGEMM refuses (a (6 columns))" in message, message
+
+
+def test_a_negative_memory_figure_is_refused_though_the_total_covers_the_weights() -> None:
+    # a kind of -4 KiB beside 1 MiB of weights: the total still holds the shards' weights, but
+    # no memory is negative (a plugin's sign slip would hide bytes from the capacity check)
+    negative = reports()
+    negative[2].memory["cache"] = -4096.0
+    assert "it reports memory that is not a number of bytes, 0 or more (rank 2)" in refusal(tw(), negative)
+
+
+def test_a_plans_settings_say_no_prefetch_where_nothing_is_cached() -> None:
+    # prefetch_pipeline=True with no load_factor: no table is cached, so no prefetch runs (plan.json's settings)
+    result = plan_tables(two_tables(), cluster(), 256, cache=CachePolicy("lru", prefetch_pipeline=True))
+    assert result.settings["cache"] == {"name": "lru", "algorithm": None, "load_factor": None,
+                                        "prefetch_pipeline": False}
+
+
+# --- a saved plan (plan.json): its fields and what run_problems finds ------------------------
+
+
+def saved_plan(capacity: float = 16 * GIB) -> PlanResult:
+    spec = {"num_embeddings": 1000, "embedding_dim": 16, "pooling_factor": 1.0, "hot_fraction": None}
+    tables = [TableAssignment("a", "table_wise", "fused", [0], [(1000, 16)], why="w", spec=spec)]
+    ranks = [RankReport(rank=r, memory={"weights": 64_000.0 if r == 0 else 0.0}, memory_capacity=capacity,
+                        time={"compute_fwd": 1e-3}) for r in range(2)]
+    return PlanResult("neo", tables, ranks, 64, {})
+
+
+def test_a_saved_plan_without_a_memory_capacity_is_said_to_have_none() -> None:
+    # `neo chart` warns of it: a rank of capacity 0 is no device the plan could run on
+    assert saved_plan().run_problems() == []
+    none = saved_plan()
+    none.ranks[1].memory_capacity = 0.0
+    assert none.run_problems() == ["reports no device memory capacity for rank 1"]
+
+
+def test_a_saved_plans_negative_shard_shape_is_named_by_its_field(tmp_path) -> None:
+    data = saved_plan().to_dict()
+    data["tables"][0]["shard_shapes"] = [[-1, 16]]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=re.escape("table 'a' has shard_shapes [[-1, 16]]; it must be a list of "
+                                                    "[rows, cols] pairs of whole numbers (as Neo writes it)")):
+        PlanResult.load_json(tmp_path / "plan.json")
+
+
+# --- the plan's text ----------------------------------------------------------------------------
+
+
+def test_the_texts_median_fullest_rank_and_exact_units() -> None:
+    # four ranks of 1, 2, 3 and 4 ms: the median shown is the upper of the two middle ranks (3 ms).
+    # Rank 1 holds less (1 GiB) than rank 0 (2 GiB) but on a device a quarter the size: it is the fullest
+    ranks = [RankReport(rank=r, memory={"weights": float(m * GIB)}, memory_capacity=float(c * GIB),
+                        time={"compute_fwd": t * 1e-3}) for r, (m, c, t) in enumerate(((2, 16, 1), (1, 4, 2), (0, 4, 3),
+                                                                                       (0, 4, 4)))]
+    text = PlanResult("x", [], ranks, 64, {}).format_text()
+    assert "total min 1.000ms, median 3.000ms, max 4.000ms" in text, text
+    # a GiB exactly is 1.0GiB, not 1024.0MiB
+    assert "fullest device memory: rank 1, 1.0GiB of 4.0GiB (3.0GiB free)" in text, text
+
+
+# --- TableSpec's and the planner's ranges, at their edges ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"embedding_dim": 0}, "Table 'a' has embedding_dim 0; it must be a positive integer."),
+        ({"num_embeddings": 2**62}, "Table 'a' has 4,611,686,018,427,387,904 rows; ids are 64-bit"),
+        ({"hot_fraction": 100}, "lies in [0.01, 1] (0.01: uniform access) (a percentage? 100% is 1)."),
+    ],
+    ids=["dim-0", "rows-2**62", "hot-100"],
+)
+def test_table_specs_are_refused_at_the_edge_of_their_ranges(kwargs, fragment) -> None:
+    with pytest.raises(ConfigError) as err:
+        TableSpec(**{"name": "a", "num_embeddings": 1000, "embedding_dim": 64, **kwargs})
+    assert fragment in str(err.value), str(err.value)
+    assert TableSpec("a", 2**62 - 1, 1).num_embeddings == 2**62 - 1  # the largest taken
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"col_shard_counts": [1, 2]}, "sharding.col_shard_counts must be a list of column-shard counts of 2 or more"),
+        ({"min_col_width": 6}, "sharding.min_col_width must be a whole multiple of 4"),
+        ({"reserve_fraction": 1.0}, "sharding.reserve_fraction=1.0 must lie in [0, 1)."),
+    ],
+    ids=["one-column-shard", "width-6", "reserve-all"],
+)
+def test_planner_arguments_are_refused_at_the_edge_of_their_ranges(kwargs, fragment) -> None:
+    with pytest.raises(ConfigError) as err:
+        NeoPlanner(**kwargs)
+    assert fragment in str(err.value), str(err.value)
+
+
+def test_a_planner_called_directly_with_no_batch_is_refused() -> None:
+    # make_context refuses a batch of 0; a context built by hand reaches the planner with one
+    context = dataclasses.replace(make_context(cluster(), 256), batch_size_per_rank=0)
+    with pytest.raises(ConfigError, match=r"^batch_size_per_rank is 0; it must be a positive integer\.$"):
+        NeoPlanner().plan(two_tables(), context)
+    with pytest.raises(ConfigError, match=r"^batch_size_per_rank must be a positive integer, got 0\.$"):
+        make_context(cluster(), 0)
+
+
+# --- the planner's notes and refusals: their figures ---------------------------------------
+
+
+def test_the_notes_count_the_odd_dim_tables_left_unnamed_and_say_the_reserve() -> None:
+    # seven tables of dim 6: five named, "and 2 more"; the device reserve is the one asked for
+    tables = [TableSpec(f"o{i}", 1000, 6, 1.0) for i in range(7)]
+    notes = plan_tables(tables, cluster(), 256, reserve_fraction=0.2).notes
+    [odd] = [n for n in notes if "replicated on the unfused dense kernel" in n]
+    assert odd.endswith("o3 (dim 6), o4 (dim 6) and 2 more; pad the dim to 8 to shard them"), odd
+    assert any(n.endswith("; reserve 20% of device memory") for n in notes), notes
+
+
+def test_a_refused_tables_shortfall_is_one_figure_in_bytes_and_at_scale() -> None:
+    # 4e8 rows x 128 fp32 split 8 ways, over each rank's usable 13.6 GiB: the bytes over and the
+    # scaled figure beside them are the same amount
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("huge", 400_000_000, 128, 1.0)], cluster(), 256, check_settings_s=0)
+    over, scaled = re.search(r"([\d,]+) bytes \(([^)]+)\) over the 13.60 GiB", str(err.value)).groups()
+    assert human_bytes(float(over.replace(",", ""))) == scaled, str(err.value)
+
+
+def test_short_host_memory_is_short_by_what_the_tables_need_less_what_the_nodes_offer() -> None:
+    # 8 cached tables of 400M x 16: with a 90% host reserve the 2 nodes offer 51.2 GiB usable
+    tables = [TableSpec(f"h{i}", 400_000_000, 16, 2.0) for i in range(8)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, cluster(), 256, cache=CachePolicy("lru", load_factor=0.01), host_reserve_fraction=0.9,
+                    check_settings_s=0)
+    msg = str(err.value)
+    found = re.search(r"need at least ([\d.]+) GiB of host memory, but 2 nodes offer ([\d.]+) GiB usable: ([\d,]+) "
+                      r"bytes \(([\d.]+) GiB\) short", msg)
+    assert found, msg
+    need, offered, short, scaled = found.groups()
+    assert float(offered) == 51.2
+    assert float(short.replace(",", "")) / GIB == pytest.approx(float(need) - float(offered), abs=0.01), msg
+    assert float(scaled) == pytest.approx(float(need) - float(offered), abs=0.01), msg
+
+
+def test_a_batch_bound_refusal_ranks_the_tables_it_names_by_their_own_bytes() -> None:
+    # 'hot' (300 rows, 50 ids a sample) has the largest batch buffers but 76 KiB of rows: the
+    # tables named as the largest, "without their batch buffers", are the largest by rows
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 200 + 1000 * i, 64, 2.0) for i in range(26)] + [TableSpec("hot", 300, 64, 50.0)]
+    with pytest.raises(PlanningError) as err:
+        plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=8), 4_000_000, check_settings_s=0)
+    assert ("; largest tables, without their batch buffers: t25 (6.2 MiB), t24 (6.0 MiB), t23 (5.8 MiB), t22 (5.5 MiB), "
+            "t21 (5.3 MiB);") in str(err.value), str(err.value)
+
+
+# --- table generators -----------------------------------------------------------------------------
+
+
+def test_production_like_tables_at_the_edges_of_their_parameters() -> None:
+    # one row count for all (min_rows == max_rows) and mean pooling 1 are taken; exp(log(500))
+    # is 499.99..., which int() truncated to 499 rows, one under min_rows
+    same = production_like(num_tables=3, min_rows=500, max_rows=500, mean_pooling=1.0)
+    assert [t.num_embeddings for t in same] == [500] * 3
+    assert all(t.pooling_factor >= 1.0 for t in same)
+    # a model of 10 parameters over 5 tables: every table keeps at least one row
+    tiny = production_like(num_tables=5, dims=(16,), dim_weights=(1.0,), total_parameters=10)
+    assert [t.num_embeddings for t in tiny] == [1] * 5
+    with pytest.raises(ConfigError, match=r"^dim_weights must be numbers of 0 or more with a positive sum, got \[1, -0.5\]"):
+        production_like(num_tables=3, dims=(16, 32), dim_weights=(1, -0.5))
+    with pytest.raises(ConfigError, match=r"^mean_pooling must be a finite number of ids per sample, at least 1; got 0.5"):
+        production_like(num_tables=3, mean_pooling=0.5)
+
+
+# --- plan_tables' own checks ------------------------------------------------------------------------
+
+
+def test_plan_tables_names_what_it_is_given_before_the_planner_sees_it() -> None:
+    one = [TableSpec("t0", 1000, 16, 1.0)]
+    # a planner object takes its own parameters: ones given beside it would be dropped silently
+    with pytest.raises(ConfigError, match=r"^Planner parameters apply only when the planner is given by name\."):
+        plan_tables(one, cluster(), 256, planner=NeoPlanner(), reserve_fraction=0.2)
+    # a close slip of its own parameter's name ('kernal': difflib ratio 0.83)
+    with pytest.raises(ConfigError, match=r"plan_tables\(\) has no parameter 'kernal'; did you mean kernel=\?"):
+        plan_tables(one, cluster(), 256, kernal="fused")
+    # a table that is not a TableSpec is named as such, not met by an AttributeError
+    with pytest.raises(ConfigError, match=r"^Tables must be neo_core.sharding.TableSpec objects, got dict\.$"):
+        plan_tables([{"name": "t0", "num_embeddings": 1000, "embedding_dim": 16}], cluster(), 256)
