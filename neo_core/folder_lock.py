@@ -32,7 +32,10 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
     where = Path(os.path.abspath(folder))
     if str(where) in _HELD:
         return
-    where.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a file in the way, no permission: the run's own check of its folder says so
+        return
     lock = where / LOCK_NAME
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
           "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
@@ -52,6 +55,8 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
                 f"{other.get('since')}: {other.get('command')}); wait for it to end, or choose another folder "
                 f"({key}=...). If no run is writing there, remove {lock}."
             ) from None
+        except OSError:  # a folder that cannot be written: the run's own check says so
+            return
         with os.fdopen(fd, "w") as out:
             json.dump(me, out)
         _HELD[str(where)] = lock

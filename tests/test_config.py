@@ -431,3 +431,20 @@ def test_the_bytes_said_before_building_the_shards_count_every_table(hydra_conf,
     copies = {a.name: len(a.ranks) if a.sharding_type == "data_parallel" else 1 for a in result.tables}
     expected = sum(t.num_embeddings * t.embedding_dim * 4 * copies[t.name] for t in parts.tables)
     assert expected > 0 and table_weight_bytes(model, result) == expected
+
+
+def test_a_models_dim_mismatch_says_which_settings_fix_it() -> None:
+    # it said the model needs every table at model.embedding_dim=16, and no more
+    from neo_core.sharding import TableSpec
+    from neo_plugins.models import DLRMBuilder
+
+    model = DLRMBuilder(embedding_dim=16, dense_arch=[64, 16], over_arch=[32, 1])
+    with pytest.raises(ConfigError) as err:
+        model.check([TableSpec("a", 100, 8), TableSpec("b", 100, 8)], 13)
+    assert str(err.value) == ("Table 'a' has dim 8 but dlrm needs every table at model.embedding_dim=16; set "
+                              "model.embedding_dim=8 model.dense_arch=[64,8] (the tables' dim), or give the tables "
+                              "embedding_dim 16.")
+    with pytest.raises(ConfigError) as err:
+        model.check([TableSpec("a", 100, 16), TableSpec("b", 100, 8)], 13)
+    assert str(err.value).endswith("; give every table one dim (the tables have 8, 16), and model.embedding_dim "
+                                   "that dim.")

@@ -56,6 +56,10 @@ def test_a_folder_another_live_run_holds_is_refused_until_it_ends(tmp_path: Path
                                                           "command": "train.py"}))
     with pytest.raises(ConfigError, match=r"\(pid 1 on elsewhere, since then: train.py\)"):
         hold_folder(tmp_path / "run", "hydra.sweep.dir")
+    # a folder that cannot be made is not held: the run's own check of its folder names the problem
+    (tmp_path / "afile").write_text("")
+    hold_folder(tmp_path / "afile" / "x")
+    assert not (tmp_path / "afile" / "x").exists()
 
 
 def test_recipes_refuse_a_folder_a_live_run_holds_before_writing_there(tmp_path: Path) -> None:

@@ -43,11 +43,19 @@ class _DLRMBuilder(ModelBuilder):
             raise ConfigError(f"model.over_arch must end with 1 (one logit), got {self.over_arch}.")
 
     def check(self, tables: Sequence[TableSpec], num_dense: int) -> None:
+        dims = sorted({t.embedding_dim for t in tables})
         for t in tables:
             if t.embedding_dim != self.embedding_dim:
+                if len(dims) == 1:  # one dim for all: the model's is the one to change
+                    arch = ",".join(map(str, [*self.dense_arch[:-1], dims[0]]))
+                    fix = (f"set model.embedding_dim={dims[0]} model.dense_arch=[{arch}] (the tables' dim), or give "
+                           f"the tables embedding_dim {self.embedding_dim}")
+                else:
+                    fix = (f"give every table one dim (the tables have {', '.join(map(str, dims))}), and "
+                           "model.embedding_dim that dim")
                 raise ConfigError(
                     f"Table {t.name!r} has dim {t.embedding_dim} but {self.name} needs every table at "
-                    f"model.embedding_dim={self.embedding_dim}."
+                    f"model.embedding_dim={self.embedding_dim}; {fix}."
                 )
         if num_dense < 1:
             raise ConfigError(
