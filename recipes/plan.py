@@ -255,14 +255,14 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
     checked (``run``'s first half, and each job's check before a sweep starts)."""
     from neo_core.config import noted, raise_all
 
-    problems: list = []  # every bad setting, named at once
+    problems: list[NeoError] = []  # every bad setting, named at once
     with noted(problems):
         check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
-    from neo_core.api import resolve
+    from neo_core.api import make_context, resolve
     from neo_core.cache import CachePolicy
     from neo_core.checks import as_whole
-    from neo_core.errors import ConfigError
+    from neo_core.errors import ConfigError, NeoError
     from neo_plugins.sharding.planner.tables import GENERATORS, make_tables
 
     model = cfg["plan_model"]
@@ -312,8 +312,6 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
                     f"plan_model.cache_load_factor={share} cannot be applied to cache {cache.name!r}; give "
                     "its share with cache.load_factor=<share>."
                 ) from None
-    from neo_core.api import make_context
-
     context = make_context(topology, batch, kernel, compressor, cache)
     if cfg.get("batch_size_per_rank") is None:  # the table set's global batch, divided by the ranks
         context = dataclasses.replace(context, global_batch=int(model.get("global_batch", 65536)))

@@ -918,9 +918,9 @@ def _check_capacity(search: Search, t: TableArrays, why_none: Callable[[int], st
                    + (f", or more memory{settings}" if settings else ""))
         raise PlanningError(
             f"{size} {head}: its smallest shard needs {needs} per "
-            f"rank, {' and '.join(shorts)}{more}; {reserve_fix(short_dev, cap_dev, 'a rank holds the shard') if short_dev > 0 else ''}"
-            f"{fix}, or shrink the "
-            f"table{cpu_cache}."
+            f"rank, {' and '.join(shorts)}{more}; "
+            f"{reserve_fix(short_dev, cap_dev, 'a rank holds the shard') if short_dev > 0 else ''}"
+            f"{fix}, or shrink the table{cpu_cache}."
         )
     if total_dev > D and kernel.data_parallel_only:  # each rank holds every table
         per_rank = total_dev / W
