@@ -315,6 +315,15 @@ class SweepFailures:
             else:
                 said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
             print(f"  #{num} {label}: {said}")
+        if stopped is None:  # a sweep run again into a folder of one with more jobs: theirs are left
+            ours = {os.path.abspath(f) for f in folders}
+            with contextlib.suppress(OSError):
+                stale = sorted((p.name for p in where.iterdir() if p.is_dir() and p.name.isdigit()
+                                and os.path.abspath(p) not in ours
+                                and any((p / n).exists() for n in (*RESULT_FILES, "error.txt"))), key=int)
+                if stale:
+                    print(f"note: {where} also holds job folder(s) {', '.join(stale)} of an earlier sweep, which "
+                          "this one did not run: their results are not in summary.csv")
         try:
             with open(where / "summary.csv", "w", newline="") as fh:
                 table = csv.writer(fh)

@@ -550,6 +550,9 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         (tmp_path / str(num)).mkdir()
         sweep.job(job, tmp_path / str(num), num, f"kernel={kernel} {common}")
     sweep.finished(3, f"kernel=fused {common} seed=1", tmp_path / "3", {"auc": 0.5, "ms": 1.0})  # reported, not run
+    (tmp_path / "5").mkdir()  # an earlier sweep's job, beyond this one's: said, not summed up
+    (tmp_path / "5" / "plan.json").write_text("{}")
+    (tmp_path / "4").mkdir()  # an empty folder is nobody's results
     with pytest.raises(SystemExit) as exit_:
         sweep.exit()
     assert exit_.value.code == 2
@@ -559,6 +562,8 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         "  #1 kernel=dense: failed (error.txt)",
         "  #2 kernel=dense cache=lru: val AUC 0.7000, step 10.2 ms",
         "  #3 kernel=fused seed=1: val AUC 0.5000, step 1.0 ms",
+        f"note: {tmp_path} also holds job folder(s) 5 of an earlier sweep, which this one did not run: their "
+        "results are not in summary.csv",
         f"chart: {tmp_path / 'summary.png'}",  # the same, to look at: a panel per result, a bar per job
     ]
     assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
