@@ -613,28 +613,31 @@ def hold_given_dirs(argv: Sequence[str]) -> None:
 
 
 def hold_run_folders(output_dir: str | os.PathLike[str]) -> None:
-    """A recipe's run holds its output folder while it writes there, and a sweep's job the
-    sweep's folder too (:func:`neo_core.folder_lock.hold_folder`): a second run or sweep given
-    the same folder is refused, naming the first."""
+    """A recipe's run, or a sweep's job, holds its output folder while it writes there
+    (:func:`neo_core.folder_lock.hold_folder`): a second run given the same folder is refused,
+    naming the first. A sweep's own folder is held by the process that launched it
+    (:func:`hold_given_dirs`, :func:`fresh_run_dir`), not by its jobs: a launcher that runs
+    them in other processes, or on other machines, would have each refused."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from neo_core.folder_lock import hold_folder
 
-    hydra = HydraConfig.get()
-    if hydra.mode == RunMode.MULTIRUN:
-        hold_folder(Path(hydra.runtime.cwd) / str(hydra.sweep.dir), "hydra.sweep.dir")
-        hold_folder(output_dir, "hydra.sweep.dir")
-    else:
-        hold_folder(output_dir, "hydra.run.dir")
+    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
+    hold_folder(output_dir, "hydra.sweep.dir" if sweep else "hydra.run.dir")
 
 
 def use_fresh_run_dirs() -> None:
     """Register ``neo_fresh_dir`` (:func:`fresh_run_dir`), which conf/'s ``hydra.run.dir`` and
-    ``hydra.sweep.dir`` use."""
+    ``hydra.sweep.dir`` use. Done at import too: a launcher that runs a sweep's jobs in other
+    processes unpickles the recipe there, importing this module, before Hydra reads the
+    folders (their values come with the config, from the resolver's cache)."""
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("neo_fresh_dir", fresh_run_dir, use_cache=True, replace=True)
+
+
+use_fresh_run_dirs()
 
 
 def _remove_made_sweep_dir(sweeper: Any) -> None:
