@@ -360,7 +360,7 @@ class SweepFailures:
             raise SystemExit(0)
         why = " (each folder's error.txt says why)" if len(self.refused) < len(self.jobs) else ""
         print(f"{len(self.jobs)} job(s) of the sweep failed{why}:", file=sys.stderr)
-        print_failed_jobs(self.jobs)
+        print_failed_jobs(self.jobs, whole=self.refused)  # a refused job has no error.txt
         raise SystemExit(1 if self.internal else 2)
 
 
@@ -382,13 +382,15 @@ def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
 
 
 def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int | None = 300,
-                      rest: str = "the rest in its error.txt") -> None:
+                      rest: str = "the rest in its error.txt", whole: Collection[int] = ()) -> None:
     """``(job number, overrides, message)`` one job a line; a message several jobs share is
     given once, after them (a bad key or value every job has). A message over ``width``
-    characters is cut at a word and says where the ``rest`` is (None: whole)."""
+    characters is cut at a word and says where the ``rest`` is (None: whole), except those of
+    the jobs in ``whole`` (no error.txt holds theirs)."""
+    whole_messages = {message for num, _, message in failed if num in whole}
 
     def clip(text: str) -> str:
-        if width is None or len(text) <= width:
+        if width is None or len(text) <= width or any(text in m for m in whole_messages):
             return text
         return text[:width].rsplit(" ", 1)[0].rstrip(",;:") + f" ... ({rest})"
 
@@ -503,6 +505,14 @@ _MADE_DIRS: dict[str, Path] = {}  # a folder -> the outermost of those made for 
 HYDRA_SWEEP_DIR = "multirun/${now:%Y-%m-%d}/${now:%H-%M-%S}"  # Hydra's default: made by each launch
 # each base's folder this process took (Hydra reads hydra.run.dir more than once)
 _FRESH_DIRS: dict[str, str] = {}
+# Hydra's flags that show the config or help and run nothing: no folder is claimed or held
+INSPECTING = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc")
+_CLAIMING = [True]
+
+
+def runs_nothing(argv: Sequence[str]) -> bool:
+    """Whether the command only shows the config or help (``--cfg``, ``--help``, ``--info``)."""
+    return any(a.split("=", 1)[0] in INSPECTING for a in argv)
 
 
 def fresh_run_dir(base: str) -> str:
@@ -523,6 +533,8 @@ def fresh_run_dir(base: str) -> str:
 
     now = datetime.now()
     name = os.path.join(base, now.strftime("%Y-%m-%d"), now.strftime("%H-%M-%S"))
+    if not _CLAIMING[0]:  # --cfg hydra --resolve shows the name: nothing is made
+        return name
     _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
     if os.environ.get("RANK", "0") == "0" and os.path.isdir(_FRESH_DIRS[base]):
         from neo_core.folder_lock import hold_folder
@@ -602,6 +614,9 @@ def hold_given_dirs(argv: Sequence[str]) -> None:
     rank 0 holds it for the ranks."""
     from neo_core.folder_lock import hold_folder
 
+    if runs_nothing(argv):  # --cfg, --help, --info: no folder is claimed or held
+        _CLAIMING[0] = False
+        return
     if os.environ.get("RANK", "0") != "0":
         return
     key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
@@ -623,8 +638,23 @@ def hold_run_folders(output_dir: str | os.PathLike[str]) -> None:
 
     from neo_core.folder_lock import hold_folder
 
-    sweep = HydraConfig.get().mode == RunMode.MULTIRUN
-    hold_folder(output_dir, "hydra.sweep.dir" if sweep else "hydra.run.dir")
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job: refused as a job, the sweep going on
+        return
+    hold_folder(output_dir, "hydra.run.dir")
+
+
+def hold_job_folder(out: Path) -> None:
+    """A sweep's job holds its folder (:func:`hold_run_folders`); where another run holds it,
+    the job is refused (``SweepFailures.job``'s ``before``: reported as not run, the sweep goes
+    on) and its transcript is not kept there."""
+    from neo_core.folder_lock import hold_folder
+    from neo_core.training.console import discard_transcript
+
+    try:
+        hold_folder(out, "hydra.sweep.dir")
+    except NeoError:
+        discard_transcript()
+        raise
 
 
 def use_fresh_run_dirs() -> None:

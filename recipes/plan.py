@@ -44,6 +44,7 @@ from neo_core.cli import (
     force_add_overrides,
     help_groups,
     hold_given_dirs,
+    hold_job_folder,
     hold_run_folders,
     launch_lines_as_typed,
     repeated_settings,
@@ -184,9 +185,10 @@ def check_keys(cfg: dict[str, Any]) -> None:
     is reported by Neo instead of being added silently or refused by Hydra in several lines.
     Plugin keys are checked when each plugin is resolved.
     """
-    from neo_core.config import owner_hint
+    from neo_core.config import owner_hint, raise_all
     from neo_core.errors import ConfigError
 
+    problems = []  # every unknown key, named at once
     for where, node, known in (("", cfg, TOP_KEYS), ("plan_model.", cfg.get("plan_model") or {}, MODEL_KEYS)):
         # ``model`` is how the docs name plan_model: a typo of either is matched
         named = (*known, *ALIASES) if not where else known
@@ -197,7 +199,8 @@ def check_keys(cfg: dict[str, Any]) -> None:
                 if not where:  # a plugin's key without its group (progress=false): an exact key first
                     hint = owner_hint(key, cfg, groups=[g for g in GROUPS if g != "plan_model"]) or hint
                 listed = ", ".join(f"{k} (model)" if k in ALIASES.values() and not where else k for k in known)
-                raise ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {listed}.")
+                problems.append(ConfigError(f"Unknown key {where}{key}.{hint} Keys here: {listed}."))
+    raise_all(problems)
 
 
 def check_model_values(model: dict[str, Any]) -> None:
@@ -391,7 +394,8 @@ def main(cfg: DictConfig) -> None:
             SWEEP.job(lambda: run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set),  # type: ignore[arg-type]
                       Path(config["output_dir"]), HydraConfig.get().job.num,  # type: ignore[index]
                       " ".join(as_typed(o) for o in overrides),
-                      before=lambda: check_not_trained(Path(config["output_dir"])))  # type: ignore[index]
+                      before=lambda: (hold_job_folder(Path(config["output_dir"])),  # type: ignore[index]
+                                      check_not_trained(Path(config["output_dir"]))))  # type: ignore[index]
             return
         with user_errors():
             run(config, cache_share_set=share_set, no_cache=no_cache, table_set=table_set)  # type: ignore[arg-type]

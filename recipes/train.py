@@ -39,6 +39,7 @@ from neo_core.cli import (
     force_add_overrides,
     help_groups,
     hold_given_dirs,
+    hold_job_folder,
     hold_run_folders,
     launch_lines_as_typed,
     option_names,
@@ -184,7 +185,8 @@ def _sweep_job(config: dict) -> dict:
     metrics = SWEEP.job(
         lambda: train(config),  # type: ignore[arg-type]
         out, num, " ".join(_typed_overrides()), passthrough=(RunInterrupted,),
-        before=lambda: check_not_a_dry_run(out),  # a dry run's folder (and its error.txt) is left as it is
+        # another run's folder, or a dry run's (and its error.txt), is left as it is
+        before=lambda: (hold_job_folder(out), check_not_a_dry_run(out)),
     )
     return {} if metrics is None else metrics
 

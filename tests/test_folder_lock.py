@@ -88,3 +88,39 @@ def test_recipes_refuse_a_folder_a_live_run_holds_before_writing_there(tmp_path:
                       f"hydra.run.dir={run}", env=subprocess_env())  # its holder gone: the folder is free
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run / "plan.json").is_file() and not (run / LOCK_NAME).exists()
+
+
+def test_a_sweeps_job_whose_folder_is_held_is_not_run_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    # the job's refusal ended the whole sweep: the jobs after it never ran, and no summary
+    sweep = tmp_path / "sweep"
+    proc = holder(sweep / "1")
+    try:
+        run = forked.run(ROOT / "recipes" / "plan.py", "-m", "+topology=zionex", "topology.num_nodes=1",
+                         "compression=none,fp16,bf16", f"hydra.sweep.dir={sweep}", env=subprocess_env())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert (sweep / "0" / "plan.json").is_file() and (sweep / "2" / "plan.json").is_file()
+    assert not (sweep / "1" / "plan.json").exists() and not (sweep / "1" / "plan.log").exists()
+    assert "  #1 compression=fp16: not run (its folder is another run's)" in run.stdout
+    assert f"error: job #1 (+topology=zionex topology.num_nodes=1 compression=fp16): another run is writing in " \
+           f"{sweep / '1'} (pid {proc.pid} on " in run.stderr
+    assert (sweep / "summary.csv").is_file()
+
+
+def test_commands_that_only_show_the_config_claim_and_hold_nothing(tmp_path: Path) -> None:
+    # --cfg hydra --resolve made empty outputs/<date>/<time> and multirun/... folders; --help
+    # and --info were refused while a run held the folder they named
+    proc = holder(tmp_path / "held")
+    try:
+        for flags in (["--cfg", "hydra", "--resolve"], ["--help"], ["--info"], ["--cfg", "job"]):
+            run = forked.run(ROOT / "recipes" / "train.py", *flags, f"hydra.run.dir={tmp_path / 'held'}",
+                             env=subprocess_env(), cwd=tmp_path)
+            assert run.returncode == 0 and "another run" not in run.stderr, (flags, run.stderr[-2000:])
+            run = forked.run(ROOT / "recipes" / "plan.py", *flags, env=subprocess_env(), cwd=tmp_path)
+            assert run.returncode == 0, (flags, run.stderr[-2000:])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held"]

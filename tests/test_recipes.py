@@ -871,6 +871,8 @@ def test_a_plans_bad_settings_are_named_at_once(tmp_path: Path) -> None:
                         "Also: Unknown key sharding.foo for sharder plugin 'neo'.")
     proc = run_plan("+topology=zionex", "batch_size_per_rank=-1", f"hydra.run.dir={tmp_path}")  # one: as it was
     assert_one_sentence(proc, "error: batch_size_per_rank must be a positive integer, got -1.")
+    proc = run_plan("+topology=zionex", "+foo=1", "+bar=2", f"hydra.run.dir={tmp_path}")  # each unknown key
+    assert_one_sentence(proc, "error: 2 settings are wrong. Unknown key foo.", "Also: Unknown key bar.")
     # a misspelled generator is the generator's key, not its parameters'
     proc = run_plan("plan_model.generator=listd", f"hydra.run.dir={tmp_path}")
     assert_one_sentence(proc, "error: model=mlperf_dcnv2: plan_model.generator: Unknown table generator 'listd'; "
