@@ -638,9 +638,11 @@ def hold_run_folders(output_dir: str | os.PathLike[str]) -> None:
 
     from neo_core.folder_lock import hold_folder
 
-    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job: refused as a job, the sweep going on
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:  # a job: refused as a job, the sweep going on
         return
-    hold_folder(output_dir, "hydra.run.dir")
+    own = os.path.abspath(output_dir) != os.path.abspath(str(hydra.runtime.output_dir))
+    hold_folder(output_dir, "output_dir" if own else "hydra.run.dir")  # the key that chose it
 
 
 def hold_job_folder(out: Path) -> None:

@@ -38,7 +38,7 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         return
     lock = where / LOCK_NAME
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-          "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+          "command": " ".join([Path(sys.argv[0]).name, *(a.removeprefix("++") for a in sys.argv[1:])])}
     for _ in range(5):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
