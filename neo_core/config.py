@@ -121,14 +121,17 @@ def _check_plugin_node(group: str, node: Any, plugins: Plugins) -> dict[str, Any
 
 
 def _check_trainer(node: Any) -> TrainerConfig:
+    """The trainer's keys and values, every problem named at once (:func:`raise_all`)."""
     node = dict(node or {})
     fields = {f.name: f for f in dataclasses.fields(TrainerConfig)}
-    for key in node:
+    problems: list[NeoError] = []
+    for key in list(node):
         if key not in fields:
-            raise ConfigError(
+            problems.append(ConfigError(
                 f"Unknown key trainer.{key}.{_close(key, list(fields))} "
                 f"Trainer keys: {', '.join(fields)}."
-            )
+            ))
+            del node[key]
     cfg = TrainerConfig(**node)
     whole: dict[str, int | None] = {}
     for key in ("max_steps", "batch_size", "val_batches", "log_every_n_steps"):
@@ -137,26 +140,27 @@ def _check_trainer(node: Any) -> TrainerConfig:
         whole[key] = as_whole(value)
         if whole[key] is None or whole[key] < least:  # type: ignore[operator]
             what = "a whole number, 0 or more" if least == 0 else "a positive integer"
-            raise ConfigError(f"trainer.{key} must be {what}, got {value!r}.")
+            problems.append(ConfigError(f"trainer.{key} must be {what}, got {value!r}."))
     if cfg.dense_optimizer not in ("adagrad", "adam", "sgd"):
-        raise ConfigError(
+        problems.append(ConfigError(
             f"trainer.dense_optimizer={cfg.dense_optimizer!r} is unknown; choose adagrad, adam or sgd."
-        )
+        ))
     if cfg.backend not in (None, "gloo", "nccl"):
-        raise ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl.")
+        problems.append(ConfigError(f"trainer.backend={cfg.backend!r} is unknown; choose gloo or nccl."))
     for key in ("world_size", "val_every_n_steps", "checkpoint_every_n_steps", "threads_per_rank"):
         value = getattr(cfg, key)  # each may be null: its default
         whole[key] = None if value is None else as_whole(value)
         if value is not None and (whole[key] is None or whole[key] < 1):  # type: ignore[operator]
-            raise ConfigError(f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}.")
-    cfg = dataclasses.replace(cfg, **whole)  # 1e3 and 1000.0 are 1000
+            problems.append(ConfigError(
+                f"trainer.{key} must be a whole number, at least 1 (or null), got {value!r}."))
     for key in ("checkpoint", "resume", "progress_bar"):
         if not isinstance(getattr(cfg, key), bool):
-            raise ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}.")
+            problems.append(ConfigError(f"trainer.{key} must be true or false, got {getattr(cfg, key)!r}."))
     rate = cfg.dense_learning_rate
     if not is_number(rate) or not 0 < rate < math.inf:
-        raise ConfigError(f"trainer.dense_learning_rate must be a positive number, got {rate!r}.")
-    return cfg
+        problems.append(ConfigError(f"trainer.dense_learning_rate must be a positive number, got {rate!r}."))
+    raise_all(problems)
+    return dataclasses.replace(cfg, **whole)  # 1e3 and 1000.0 are 1000
 
 
 def _check_seed(seed: Any) -> int:
@@ -209,8 +213,8 @@ def noted(problems: list[NeoError]) -> Iterator[None]:
     """Add a setting's error to ``problems`` instead of raising it (:func:`raise_all`)."""
     try:
         yield
-    except NeoError as exc:
-        problems.append(exc)
+    except NeoError as exc:  # several at once (raise_all) are counted one by one
+        problems.extend(getattr(exc, "problems", None) or [exc])
 
 
 def raise_all(problems: Sequence[NeoError]) -> None:
@@ -219,7 +223,9 @@ def raise_all(problems: Sequence[NeoError]) -> None:
     if len(problems) == 1:
         raise problems[0]
     if problems:
-        raise ConfigError(f"{len(problems)} settings are wrong. " + " Also: ".join(str(p) for p in problems))
+        error = ConfigError(f"{len(problems)} settings are wrong. " + " Also: ".join(str(p) for p in problems))
+        error.problems = list(problems)  # type: ignore[attr-defined]
+        raise error
 
 
 def instantiate(group: str, node: Mapping[str, Any], plugins: Plugins | None = None) -> Any:

@@ -448,3 +448,16 @@ def test_a_models_dim_mismatch_says_which_settings_fix_it() -> None:
         model.check([TableSpec("a", 100, 16), TableSpec("b", 100, 8)], 13)
     assert str(err.value).endswith("; give every table one dim (the tables have 8, 16), and model.embedding_dim "
                                    "that dim.")
+
+
+def test_every_bad_trainer_setting_is_named_at_once(hydra_conf) -> None:
+    # an unknown trainer key hid the bad values beside it (one problem a group)
+    with pytest.raises(ConfigError) as err:
+        validate(compose_run("+trainer.bogus=1", "trainer.max_steps=0", "trainer.resume=yes", "seed=-1"))
+    message = str(err.value)
+    assert message.startswith("4 settings are wrong. Unknown key trainer.bogus.")
+    for said in ("Also: trainer.max_steps must be a positive integer, got 0.",
+                 "Also: trainer.resume must be true or false, got 'yes'.",
+                 "Also: seed must be a whole number, 0 or more, got -1."):
+        assert said in message, message
+    assert message.count("settings are wrong") == 1
