@@ -91,6 +91,14 @@ def resolve(group: str, value: Any, params: Mapping[str, Any] | None = None) -> 
     return get_plugins().create(group, value, dict(params or {}))  # unknown: names the choices
 
 
+def checked_batch(batch_size_per_rank: Any) -> int:
+    """``batch_size_per_rank`` as a whole number of at least 1, or a :class:`ConfigError`."""
+    whole = as_whole(batch_size_per_rank)
+    if whole is None or whole < 1:
+        raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
+    return whole
+
+
 def make_context(
     topology: Topology | str | Mapping[str, Any],
     batch_size_per_rank: int,
@@ -99,12 +107,9 @@ def make_context(
     cache: CachePolicy | str | Mapping[str, Any] | None = None,
 ) -> PlanningContext:
     """The :class:`PlanningContext` for a topology, batch size and optional plugins."""
-    whole = as_whole(batch_size_per_rank)
-    if whole is None or whole < 1:
-        raise ConfigError(f"batch_size_per_rank must be a positive integer, got {batch_size_per_rank!r}.")
     return PlanningContext(
         topology=resolve("topology", topology),
-        batch_size_per_rank=whole,
+        batch_size_per_rank=checked_batch(batch_size_per_rank),
         kernel=resolve("kernel", kernel),
         compressor=resolve("compression", compressor),
         cache=resolve("cache", cache),

@@ -619,11 +619,8 @@ def hold_given_dirs(argv: Sequence[str]) -> None:
         return
     if os.environ.get("RANK", "0") != "0":
         return
-    key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
-    for arg in argv:
-        name, eq, value = arg.partition("=")
-        value = value.strip("'\"")
-        if eq and name.lstrip("+") == key and value and "${" not in value and not value.startswith("~"):
+    for key, value in given_run_dirs(argv):
+        if "${" not in value and not value.startswith("~"):  # check_run_dirs refuses ~; Hydra resolves ${...}
             hold_folder(value, key)
 
 
@@ -1078,19 +1075,24 @@ def check_sweep_values(argv: Sequence[str], recipe: str) -> None:
                 )
 
 
+def given_run_dirs(argv: Sequence[str]) -> Iterator[tuple[str, str]]:
+    """``(key, folder)`` for each ``hydra.run.dir=`` (``hydra.sweep.dir=`` with ``-m``) the
+    command line gives, its quotes stripped."""
+    key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if eq and name.lstrip("+") == key and value:
+            yield key, value.strip("'\"")
+
+
 def check_run_dirs(argv: Sequence[str]) -> None:
     """``hydra.run.dir`` (or ``hydra.sweep.dir`` with ``-m``) must name a folder that is or can
     be made: Hydra creates it before the recipe runs, and a file in the way, a parent that is a
     file or a place that cannot be written ended in its traceback. The folder is made here, as
     Hydra would make it. Values Hydra resolves (``${...}``) are left to it."""
-    key = "hydra.sweep.dir" if is_sweep(argv) else "hydra.run.dir"
-    for arg in argv:
-        name, eq, value = arg.partition("=")
-        if not eq or name.lstrip("+") != key or not value:
-            continue
-        value = value.strip("'\"")
+    for key, value in given_run_dirs(argv):
         if value.startswith("~"):  # Hydra would make a folder named ~ here
-            raise ConfigError(f"{name.lstrip('+')}={value}: {_tilde_not_expanded(value, name.lstrip('+') + '=')}")
+            raise ConfigError(f"{key}={value}: {_tilde_not_expanded(value, key + '=')}")
         if "${" in value:  # Hydra resolves it
             continue
         path = Path(os.path.abspath(value))  # as the sweep's folder is compared later (x/../y is y)

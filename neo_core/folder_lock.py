@@ -60,8 +60,6 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         with os.fdopen(fd, "w") as out:
             json.dump(me, out)
         _HELD[str(where)] = lock
-        if len(_HELD) == 1:
-            atexit.register(release_folders)
         return
     raise ConfigError(f"{where} is held and released over and over by other runs; choose another folder ({key}=...).")
 
@@ -115,3 +113,6 @@ def _ended(holder: dict) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+atexit.register(release_folders)

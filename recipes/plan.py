@@ -262,9 +262,8 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
     with noted(problems):
         check_keys(cfg)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its estimator logs each use at INFO
-    from neo_core.api import make_context, resolve
+    from neo_core.api import checked_batch, make_context, resolve
     from neo_core.cache import CachePolicy
-    from neo_core.checks import as_whole
     from neo_core.errors import ConfigError, NeoError
     from neo_plugins.sharding.planner.tables import GENERATORS, make_tables
 
@@ -283,8 +282,9 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
     with noted(problems):
         topology = resolve("topology", cfg["topology"])
     batch = cfg.get("batch_size_per_rank")
-    if batch is not None and ((as_whole(batch) or 0) < 1):
-        problems.append(ConfigError(f"batch_size_per_rank must be a positive integer, got {batch!r}."))
+    if batch is not None:
+        with noted(problems):
+            checked_batch(batch)
     with noted(problems):
         kernel = resolve("kernel", cfg["kernel"])
     with noted(problems):

@@ -295,18 +295,23 @@ def test_bad_values_are_one_sentence(hydra_conf, override: str, message: str) ->
     assert "\n" not in str(err.value)
 
 
+def assert_all_named(message: str, first: str, *also: str) -> None:
+    """One line that opens with ``first`` and names each of ``also`` after an "Also:"."""
+    assert message.startswith(first), message
+    for said in also:
+        assert f"Also: {said}" in message, message
+    assert "\n" not in message and message.count("settings are wrong") == 1
+
+
 def test_every_bad_setting_is_named_at_once(hydra_conf) -> None:
     # only the first was named: a command (or a sweep's job) with three bad settings took three
     # runs to fix, each starting torch and TorchRec again
     with pytest.raises(ConfigError) as err:
         validate(compose_run("+kernel.learning_rat=0.1", "trainer.max_steps=0", "seed=-1", "+nonsense=1"))
-    message = str(err.value)
-    assert message.startswith("4 settings are wrong. Unknown config key 'nonsense'.")
-    for said in ("Also: Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean kernel.learning_rate?",
-                 "Also: trainer.max_steps must be a positive integer, got 0.",
-                 "Also: seed must be a whole number, 0 or more, got -1."):
-        assert said in message, message
-    assert "\n" not in message
+    assert_all_named(str(err.value), "4 settings are wrong. Unknown config key 'nonsense'.",
+                     "Unknown key kernel.learning_rat for kernel plugin 'fused'. Did you mean kernel.learning_rate?",
+                     "trainer.max_steps must be a positive integer, got 0.",
+                     "seed must be a whole number, 0 or more, got -1.")
     with pytest.raises(ConfigError) as err:  # one: as it was
         validate(compose_run("trainer.max_steps=0"))
     assert str(err.value) == "trainer.max_steps must be a positive integer, got 0."
@@ -454,10 +459,7 @@ def test_every_bad_trainer_setting_is_named_at_once(hydra_conf) -> None:
     # an unknown trainer key hid the bad values beside it (one problem a group)
     with pytest.raises(ConfigError) as err:
         validate(compose_run("+trainer.bogus=1", "trainer.max_steps=0", "trainer.resume=yes", "seed=-1"))
-    message = str(err.value)
-    assert message.startswith("4 settings are wrong. Unknown key trainer.bogus.")
-    for said in ("Also: trainer.max_steps must be a positive integer, got 0.",
-                 "Also: trainer.resume must be true or false, got 'yes'.",
-                 "Also: seed must be a whole number, 0 or more, got -1."):
-        assert said in message, message
-    assert message.count("settings are wrong") == 1
+    assert_all_named(str(err.value), "4 settings are wrong. Unknown key trainer.bogus.",
+                     "trainer.max_steps must be a positive integer, got 0.",
+                     "trainer.resume must be true or false, got 'yes'.",
+                     "seed must be a whole number, 0 or more, got -1.")
