@@ -413,8 +413,21 @@ class PlanResult:
                 }
                 for r in self.ranks
             ],
+            **({"nodes": self.node_rows()} if any(sum(r.host_memory.values()) > 0 for r in self.ranks) else {}),
             "notes": self.notes,
         }
+
+    def node_rows(self) -> list[dict[str, Any]]:
+        """Per node, its ranks and the host memory they hold against the node's: a rank's
+        ``host_memory_capacity_bytes`` is its share of its node's host memory, which the node's
+        ranks share, so one rank may hold more than its share; the node's total is the limit."""
+        per_node = self.devices_per_node()
+        used, cap = self.node_host_memory(per_node)
+        ranks: dict[int, list[int]] = {}
+        for r in self.ranks:
+            ranks.setdefault(int(r.rank) // per_node, []).append(int(r.rank))
+        return [{"node": n, "ranks": sorted(ranks[n]), "host_memory_bytes": used[n],
+                 "host_memory_capacity_bytes": cap[n]} for n in sorted(used)]
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

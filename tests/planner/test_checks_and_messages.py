@@ -124,6 +124,29 @@ def test_a_plans_settings_say_no_prefetch_where_nothing_is_cached() -> None:
                                         "prefetch_pipeline": False}
 
 
+def test_plan_json_gives_each_nodes_host_memory_where_one_rank_holds_more_than_its_share(tmp_path) -> None:
+    # a cached table of 107 GiB of host memory, table-wise on one rank: over that rank's share
+    # (64 GiB) of its node's 128 GiB, which the node's two ranks share. plan.json alone must show
+    # that it fits: each node's host bytes against the node's capacity
+    tables = [TableSpec("huge", 1_800_000_000, 16, 1.0), *(TableSpec(f"t{i}", 100_000, 64, 4.0) for i in range(6))]
+    result = plan_tables(tables, cluster(nodes=2, per_node=2, mem_gib=32), 256,
+                         cache=CachePolicy("lru", load_factor=0.01), sharding_types=["table_wise"])
+    result.save_json(tmp_path / "plan.json")
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    host = {r["rank"]: sum(r["host_memory_bytes"].values()) for r in saved["ranks"]}
+    holder = max(host, key=host.__getitem__)
+    assert host[holder] == 1_800_000_000 * 16 * 4  # fp32 weights behind the cache (row-wise Adagrad's on the device)
+    assert host[holder] > saved["ranks"][holder]["host_memory_capacity_bytes"] == 64 * GIB  # its share
+    nodes = saved["nodes"]
+    assert [n["ranks"] for n in nodes] == [[0, 1], [2, 3]]
+    for n in nodes:
+        assert n["host_memory_bytes"] == sum(host[r] for r in n["ranks"])
+        assert n["host_memory_capacity_bytes"] == 2 * 64 * GIB
+        assert n["host_memory_bytes"] <= n["host_memory_capacity_bytes"]
+    assert nodes[holder // 2]["host_memory_bytes"] >= host[holder]
+    assert "nodes" not in plan_tables(two_tables(), cluster(), 256).to_dict()  # nothing in host memory
+
+
 # --- a saved plan (plan.json): its fields and what run_problems finds ------------------------
 
 
