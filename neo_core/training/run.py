@@ -179,12 +179,29 @@ def model_builder_default_dim(builder: ModelBuilder) -> int:
     return int(dim)
 
 
+# The plan this process made before its rank started (under torchrun, or one rank in this
+# process), by its digest: the rank runs it rather than planning the same model again (the
+# planner ran twice per rank; TorchRec's planner takes seconds to minutes on large models)
+_PLANNED_HERE: dict[str, PlanResult] = {}
+
+
 def plan_run(parts: RunParts) -> PlanResult:
     """Plan the run's model on the meta device (no table memory is allocated)."""
+    from neo_core.training.module import plan_digest
+
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
     result = checked_plan(parts, model)
+    _PLANNED_HERE.clear()
+    _PLANNED_HERE[plan_digest(result)] = replace(result, notes=list(result.notes))  # as a rank's own plan
     result.notes = [*parts.notes, *result.notes]
     return result
+
+
+def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
+    """A rank's plan: the one this process made before the rank started, where it made the
+    plan the run printed (``digest``), else the rank's own (``checked_plan``)."""
+    made = _PLANNED_HERE.pop(digest, None) if digest is not None else None
+    return made if made is not None else checked_plan(parts, model)
 
 
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
@@ -863,7 +880,7 @@ def rank_main(
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
     module = NeoModule(
         model,
-        planner_fn=lambda m: checked_plan(parts, m),
+        planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest),
         on_plan=(lambda plan: _record_plan_run(plan, launch, out)) if rank == 0 else None,
         sharders_fn=lambda: parts.planner.sharders(parts.context),
         kernel=parts.kernel,

@@ -907,12 +907,16 @@ def test_an_undefined_auc_is_recorded_as_not_measured(tmp_path: Path, capsys) ->
     assert f"done: 5 steps, val AUC undefined, val loss {metrics['val_loss']:.4f}, " in out
 
 
-def test_a_run_without_validation_says_so_where_it_printed_nan(tmp_path: Path, capsys) -> None:
-    from neo_core.training.run import train
+def test_a_run_without_validation_says_so_where_it_printed_nan(tmp_path: Path, capsys, monkeypatch) -> None:
+    from neo_core.training import run
 
-    metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=0"], tmp_path))
+    planned = []  # the planner's runs: the rank in this process runs the plan made before it started
+    checked_plan = run.checked_plan
+    monkeypatch.setattr(run, "checked_plan", lambda parts, model: planned.append(1) or checked_plan(parts, model))
+    metrics = run.train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=0"], tmp_path))
     assert math.isnan(metrics["val_auc"]) and math.isnan(metrics["val_loss"])
     assert "done: 5 steps, no validation (trainer.val_batches=0), " in capsys.readouterr().out
+    assert len(planned) == 1
 
 
 def test_running_out_of_memory_in_a_rank_names_the_batch_and_the_model(tmp_path: Path, monkeypatch) -> None:
