@@ -4,14 +4,17 @@ Two runs given one folder (``hydra.run.dir=...``, ``hydra.sweep.dir=...``, a scr
 twice) wrote over each other's files: the second removed the first's results as stale, so the
 first ended with an error that blamed nothing, or both said ``done`` and the folder held one
 run's plan, checkpoint and results beside both runs' transcripts. A run now holds its folder
-while it writes there (:func:`hold_folder`: a file ``.neo-running`` made only if absent, naming
-the process), and a second run is refused, naming the first. A holder that ended without
-removing it (killed) is recognised on its machine by its process being gone.
+while it writes there (:func:`hold_folder`): it locks a file ``.neo-running`` (``flock``) that
+names the process, and a second run is refused, naming the first. The kernel lets go of the
+lock when its process ends, killed too, so a file left behind by a run that was killed holds
+nothing: the next run takes it. (Removing such a file and making a new one, as was done, let
+two runs that took it over at once both hold the folder.)
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
 import os
 import socket
@@ -22,7 +25,7 @@ from pathlib import Path
 from neo_core.errors import ConfigError
 
 LOCK_NAME = ".neo-running"
-_HELD: dict[str, Path] = {}  # folder -> its lock file, for this process
+_HELD: dict[str, tuple[Path, int, int]] = {}  # folder -> its lock file, the open locked fd, the pid that locked it
 
 
 def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
@@ -41,36 +44,39 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
           "command": " ".join([Path(sys.argv[0]).name, *(a.removeprefix("++") for a in sys.argv[1:])])}
     for _ in range(5):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            other = _holder(lock)
-            if other is None or _ended(other):  # its process is gone (or it never said who): take it
-                lock.unlink(missing_ok=True)
-                continue
-            if other.get("pid") == me["pid"] and other.get("host") == me["host"]:
-                _HELD[str(where)] = lock
-                return
-            raise ConfigError(
-                f"another run is writing in {where} (pid {other.get('pid')} on {other.get('host')}, since "
-                f"{other.get('since')}: {other.get('command')}); wait for it to end, or choose another folder "
-                f"({key}=...). If no run is writing there, remove {lock}."
-            ) from None
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)  # not inherited by programs this one starts
         except OSError:  # a folder that cannot be written: the run's own check says so
             return
-        with os.fdopen(fd, "w") as out:
-            json.dump(me, out)
-        _HELD[str(where)] = lock
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live run's
+            os.close(fd)
+            raise _refusal(where, _holder(lock), key) from None
+        except OSError:  # a file system without locks: the folder is not held
+            os.close(fd)
+            return
+        if not _still_there(fd, lock):  # removed by the run that held it as it ended: lock the next one
+            os.close(fd)
+            continue
+        other = _said(os.pread(fd, 1 << 16, 0))
+        if other.get("host", me["host"]) != me["host"]:  # another machine's run: its lock may not reach here
+            os.close(fd)
+            raise _refusal(where, other, key)
+        os.ftruncate(fd, 0)  # a run that was killed left it: this run's now
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        _HELD[str(where)] = (lock, fd, me["pid"])
         return
     raise ConfigError(f"{where} is held and released over and over by other runs; choose another folder ({key}=...).")
 
 
 def release_folder(folder: str | os.PathLike[str]) -> None:
     """Let go of ``folder`` where this process holds it (its lock file is removed)."""
-    lock = _HELD.pop(os.path.abspath(folder), None)
-    if lock is not None:
-        holder = _holder(lock)
-        if holder is not None and holder.get("pid") == os.getpid():  # a forked child's copy removes nothing
-            lock.unlink(missing_ok=True)
+    held = _HELD.pop(os.path.abspath(folder), None)
+    if held is not None:
+        lock, fd, pid = held
+        if pid == os.getpid():  # a forked child's copy removes nothing (the lock is its parent's)
+            lock.unlink(missing_ok=True)  # before the lock goes: a run waiting for it then makes a new file
+        os.close(fd)
 
 
 def release_folders() -> None:
@@ -79,40 +85,43 @@ def release_folders() -> None:
         release_folder(folder)
 
 
-def _holder(lock: Path) -> dict | None:
-    """Who holds ``lock``; None where it says no one (empty or unreadable for over a second:
-    a holder writes it at once)."""
+def _refusal(where: Path, holder: dict, key: str) -> ConfigError:
+    """The error for a folder ``holder`` (what its lock file says) is writing in."""
+    return ConfigError(
+        f"another run is writing in {where} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since "
+        f"{holder.get('since', '?')}: {holder.get('command', '?')}); wait for it to end, or choose another folder "
+        f"({key}=...). If no run is writing there, remove {where / LOCK_NAME}."
+    )
+
+
+def _still_there(fd: int, lock: Path) -> bool:
+    """Whether the file ``fd`` has open is still ``lock`` (not removed, or removed and made anew)."""
     try:
-        holder = json.loads(lock.read_text())
-        return holder if isinstance(holder, dict) else None
-    except (OSError, ValueError):
+        return os.path.samestat(os.fstat(fd), os.stat(lock))
+    except OSError:
+        return False
+
+
+def _said(text: bytes) -> dict:
+    """Who a lock file names (empty where it names no one)."""
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _holder(lock: Path) -> dict:
+    """Who the live run that holds ``lock`` is (it writes that just after it locks it)."""
+    for _ in range(10):
         try:
-            young = time.time() - lock.stat().st_mtime < 1.0
+            holder = _said(lock.read_bytes())
         except OSError:
-            return None
-        if young:  # being written: wait for it
-            time.sleep(0.2)
-            return _holder(lock) if lock.exists() else None
-        return None
-
-
-def _ended(holder: dict) -> bool:
-    """Whether the holder's process is gone (only known on its own machine)."""
-    if holder.get("host") != socket.gethostname():
-        return False
-    try:
-        pid = int(holder.get("pid", 0))
-        if pid <= 0:
-            return True
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except (PermissionError, ValueError, TypeError, OverflowError):
-        return False
-    try:  # killed, not yet reaped by its parent: a zombie holds nothing
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+            holder = {}
+        if holder:
+            return holder
+        time.sleep(0.05)
+    return {}
 
 
 atexit.register(release_folders)

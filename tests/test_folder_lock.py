@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -124,3 +125,75 @@ def test_commands_that_only_show_the_config_claim_and_hold_nothing(tmp_path: Pat
         proc.kill()
         proc.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["held"]
+
+
+def _forked(folder: Path, gate: tuple[int, int], out: int) -> int:
+    """A forked process that tries to hold ``folder`` once ``gate`` is closed, writes to ``out``
+    whether it got it (``+``) or was refused (``-``), and stays until it is killed."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(gate[1])
+            os.read(gate[0], 1)
+            try:
+                hold_folder(folder)
+                os.write(out, b"+")
+            except ConfigError:
+                os.write(out, b"-")
+            time.sleep(120)
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _at_once(folder: Path, n: int, out: int) -> list[int]:
+    """``n`` forked processes that try to hold ``folder`` at one moment (:func:`_forked`)."""
+    gate = os.pipe()
+    pids = [_forked(folder, gate, out) for _ in range(n)]
+    os.close(gate[1])  # all go
+    os.close(gate[0])
+    return pids
+
+
+def test_runs_taking_over_a_killed_runs_folder_at_once_get_one_holder(tmp_path: Path) -> None:
+    # each of two runs started at once on a killed run's folder removed its lock as stale and made
+    # its own, and both wrote there (4 runs at once: 4 trials in 20 had two holders)
+    said, out = os.pipe()
+    try:
+        for trial in range(20):
+            folder = tmp_path / str(trial)
+            (killed,) = _at_once(folder, 1, out)
+            assert os.read(said, 1) == b"+"
+            os.kill(killed, signal.SIGKILL)
+            os.waitpid(killed, 0)
+            runs = _at_once(folder, 4, out)
+            try:
+                got = b"".join(os.read(said, 1) for _ in runs)
+            finally:
+                for pid in runs:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            assert got.count(b"+") == 1, f"trial {trial}: {got.count(b'+')} of 4 runs hold the folder"
+    finally:
+        os.close(said)
+        os.close(out)
+
+
+def test_a_forked_child_letting_go_leaves_its_parents_hold(tmp_path: Path) -> None:
+    # a forked child shares its parent's lock: its release (or its exit) must not end the parent's
+    hold_folder(tmp_path)
+    try:
+        child = os.fork()
+        if child == 0:
+            try:
+                release_folder(tmp_path)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        assert (tmp_path / LOCK_NAME).is_file()
+        other = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path)], capture_output=True, text=True,
+                               env=subprocess_env(), cwd=ROOT, timeout=60)
+        assert other.returncode == 1 and f"another run is writing in {tmp_path} (pid {os.getpid()} on " in other.stderr
+    finally:
+        release_folder(tmp_path)
+    assert not (tmp_path / LOCK_NAME).exists()
