@@ -197,3 +197,20 @@ def test_a_forked_child_letting_go_leaves_its_parents_hold(tmp_path: Path) -> No
     finally:
         release_folder(tmp_path)
     assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_lock_file_left_by_a_terminated_run_never_refuses_the_next(tmp_path: Path) -> None:
+    # a run ended by SIGTERM (plan.py has no handler: no exit handlers run) leaves its lock file;
+    # the next run took it over only while no process had its pid, and was refused once one had
+    proc = holder(tmp_path)
+    proc.terminate()
+    proc.wait()
+    lock = tmp_path / LOCK_NAME
+    left = json.loads(lock.read_text())
+    assert left["pid"] == proc.pid
+    lock.write_text(json.dumps({**left, "pid": os.getppid()}))  # its pid given to a live process since
+    try:
+        hold_folder(tmp_path)
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    finally:
+        release_folder(tmp_path)
