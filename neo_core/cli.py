@@ -539,7 +539,11 @@ def fresh_run_dir(base: str) -> str:
     if os.environ.get("RANK", "0") == "0" and os.path.isdir(_FRESH_DIRS[base]):
         from neo_core.folder_lock import hold_folder
 
-        hold_folder(_FRESH_DIRS[base])  # this run's until it ends (hold_run_folders)
+        # this run's until it ends (hold_run_folders). A launcher's rank keeps the clock's name
+        # (_rank0s_name), which a live run started in the same second may hold: Hydra reads this
+        # before the recipe's own handlers, and showed its traceback for the refusal
+        with user_errors():
+            hold_folder(_FRESH_DIRS[base])
     return _FRESH_DIRS[base]
 
 

@@ -214,3 +214,30 @@ def test_a_lock_file_left_by_a_terminated_run_never_refuses_the_next(tmp_path: P
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     finally:
         release_folder(tmp_path)
+
+
+def test_a_launchers_rank_whose_dated_folder_a_live_run_holds_is_refused_in_one_line(tmp_path: Path) -> None:
+    # a launcher's rank (RANK and WORLD_SIZE set, no torchrun store) keeps outputs/<date>/<time>
+    # as its clock names it; where a run started in the same second held it, Hydra, reading the
+    # folder before the recipe's own handlers, showed a traceback for the refusal. Every folder
+    # the next minute would name is held here, as by such a run.
+    from datetime import datetime, timedelta
+
+    now = datetime.now()
+    held = [tmp_path / "outputs" / f"{now + timedelta(seconds=s):%Y-%m-%d/%H-%M-%S}" for s in range(90)]
+    for folder in held:
+        hold_folder(folder)
+    try:
+        env = {**subprocess_env(), "RANK": "0", "WORLD_SIZE": "1"}
+        for script, args in ((ROOT / "recipes" / "plan.py", ["+topology=zionex", "topology.num_nodes=1"]),
+                             (ROOT / "recipes" / "train.py", ["trainer=smoke"])):
+            proc = forked.run(script, *args, env=env, cwd=tmp_path, timeout=120)
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            line = proc.stderr.strip().splitlines()[-1]
+            assert line.startswith(f"error: another run is writing in {tmp_path / 'outputs'}") and \
+                f"(pid {os.getpid()} on " in line and "choose another folder (hydra.run.dir=...)" in line, proc.stderr
+            assert "Traceback" not in proc.stderr
+        assert all(sorted(p.name for p in folder.iterdir()) == [LOCK_NAME] for folder in held)  # no .hydra/, no log
+    finally:
+        for folder in held:
+            release_folder(folder)
