@@ -14,6 +14,7 @@ two runs that took it over at once both hold the folder.)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -43,10 +44,10 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
     me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
           "command": " ".join([Path(sys.argv[0]).name, *(a.removeprefix("++") for a in sys.argv[1:])])}
     for _ in range(5):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)  # not inherited by programs this one starts
-        except OSError:  # a folder that cannot be written: the run's own check says so
+        opened = _open(lock)
+        if opened is None:  # a folder that cannot be written: the run's own check says so
             return
+        fd, mine = opened
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # a live run's
@@ -62,6 +63,14 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         if other.get("host", me["host"]) != me["host"]:  # another machine's run: its lock may not reach here
             os.close(fd)
             raise _refusal(where, other, key)
+        if not mine:  # left by another user's run that ended: made anew, this run's
+            try:
+                lock.unlink()
+            except OSError:  # a folder this run cannot write in: the run's own check says so
+                return
+            finally:
+                os.close(fd)
+            continue
         os.ftruncate(fd, 0)  # a run that was killed left it: this run's now
         os.pwrite(fd, json.dumps(me).encode(), 0)
         _HELD[str(where)] = (lock, fd, me["pid"])
@@ -92,6 +101,20 @@ def _refusal(where: Path, holder: dict, key: str) -> ConfigError:
         f"{holder.get('since', '?')}: {holder.get('command', '?')}); wait for it to end, or choose another folder "
         f"({key}=...). If no run is writing there, remove {where / LOCK_NAME}."
     )
+
+
+def _open(lock: Path) -> tuple[int, bool] | None:
+    """An fd on ``lock``, made where absent (not inherited by programs this process starts),
+    and whether this process may write it: another user's file is opened to read, which is
+    enough to lock it. None where it cannot be opened."""
+    try:
+        return os.open(lock, os.O_CREAT | os.O_RDWR, 0o644), True
+    except PermissionError:
+        with contextlib.suppress(OSError):
+            return os.open(lock, os.O_RDONLY), False
+    except OSError:
+        pass
+    return None
 
 
 def _still_there(fd: int, lock: Path) -> bool:

@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from neo_core import folder_lock
 from neo_core.errors import ConfigError
 from neo_core.folder_lock import LOCK_NAME, hold_folder, release_folder
 from tests import forked
@@ -241,3 +243,39 @@ def test_a_launchers_rank_whose_dated_folder_a_live_run_holds_is_refused_in_one_
     finally:
         for folder in held:
             release_folder(folder)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="runs a process as another user")
+def test_another_users_run_is_refused_and_its_lock_file_left_behind_taken() -> None:
+    # another user's lock file (not this user's to write) left the folder not held: live or not
+    def as_nobody(folder: Path) -> bytes:
+        said, out = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                folder_lock._HELD.clear()  # a process of its own, not a fork that holds its parent's folders
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    hold_folder(folder)
+                    os.write(out, b"held" if str(folder) in folder_lock._HELD else b"not held")
+                except ConfigError as exc:
+                    os.write(out, str(exc).encode())
+            finally:
+                os._exit(0)
+        os.close(out)
+        os.waitpid(pid, 0)
+        with os.fdopen(said, "rb") as got:
+            return got.read()
+
+    with tempfile.TemporaryDirectory() as tmp:  # pytest's own are this user's alone
+        run = Path(tmp) / "run"
+        hold_folder(run)
+        Path(tmp).chmod(0o755)
+        run.chmod(0o777)
+        try:
+            assert as_nobody(run).startswith(f"another run is writing in {run} (pid {os.getpid()} on ".encode())
+        finally:
+            os.close(folder_lock._HELD.pop(str(run))[1])  # its lock goes, its file stays: as if killed
+        assert as_nobody(run) == b"held"
+        assert (run / LOCK_NAME).stat().st_uid == 65534  # made anew, the other user's run's
