@@ -84,7 +84,7 @@ def release_folder(folder: str | os.PathLike[str]) -> None:
     if held is not None:
         lock, fd, pid = held
         if pid == os.getpid():  # a forked child's copy removes nothing (the lock is its parent's)
-            lock.unlink(missing_ok=True)  # before the lock goes: a run waiting for it then makes a new file
+            lock.unlink(missing_ok=True)  # while locked: a run that opened it and locks it next sees it gone
         os.close(fd)
 
 
