@@ -383,10 +383,11 @@ def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
 
 def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int | None = 300,
                       rest: str = "the rest in its error.txt", whole: Collection[int] = ()) -> None:
-    """``(job number, overrides, message)`` one job a line; a message several jobs share is
-    given once, after them (a bad key or value every job has). A message over ``width``
-    characters is cut at a word and says where the ``rest`` is (None: whole), except those of
-    the jobs in ``whole`` (no error.txt holds theirs)."""
+    """``(job number, overrides, message)`` one job a line, each of its problems on a line of its
+    own (a message of several: config.validate's "N settings are wrong. A Also: B"); a problem
+    every job has (a bad key or value they share) is given once, after them, and so is a message
+    several jobs share. A message over ``width`` characters is cut at a word and says where the
+    ``rest`` is (None: whole), except those of the jobs in ``whole`` (no error.txt holds theirs)."""
     whole_messages = {message for num, _, message in failed if num in whole}
 
     def clip(text: str) -> str:
@@ -394,20 +395,41 @@ def print_failed_jobs(failed: Sequence[tuple[int, str, str]], width: int | None 
             return text
         return text[:width].rsplit(" ", 1)[0].rstrip(",;:") + f" ... ({rest})"
 
-    by_message: dict[str, list[tuple[int, str]]] = {}
-    for num, overrides, message in failed:
-        by_message.setdefault(message, []).append((num, overrides))
-    for message, jobs in by_message.items():
-        # a job with several bad settings (config.validate): each on a line of its own
+    def problems(message: str) -> list[str]:
         first, *more = message.split(" Also: ")
-        if len(jobs) == 1:
-            print(f"  #{jobs[0][0]} {jobs[0][1]}: {clip(first)}", file=sys.stderr)
+        return [_SEVERAL_WRONG.sub("", first) if more else first, *more]
+
+    jobs = [(num, overrides, problems(message)) for num, overrides, message in failed]
+    shared = [p for p in jobs[0][2] if all(p in job[2] for job in jobs[1:])] if len(jobs) > 1 else []
+    by_rest: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+    for num, overrides, found in jobs:
+        by_rest.setdefault(tuple(p for p in found if p not in shared), []).append((num, overrides))
+
+    def tell(listed: list[tuple[int, str]], said: Sequence[str]) -> None:
+        first, *more = said
+        if len(listed) == 1:
+            print(f"  #{listed[0][0]} {listed[0][1]}: {clip(first)}", file=sys.stderr)
         else:
-            for num, overrides in jobs:
+            for num, overrides in listed:
                 print(f"  #{num} {overrides}", file=sys.stderr)
-            print(f"    all {len(jobs)}: {clip(first)}", file=sys.stderr)
+            print(f"    all {len(listed)}: {clip(first)}", file=sys.stderr)
         for problem in more:
             print(f"      also: {clip(problem)}", file=sys.stderr)
+
+    for own, listed in by_rest.items():
+        if own:
+            tell(listed, own)
+        else:  # only what every job has: said once, below
+            for num, overrides in listed:
+                print(f"  #{num} {overrides}", file=sys.stderr)
+    if shared:
+        print(f"    all {len(jobs)}: {clip(shared[0])}", file=sys.stderr)
+        for problem in shared[1:]:
+            print(f"      also: {clip(problem)}", file=sys.stderr)
+
+
+# config.validate's head of a message naming several problems
+_SEVERAL_WRONG = re.compile(r"^\d+ settings are wrong\. ")
 
 
 # the check a sweep runs on its jobs before they start (check_sweep_jobs: the last one given)

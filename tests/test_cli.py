@@ -464,12 +464,32 @@ def test_a_failed_jobs_bad_settings_are_listed_a_line_each(capsys) -> None:
         (1, "seed=3", "trainer.max_steps must be a positive integer, got 0."),
         (2, "seed=4", "trainer.max_steps must be a positive integer, got 0."),
     ])
+    # what every job has is said once, after them: #0's own problem on its line
     assert capsys.readouterr().err.splitlines() == [
-        "  #0 seed=-1: 2 settings are wrong. trainer.max_steps must be a positive integer, got 0.",
-        "      also: seed must be a whole number, 0 or more, got -1.",
+        "  #0 seed=-1: seed must be a whole number, 0 or more, got -1.",
         "  #1 seed=3",
         "  #2 seed=4",
+        "    all 3: trainer.max_steps must be a positive integer, got 0.",
+    ]
+    two = "2 settings are wrong. trainer.max_steps must be a positive integer, got 0. Also: data.rows must be positive."
+    print_failed_jobs([
+        (0, "seed=-1", two.replace("2 settings", "3 settings") + " Also: seed must be a whole number, 0 or more, got -1."),
+        (1, "seed=3", two),
+        (2, "seed=4", "data.num_dense must be a whole number >= 0, got -1."),
+    ])
+    assert capsys.readouterr().err.splitlines() == [  # nothing all three have: each job's own, whole
+        "  #0 seed=-1: trainer.max_steps must be a positive integer, got 0.",
+        "      also: data.rows must be positive.",
+        "      also: seed must be a whole number, 0 or more, got -1.",
+        "  #1 seed=3: trainer.max_steps must be a positive integer, got 0.",
+        "      also: data.rows must be positive.",
+        "  #2 seed=4: data.num_dense must be a whole number >= 0, got -1.",
+    ]
+    print_failed_jobs([(0, "seed=1", two), (1, "seed=2", two)])
+    assert capsys.readouterr().err.splitlines() == [
+        "  #0 seed=1", "  #1 seed=2",
         "    all 2: trainer.max_steps must be a positive integer, got 0.",
+        "      also: data.rows must be positive.",
     ]
     # a long message (a refusal's list of tables) was cut mid-number with nothing said
     long = "Device memory is short; largest: " + ", ".join(f"t{i:03d} (53.34 GiB)" for i in range(40)) + "; add ranks."
