@@ -59,7 +59,8 @@ def table_weight_bytes(model: nn.Module, plan: PlanResult) -> float:
 
 
 def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
-    """Every rank plans for itself; all must build the same plan, or DMP shards tables
+    """Every rank has its own plan (made in its process, before the rank started or by the
+    rank: ``run.rank_plan``); all must build the same plan, or DMP shards tables
     differently per rank (a table held twice, another by no rank) and trains on silently.
     Returns rank 0's plan and the ranks whose own plan differed from it (then rank 0's plan,
     sent to every rank, is the one run)."""
