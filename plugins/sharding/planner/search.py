@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ def human_bytes(n: float) -> str:
 
 # How an option's shards are laid onto ranks.
 SINGLE, ANY_K, NODE_K, NODE_ALL, NODES_K, ALL = "single", "any_k", "node_k", "node_all", "nodes_k", "all"
+# a best_option call's table, bound of the rest and near-tie band, in its memo key
+_KEY = struct.Struct("<qdd")
 
 
 @dataclass
@@ -659,7 +662,7 @@ class Search:
         h.update(self.mem_dev)
         if self._host_used:  # else all zero
             h.update(self.mem_host)
-        h.update(np.float64([i, rest_lb, self.tolerance]))
+        h.update(_KEY.pack(i, rest_lb, self.tolerance))
         key = h.digest()
         for options, result in self.decided.get(key, ()):
             if options == seen:
@@ -695,9 +698,12 @@ class Search:
             band = np.flatnonzero(scores <= floor)
             found = masked
             if len(band):  # the least total, then score (stable: then the lower option)
-                n = int(band[np.lexsort((scores[band], tots[band]))[0]])
+                n = int(band[0]) if len(band) == 1 else int(band[np.lexsort((scores[band], tots[band]))[0]])
                 found = [(float(scores[n]), float(tots[n]), int(cand[n]), None)] + masked
-            _, _, o, ranks = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
+            if len(found) == 1:
+                o, ranks = found[0][2], found[0][3]
+            else:
+                _, _, o, ranks = min((f for f in found if f[0] <= floor), key=lambda f: (f[1], f[0], f[2]))
             result = o, ranks if ranks is not None else self._unmasked_ranks(o, i)
         self.decided.setdefault(key, []).append((seen, result))
         return result
