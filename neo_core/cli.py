@@ -565,7 +565,7 @@ def fresh_run_dir(base: str) -> str:
         # (_rank0s_name), which a live run started in the same second may hold: Hydra reads this
         # before the recipe's own handlers, and showed its traceback for the refusal
         with user_errors():
-            hold_folder(_FRESH_DIRS[base])
+            hold_folder(_FRESH_DIRS[base], "hydra.sweep.dir" if is_sweep(sys.argv[1:]) else "hydra.run.dir")
     return _FRESH_DIRS[base]
 
 

@@ -226,18 +226,23 @@ def test_a_launchers_rank_whose_dated_folder_a_live_run_holds_is_refused_in_one_
     from datetime import datetime, timedelta
 
     now = datetime.now()
-    held = [tmp_path / "outputs" / f"{now + timedelta(seconds=s):%Y-%m-%d/%H-%M-%S}" for s in range(90)]
+    held = [tmp_path / base / f"{now + timedelta(seconds=s):%Y-%m-%d/%H-%M-%S}" for s in range(90)
+            for base in ("outputs", "multirun")]
     for folder in held:
         hold_folder(folder)
     try:
         env = {**subprocess_env(), "RANK": "0", "WORLD_SIZE": "1"}
-        for script, args in ((ROOT / "recipes" / "plan.py", ["+topology=zionex", "topology.num_nodes=1"]),
-                             (ROOT / "recipes" / "train.py", ["trainer=smoke"])):
+        for script, args, key in (
+            (ROOT / "recipes" / "plan.py", ["+topology=zionex", "topology.num_nodes=1"], "hydra.run.dir"),
+            (ROOT / "recipes" / "train.py", ["trainer=smoke"], "hydra.run.dir"),
+            (ROOT / "recipes" / "plan.py", ["-m", "+topology=zionex", "topology.num_nodes=1,2"], "hydra.sweep.dir"),
+        ):
             proc = forked.run(script, *args, env=env, cwd=tmp_path, timeout=120)
             assert proc.returncode == 2, proc.stderr[-2000:]
             line = proc.stderr.strip().splitlines()[-1]
-            assert line.startswith(f"error: another run is writing in {tmp_path / 'outputs'}") and \
-                f"(pid {os.getpid()} on " in line and "choose another folder (hydra.run.dir=...)" in line, proc.stderr
+            base = "multirun" if key == "hydra.sweep.dir" else "outputs"
+            assert line.startswith(f"error: another run is writing in {tmp_path / base}") and \
+                f"(pid {os.getpid()} on " in line and f"choose another folder ({key}=...)" in line, proc.stderr
             assert "Traceback" not in proc.stderr
         assert all(sorted(p.name for p in folder.iterdir()) == [LOCK_NAME] for folder in held)  # no .hydra/, no log
     finally:
