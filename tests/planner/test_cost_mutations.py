@@ -7,7 +7,8 @@ and backward compressors of different precisions, the calibrated CPU terms of TW
 data parallel, data parallel's fp32 gradient with fp16 weights and its optimizer's byte term,
 the cache's prefetch counters and element-wise state in host memory, row splits that do not
 divide, the latency's precedence, the Topology's own helpers, the ZionEX figures per rank,
-and the fits ``neo calibrate`` makes of its timings (fed synthetic ones, so no measuring).
+the fits ``neo calibrate`` makes of its timings (fed synthetic ones, so no measuring), and
+scoring with TorchRec's estimator: column widths, shard counts, its bound and host tables.
 
 Same round cluster as ``test_cost_formulas.py``: 2 nodes x 4 ranks; device memory 1e12 B/s,
 host to device 1e10, intra-node 1e11, inter-node 1e10, host memory 5e10; 100 samples per rank
@@ -278,6 +279,11 @@ def test_an_emulated_topology_keeps_its_nodes_apart_where_the_ranks_allow():
     assert (small.num_nodes, small.devices_per_node) == (2, 2)
 
 
+def test_ranks_are_numbered_node_by_node():
+    # torch.distributed's launchers (and TorchRec's local rank, rank % L) number a node's ranks
+    # together: 2 nodes x 4, ranks 0-3 on node 0 and 4-7 on node 1
+    assert [topology().node_of(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
 def test_topology_edges_a_bandwidth_of_1_mb_per_s_and_a_latency_of_0_are_accepted():
     assert topology(inter_node_bw=1e6).inter_node_bw == 1e6
     assert topology(collective_latency_s=0.0).collective_latency_s == 0.0
@@ -363,6 +369,40 @@ def test_torchrec_overheads_recover_the_fixed_and_per_id_costs_of_synthetic_step
     assert got["lookup_fwd_id_s"] == pytest.approx(1e-8 + pipeline, rel=1e-9)
 
 
+def test_all_reduce_bandwidth_counts_a_ring_all_reduces_two_passes(monkeypatch):
+    # a ring all-reduce of S bytes sends 2 S (W-1)/W a rank (a reduce-scatter, then an
+    # all-gather), so docs' allreduce_bw is 2 S (W-1)/W per second: collectives that all move
+    # their bytes at one rate give that rate for the all-reduce as for the all-to-all
+    import torch.distributed as dist
+
+    rate, world, taken = 1e9, 2, []
+
+    def sends(share):  # a collective whose rank sends share x its tensor's bytes, at `rate`
+        def run(*tensors):
+            taken.append(share * max(t.numel() for t in tensors) * 4 / rate)
+        return run
+
+    part = (world - 1) / world
+    for name, share in (("all_to_all_single", part), ("all_reduce", 2 * part),
+                        ("reduce_scatter_single", part), ("all_gather_single", part)):
+        monkeypatch.setattr(dist, name, sends(share))
+    for name in ("init_process_group", "barrier", "destroy_process_group"):
+        monkeypatch.setattr(dist, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(calibrate, "_best", lambda fn, repeat=5: (fn(), taken[-1])[1])
+    results = []
+    calibrate._collectives(0, world, 0, types.SimpleNamespace(put=results.append))
+    got = results[0]
+    assert got["a2a"] == pytest.approx(rate) and got["allreduce"] == pytest.approx(rate)
+    # so the cost model's all-reduce of the measured 8 MiB on one node of those 2 ranks
+    # (S 2 (L-1)/(L allreduce_bw), docs) takes the time the all-reduce took
+    measured = 2 * part * 8 * 2**20 / rate
+    one_node = topology("cpu", nodes=1, per_node=world, allreduce_bw=got["allreduce"])
+    check(costs("data_parallel", rows=2**14, dim=128, topo=one_node), comm_allreduce=measured)
+
+
 # --- scoring with TorchRec's estimator ---------------------------------------------------------
 
 
@@ -421,3 +461,106 @@ def test_int8_weights_are_configured_as_int8_for_torchrec():
     for weight_bytes, dtype in ((1, DataType.INT8), (2, DataType.FP16), (4, DataType.FP32)):
         ctx = make_context(topology(), 8, kernel=kernel(weight_bytes=weight_bytes))
         assert meta_module(tables, ctx).embedding_bag_configs()[0].data_type is dtype
+
+
+def test_a_column_split_is_estimated_by_torchrec_at_the_options_width():
+    # 128 columns in 2 shards of 64: TorchRec's own column split would keep 128 columns whole
+    # (its MIN_CW_DIM), so the width is pinned; the option stays valid with the figures
+    # TorchRec gives a 64-column shard
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from neo_plugins.sharding.planner.cost import CB, CF, CMB, CMF
+    from neo_plugins.sharding.planner.search import build_options
+    from neo_plugins.sharding.planner.torchrec_score import meta_module, torchrec_option_costs
+    from neo_plugins.sharding.sharders import make_sharders
+
+    tables = [TableSpec("t", 100_000, 128, 8.0)]
+    context = make_context({"name": "zionex", "num_nodes": 1, "devices_per_node": 2}, 512)
+    option = next(o for o in build_options(CostModel(context), TableArrays.from_specs(tables),
+                                           {ShardingType.COLUMN_WISE}, (2,), 16))
+    torchrec_option_costs([option], tables, context)
+    assert option.valid[0]
+    topo = context.topology.to_torchrec()
+    constraints = {"t": ParameterConstraints(pooling_factors=[8.0], sharding_types=["column_wise"],
+                                             compute_kernels=["fused"], min_partition=64)}
+    enumerator = EmbeddingEnumerator(topo, 512, constraints, estimator=[EmbeddingPerfEstimator(topo, constraints)])
+    shards = enumerator.enumerate(meta_module(tables, context), make_sharders(context))[0].shards
+    assert [tuple(s.size) for s in shards] == [(100_000, 64)] * 2
+    perf = shards[0].perf
+    got = option.cost.time[0] * 1e3
+    assert (got[CF], got[CB], got[CMF], got[CMB]) == pytest.approx(
+        (perf.fwd_compute, perf.bwd_compute, perf.fwd_comms, perf.bwd_comms))
+
+
+def test_a_column_split_torchrec_makes_with_another_shard_count_is_invalid():
+    # 24 columns in 4 shards of 6: TorchRec widens a shard to a multiple of 4 that divides the
+    # table (8: 3 shards), so it has no estimate of this option (torchrec_option_costs' docstring)
+    from neo_plugins.sharding.planner.cost import DEVICE
+    from neo_plugins.sharding.planner.search import ANY_K, Option
+    from neo_plugins.sharding.planner.torchrec_score import torchrec_option_costs
+
+    tables = [TableSpec("t", 1000, 24, 2.0)]
+    context = make_context({"name": "zionex", "num_nodes": 1, "devices_per_node": 4}, 512)
+    cw = ShardingType.COLUMN_WISE
+    option = Option(cw, 4, DEVICE, ANY_K, 4, CostModel(context).costs(TableArrays.from_specs(tables), cw, 4, DEVICE),
+                    np.array([True]))
+    torchrec_option_costs([option], tables, context)
+    assert not option.valid[0]
+
+
+def test_a_single_tables_bound_is_its_cheapest_largest_shard_which_torchrecs_plan_reaches():
+    # one table: no plan beats its option whose largest shard is smallest, and TorchRec's
+    # planner finds that option, so the bound (docstring: the larger of the summed perf over
+    # the ranks and that shard) is its score. Here table-wise sums least (one shard) and row-wise
+    # has the smallest shard, larger than table-wise's 1/8
+    import logging
+
+    from neo_plugins.sharding.planner.torchrec_score import torchrec_plan_and_score
+
+    context = make_context({"name": "zionex", "num_nodes": 1, "devices_per_node": 8}, 512)
+    logging.disable(logging.WARNING)
+    try:
+        out = torchrec_plan_and_score([TableSpec("t", 100_000, 64, 1.0)], context)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert out["bound_ms"] == pytest.approx(out["score_ms"], rel=1e-9)
+
+
+def test_tables_torchrec_puts_in_host_memory_are_named_unless_behind_the_contexts_cache():
+    # 100 MiB of device memory a rank: neither table (512 and 256 MB) fits even split over both
+    # ranks, so TorchRec puts both in host memory; with no cache set, Neo's settings allow
+    # neither there, cached or not (torchrec_plan_and_score's docstring)
+    import logging
+
+    from neo_plugins.sharding.planner.torchrec_score import torchrec_plan_and_score
+
+    tables = [TableSpec("a", 10**6, 128, 8.0), TableSpec("b", 10**6, 64, 8.0)]
+    small = topology(nodes=1, per_node=2, device_memory=100 * 2**20)
+    logging.disable(logging.WARNING)
+    try:
+        plain = torchrec_plan_and_score(tables, make_context(small, 512))
+        cached = torchrec_plan_and_score(tables, make_context(small, 512, cache=CachePolicy("lru", load_factor=0.1)))
+    finally:
+        logging.disable(logging.NOTSET)
+    assert plain["host_tables"] == ["a", "b"]
+    # behind the context's own cache they are where its settings allow
+    assert {a["compute_kernel"] for a in cached["plan"]} == {"fused_uvm_caching"}
+    assert cached["host_tables"] == []
+
+
+def test_a_column_wise_plan_is_scored_at_its_shards_width_on_the_ranks_it_gives():
+    # 128 columns in 2 shards of 64 (TorchRec would keep 128 whole): two equal shards, so both
+    # on one rank cost twice what each of two ranks holds
+    from neo_core.sharding import PlanResult, TableAssignment
+    from neo_plugins.sharding.planner.torchrec_score import score_plan
+
+    tables = [TableSpec("t", 100_000, 128, 8.0)]
+    context = make_context({"name": "zionex", "num_nodes": 1, "devices_per_node": 2}, 512)
+
+    def score(ranks):
+        plan = [TableAssignment("t", "column_wise", "fused", ranks, [(100_000, 64)] * 2)]
+        return score_plan(tables, PlanResult("given", plan, [], 512, {}), context)
+
+    assert score([0, 0]) == pytest.approx(2 * score([0, 1]))
