@@ -305,9 +305,13 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
         kernel = dataclasses.replace(kernel, weight_bytes=int(model["weight_bytes"]))
     share = model.get("cache_load_factor")
     if share is not None and not cache_share_set and not no_cache:
-        if cache.load_factor is None:
+        if cache.name == "none":  # no cache (cache=none): LRU at the share
             cache = CachePolicy("lru", load_factor=float(share))
-        else:
+        else:  # the policy's eviction, at the share
+            if cache.load_factor is not None and cache.load_factor != float(share):
+                print(f"note: cache {cache.name} holds plan_model.cache_load_factor={share:g} of each cached "
+                      f"table's rows, the share this table set is sized for, not its own {cache.load_factor:g}; "
+                      "cache.load_factor=<share> sets another", file=sys.stderr)
             try:
                 cache = dataclasses.replace(cache, load_factor=float(share))
             except TypeError:  # a plugin's CachePolicy subclass with its own __init__
@@ -326,16 +330,35 @@ def check_job(cfg: dict[str, Any]) -> None:
     every job of a ``-m`` sweep before the first starts; its notes and warnings are left to the
     job itself."""
 
-    share_set, no_cache = cache_overrides(task_overrides())  # the job's, as it is checked
+    share_set, no_cache = cache_overrides(task_overrides(), cfg.get("cache"))  # the job's, as it is checked
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         prepare(cfg, share_set, no_cache)
 
 
-def cache_overrides(overrides: list[str]) -> tuple[bool, bool]:
+def cache_overrides(overrides: list[str], cache: Any = None) -> tuple[bool, bool]:
     """Whether the overrides give a cache share (``cache.load_factor=...``, which wins over the
-    table set's; deleting the key does not) and whether they say ``cache=none`` (no cache)."""
+    table set's; deleting the key does not), or the cache option chosen has one of its own
+    (:func:`option_sets_share`, ``cache`` its config), and whether they say ``cache=none`` (no
+    cache)."""
     share_set = any(o.split("=", 1)[0].lstrip("+") == "cache.load_factor" for o in overrides)
-    return share_set, any(o.lstrip("+") == "cache=none" for o in overrides)
+    return share_set or option_sets_share(cache), any(o.lstrip("+") == "cache=none" for o in overrides)
+
+
+def option_sets_share(cache: Any) -> bool:
+    """Whether the cache option this job chose gives its own share of rows: a plugin's ready-made
+    option (``options={"big": {"load_factor": 0.5}}``) or a YAML file of an added config folder.
+    This project's ``conf/cache/`` options and a plugin's own name (its factory's defaults) give
+    the default share, which a table set's ``cache_load_factor`` replaces."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from neo_core.plugins import get_plugins
+
+    choice = HydraConfig.get().runtime.choices.get("cache")
+    if not choice or not isinstance(cache, dict) or cache.get("load_factor") is None:
+        return False
+    if (CONF / "cache" / f"{choice}.yaml").exists():
+        return False
+    return not any(reg.group == "cache" and choice in reg for reg in get_plugins().registries.values())
 
 
 def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = False, table_set: str | None = None) -> Any:
@@ -344,8 +367,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
 
     A plan model's ``cache_load_factor`` is the share its tables were sized for: it applies to
     the selected cache policy (its eviction kept; the default ``cache=none`` becomes LRU)
-    unless ``cache_share_set`` (``cache.load_factor`` given on the command line) or
-    ``no_cache`` (``cache=none`` given on the command line: plan without a cache).
+    unless ``cache_share_set`` (``cache.load_factor`` given on the command line, or by the
+    cache option chosen: :func:`option_sets_share`) or ``no_cache`` (``cache=none`` given on
+    the command line: plan without a cache).
     """
     out = Path(cfg.get("output_dir") or ".")
     check_plan_folder(out)
@@ -382,11 +406,11 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = task_overrides()
-    share_set, no_cache = cache_overrides(overrides)
     table_set = HydraConfig.get().runtime.choices.get("plan_model")
     with user_errors():  # a ${...} that does not resolve (an unset environment variable) named by its key
         config = OmegaConf.to_container(cfg, resolve=True)
         hold_run_folders(config["output_dir"])  # type: ignore[index]
+    share_set, no_cache = cache_overrides(overrides, config.get("cache"))  # type: ignore[union-attr]
     with console_log(Path(config["output_dir"]) / "plan.log", lambda exc: INTERRUPTED):  # type: ignore[index]
         for note in NOTES:
             print(note, file=sys.stderr)

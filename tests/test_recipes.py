@@ -415,6 +415,25 @@ def test_installed_plugin_is_selectable_by_option_and_by_name(plugin_site) -> No
     }
 
 
+def test_a_plugin_cache_options_own_share_wins_over_the_table_sets(plugin_site, tmp_path: Path) -> None:
+    # my_policy_half is {"load_factor": 0.5}: a share given by choosing it, which the table set's
+    # 0.1 silently replaced (a sweep over such options planned each at 0.1); my_policy alone
+    # (no share) takes the table set's, with its own LFU eviction, where it became LRU
+    env = subprocess_env(plugin_site["neo_example_plugin"])
+    common = ["+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2", "plan_model.cache_load_factor=0.1"]
+    for option, expected in (("my_policy_half", "load factor 0.5"), ("my_policy", "load factor 0.1")):
+        proc = forked.run(PLAN_RECIPE, *common, f"cache={option}", f"hydra.run.dir={tmp_path / option}", env=env,
+                          timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        said = next(line for line in proc.stdout.splitlines() if "cache my_policy (" in line)
+        assert expected in said and "LFU" in said, said
+    # the project's lru option gives the default share: the table set's replaces it, and says so
+    proc = run_plan(*common, "cache=lru", f"hydra.run.dir={tmp_path / 'lru'}")
+    assert proc.returncode == 0 and "cache lru (load factor 0.1)" in proc.stdout, proc.stderr[-3000:]
+    assert ("note: cache lru holds plan_model.cache_load_factor=0.1 of each cached table's rows, the share this "
+            "table set is sized for, not its own 0.2; cache.load_factor=<share> sets another") in proc.stderr
+
+
 def test_both_recipes_help_lists_an_installed_plugins_options(plugin_site) -> None:
     # a plugin's options are selected like conf/'s; --help listed conf/'s YAML files only
     env = subprocess_env(plugin_site["neo_example_plugin"])
