@@ -43,6 +43,7 @@ from neo_core.cli import (
     hold_run_folders,
     launch_lines_as_typed,
     option_names,
+    plugin_env_prefix,
     repeated_settings,
     script_command,
     select_by_name,
@@ -218,7 +219,7 @@ def _continue_command(run_dir: str) -> str:
     here = HydraConfig.get().runtime.cwd  # where the command was typed (a job may run elsewhere)
     launcher = f"torchrun <its options> {script_command(__file__, here, python=False)}" if (
         "TORCHELASTIC_RUN_ID" in os.environ) else script_command(__file__, here)
-    return f"{launcher} {' '.join(shlex.quote(a) for a in args)}"
+    return f"{plugin_env_prefix()}{launcher} {' '.join(shlex.quote(a) for a in args)}"
 
 
 def experiment_replaced(choices: dict[str, Any], argv: list[str], config: dict[str, Any] | None = None) -> list[str]:

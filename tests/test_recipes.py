@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -1023,6 +1024,17 @@ def test_a_stop_asked_as_a_sweep_job_finishes_stops_the_sweep(tmp_path: Path) ->
     assert proc.stderr.strip().splitlines()[-1] == (
         f"interrupted: stopped as job #0 finished, before job #1 started; continue with: "
         f"{script_command(RECIPE, ROOT)} -m cache=none,lru trainer=smoke trainer.resume=true hydra.sweep.dir={sweep}")
+    # plugins of NEO_PLUGINS: the command loads them again (without, a resumed job of one of
+    # their options was refused as an unknown option)
+    plugin = ROOT / "tests" / "fixtures" / "neo_example_plugin"
+    env = subprocess_env(plugin, ASKED_IN="none", NEO_PLUGINS="neo_example_plugin")
+    proc = forked.run(wrapper, "-m", "cache=none,my_policy_half", "trainer=smoke", f"hydra.sweep.dir={tmp_path / 'np'}",
+                      env=env, timeout=300)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"; continue with: NEO_PLUGINS=neo_example_plugin PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+        f"{script_command(RECIPE, ROOT)} -m cache=none,my_policy_half trainer=smoke trainer.resume=true "
+        f"hydra.sweep.dir={tmp_path / 'np'}"), proc.stderr[-2000:]
     # asked as the last job finished: the sweep is over, and says so with its results
     proc = forked.run(wrapper, "-m", "cache=none,lru", "trainer=smoke", f"hydra.sweep.dir={tmp_path / 'last'}",
                       env=subprocess_env(ASKED_IN="lru"), timeout=300)
