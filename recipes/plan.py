@@ -330,8 +330,10 @@ def check_job(cfg: dict[str, Any]) -> None:
     every job of a ``-m`` sweep before the first starts; its notes and warnings are left to the
     job itself."""
 
+    from neo_core.registry import doubts_unsaid
+
     share_set, no_cache = cache_overrides(task_overrides(), cfg.get("cache"))  # the job's, as it is checked
-    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()), doubts_unsaid():
         prepare(cfg, share_set, no_cache)
 
 

@@ -590,6 +590,16 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 16," in row, row  # two nodes of 8
 
 
+def test_a_plan_sweep_warns_of_a_topologys_doubtful_bandwidths_as_a_single_plan_does(tmp_path: Path) -> None:
+    # the sweep's pre-check built each job's topology with its output hidden, and the warning,
+    # given once per process, was then never given by the job
+    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=2", "topology.intra_node_bw_gbps=10",
+                    "model=mlperf_dcnv2", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (proc.stdout + proc.stderr).count("gives its ranks 10 GB/s inside a node, less than the 25 GB/s across "
+                                             "nodes") == 1, proc.stderr[-3000:]
+
+
 def test_a_config_dirs_file_that_is_not_yaml_is_named_by_line_not_a_traceback(tmp_path: Path) -> None:
     # a table set with an unclosed brace failed inside Hydra's loader with a 100-line traceback,
     # in a sweep too, in place of the list of failing jobs
