@@ -714,6 +714,32 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
     return notes
 
 
+def checked_sharders(planner: Planner, context: PlanningContext) -> list[Any]:
+    """``planner.sharders(context)``, checked before any rank builds its model with them: a list
+    of TorchRec ``ModuleSharder``s with one for the model's ``EmbeddingBagCollection`` (a plugin
+    that returned None failed in a traceback, and one that returned [] failed in every rank,
+    with a KeyError naming TorchRec's class, not the plugin)."""
+    from torchrec.distributed.types import ModuleSharder
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from neo_core.errors import PlanningError
+
+    who = f"Sharding planner {getattr(planner, 'name', type(planner).__name__)!r}"
+    sharders = planner.sharders(context)
+    fix = ("it must return a list of TorchRec ModuleSharders, one of them for EmbeddingBagCollection "
+           "(e.g. [EmbeddingBagCollectionSharder()], from torchrec.distributed.embeddingbag)")
+    if not isinstance(sharders, (list, tuple)):
+        raise PlanningError(f"{who}: its sharders() returned {type(sharders).__name__}; {fix}.")
+    odd = [type(s).__name__ for s in sharders if not isinstance(s, ModuleSharder)]
+    if odd:
+        raise PlanningError(f"{who}: its sharders() returned {', '.join(odd)}, not a ModuleSharder; {fix}.")
+    if not any(issubclass(getattr(s, "module_type", object), EmbeddingBagCollection) for s in sharders):
+        found = ", ".join(type(s).__name__ for s in sharders) or "none"
+        raise PlanningError(f"{who}: its sharders() returned no sharder for EmbeddingBagCollection (the model's "
+                            f"tables; returned: {found}); {fix}.")
+    return list(sharders)
+
+
 def check_plan(
     result: Any, tables: Sequence[TableSpec], world_size: int, planner: str, context: PlanningContext | None = None
 ) -> PlanResult:
@@ -976,7 +1002,7 @@ class Planner(abc.ABC):
         """Turn the table assignments into a TorchRec ``ShardingPlan`` for ``module``."""
         from neo_core.torchrec_plan import build_sharding_plan
 
-        return build_sharding_plan(module, result, context, self.sharders(context))
+        return build_sharding_plan(module, result, context, checked_sharders(self, context))
 
     @abc.abstractmethod
     def sharders(self, context: PlanningContext) -> list[Any]:

@@ -47,7 +47,15 @@ from neo_core.errors import (
 from neo_core.kernels import EmbeddingKernel
 from neo_core.models import ModelBuilder
 from neo_core.plugins import get_plugins
-from neo_core.sharding import Planner, PlanningContext, PlanResult, ShardingType, TableSpec, check_plan
+from neo_core.sharding import (
+    Planner,
+    PlanningContext,
+    PlanResult,
+    ShardingType,
+    TableSpec,
+    check_plan,
+    checked_sharders,
+)
 from neo_core.topology import Topology
 from neo_core.training import started_as_rank
 from neo_core.training.console import discard_transcript, replace_earlier_transcript
@@ -882,7 +890,7 @@ def rank_main(
         model,
         planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest),
         on_plan=(lambda plan: _record_plan_run(plan, launch, out)) if rank == 0 else None,
-        sharders_fn=lambda: parts.planner.sharders(parts.context),
+        sharders_fn=lambda: checked_sharders(parts.planner, parts.context),
         kernel=parts.kernel,
         trainer_cfg=cfg,
         global_batch_size=cfg.batch_size * launch.world_size,

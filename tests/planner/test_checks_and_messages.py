@@ -147,6 +147,31 @@ def test_plan_json_gives_each_nodes_host_memory_where_one_rank_holds_more_than_i
     assert "nodes" not in plan_tables(two_tables(), cluster(), 256).to_dict()  # nothing in host memory
 
 
+def test_a_plugins_sharders_are_checked_before_a_rank_builds_with_them() -> None:
+    # sharders() returning None failed in a traceback; [] in every rank, with a KeyError naming
+    # TorchRec's EmbeddingBagCollection, not the plugin
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from neo_core.sharding import checked_sharders
+    from neo_plugins.sharding.torchrec_planner import _meta_model
+
+    context = make_context(cluster(), 256)
+    planner = Given(tw(), reports())
+    for returned, said in ((None, "returned NoneType;"), ([object()], "returned object, not a ModuleSharder;"),
+                           ([], "returned no sharder for EmbeddingBagCollection (the model's tables; returned: none);")):
+        planner.sharders = lambda context, returned=returned: returned
+        with pytest.raises(PlanningError) as err:
+            checked_sharders(planner, context)
+        assert str(err.value).startswith(f"Sharding planner 'given': its sharders() {said} it must return a list "
+                                         "of TorchRec ModuleSharders, one of them for EmbeddingBagCollection"), err
+        with pytest.raises(PlanningError, match="sharders"):  # as a training run plans, before its ranks start
+            planner.plan_module(_meta_model(two_tables(), context), two_tables(), context)
+    sharders = [EmbeddingBagCollectionSharder()]
+    planner.sharders = lambda context: sharders
+    assert checked_sharders(planner, context) == sharders
+    assert planner.plan_module(_meta_model(two_tables(), context), two_tables(), context).torchrec_plan is not None
+
+
 # --- a saved plan (plan.json): its fields and what run_problems finds ------------------------
 
 
