@@ -303,8 +303,9 @@ class SweepFailures:
         ``stopped``: the job a Ctrl-C stopped, the results so far (the jobs after it not run)."""
         import csv
 
-        if self.row is None or (not self.done and stopped is None) or (len(self.folders) < 2 and stopped is None):
+        if self.row is None or (len(self.folders) < 2 and stopped is None):
             return
+        none_done = not self.done and stopped is None  # every job failed: summary.csv lists them and why
         failed = {num: (overrides, message) for num, overrides, message in self.jobs}
         halted = set()  # the job a Ctrl-C stopped, as it ran
         if stopped is not None and stopped not in self.done and stopped not in failed and stopped in self.started:
@@ -322,8 +323,9 @@ class SweepFailures:
         # what tells the jobs apart, in the list and on the chart
         labels = {num: " ".join(w for w in words[num] if w not in common) or "(the sweep's settings)" for num in nums}
         so_far = f" so far, the sweep stopped at job #{stopped}" if stopped is not None else ""
-        print(f"sweep results{so_far} ({where / 'summary.csv'}):")
-        for num in nums:
+        print(f"sweep results: none, every job failed ({where / 'summary.csv'} lists them, each with its error)"
+              if none_done else f"sweep results{so_far} ({where / 'summary.csv'}):")
+        for num in [] if none_done else nums:
             label = labels[num]
             if num in self.done:
                 said = ", ".join(_said(self.done[num][1]))

@@ -549,6 +549,32 @@ def test_every_job_of_a_sweep_is_checked_as_it_will_run_before_the_first_starts(
     assert proc.stderr.splitlines()[2].endswith(f"x=3 is bad (job 3 in {out / '3'})")
 
 
+def test_a_sweep_whose_every_job_failed_still_writes_its_summary(tmp_path: Path, capsys) -> None:
+    # no summary.csv at all: a script collecting the sweeps' summaries broke where all had failed
+    import csv
+
+    from neo_core.errors import PlanningError
+
+    sweep = SweepFailures(lambda m: {"val AUC": (m["auc"], ".4f")})
+    for num, why in enumerate(("does not fit", "no such table")):
+        def job(why=why):
+            raise PlanningError(why)
+
+        (tmp_path / str(num)).mkdir()
+        sweep.job(job, tmp_path / str(num), num, f"seed={num} trainer=smoke")
+    with pytest.raises(SystemExit) as exit_:
+        sweep.exit()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep results: none, every job failed ({tmp_path / 'summary.csv'} lists them, each with its error)"]
+    assert list(csv.reader((tmp_path / "summary.csv").open())) == [
+        ["job", "overrides", "folder", "status", "error"],
+        ["0", "seed=0 trainer=smoke", str(tmp_path / "0"), "failed", "does not fit"],
+        ["1", "seed=1 trainer=smoke", str(tmp_path / "1"), "failed", "no such table"],
+    ]
+    assert not (tmp_path / "summary.png").exists()  # nothing to draw
+
+
 def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys, monkeypatch) -> None:
     # comparing a sweep's jobs meant opening each folder's metrics.json
     import csv
