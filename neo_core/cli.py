@@ -219,7 +219,9 @@ class SweepFailures:
     and writes them to ``summary.csv`` in the sweep's folder.
     """
 
-    def __init__(self, row: Callable[[Any], dict[str, tuple[Any, ...]]] | None = None) -> None:
+    def __init__(self, row: Callable[[Any], dict[str, tuple[Any, ...]]] | None = None,
+                 stopped_note: str = "its checkpoint, if any, is in its folder") -> None:
+        self.stopped_note = stopped_note  # what a job a Ctrl-C stopped left (the summary says it)
         self.jobs: list[tuple[int, str, str]] = []  # (job number, overrides, message)
         self.internal: list[int] = []  # jobs among them that did not fail with a Neo error
         self.row = row
@@ -330,7 +332,7 @@ class SweepFailures:
             if num in self.done:
                 said = ", ".join(_said(self.done[num][1]))
             elif num in halted:
-                said = "stopped by the Ctrl-C (its checkpoint, if any, is in its folder)"
+                said = f"stopped by the Ctrl-C ({self.stopped_note})"
             else:
                 said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
             print(f"  #{num} {label}: {said}")

@@ -79,8 +79,26 @@ def most_inter_node(plan: Any) -> float:
     return plan.busiest_inter_node()[1] / 2**20
 
 
+def cache_said(plan: Any) -> str:
+    """The plan's cache as the summary gives it: its name and share ("lru 0.05"), "none", or ""
+    where the plan does not say (a plugin's)."""
+    cache = (getattr(plan, "settings", None) or {}).get("cache")
+    if not cache:
+        return ""
+    share = cache.get("load_factor")
+    return "none" if share is None else f"{cache.get('name')} {share:g}"
+
+
+def compression_said(plan: Any) -> str:
+    """The plan's communication precisions, forward/backward ("fp16/fp32")."""
+    comp = (getattr(plan, "settings", None) or {}).get("compression") or {}
+    return f"{comp.get('forward', '?')}/{comp.get('backward', '?')}" if comp else ""
+
+
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
+    # what a cache or compression sweep varies, by value: an option's name alone does not say it
+    "cache": (cache_said(plan), "s"), "compression": (compression_said(plan), "s"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
     # a sweep over topologies or their shapes changes the world size: said, not left to infer
     "ranks": (len(plan.ranks), ""),
@@ -91,7 +109,22 @@ SWEEP = SweepFailures(lambda plan: {
     "busiest rank inter-node": (most_inter_node(plan), ",.1f", "MiB"),
     # tables in host memory behind the device cache: a larger cache can move more there
     "cached tables": (plan.cached_tables, ""),
-})
+}, stopped_note="no plan written")
+
+
+def interrupted_line() -> str:
+    """The line a Ctrl-C ends with: in a sweep, after the results so far (summary.csv), which
+    jobs wrote their plans (the sweep said "no plan was written" after some had)."""
+    if not SWEEP.folders:
+        return INTERRUPTED
+    stopped = max(SWEEP.folders)
+    with contextlib.suppress(Exception):  # the line below matters more
+        SWEEP.summary(stopped=stopped)
+    done = sorted(n for n in SWEEP.done if n != stopped)
+    if not done:
+        return f"interrupted: job #{stopped} of the sweep was stopped; no plan was written"
+    return (f"interrupted: job #{stopped} of the sweep was stopped and wrote no plan; job(s) "
+            f"{', '.join(f'#{n}' for n in done)} wrote theirs, each in its folder")
 
 
 def mixed_scales_note() -> str | None:
@@ -458,6 +491,6 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:  # planning holds nothing worth a traceback
-        print(INTERRUPTED, file=sys.stderr)
+        print(interrupted_line(), file=sys.stderr)
         sys.exit(130)
     SWEEP.exit(mixed_scales_note)

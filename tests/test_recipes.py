@@ -590,6 +590,40 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 16," in row, row  # two nodes of 8
 
 
+def test_a_ctrl_c_in_a_plan_sweep_says_which_jobs_wrote_their_plans(tmp_path: Path) -> None:
+    # it said "interrupted: no plan was written" after job #0 had written its plan, and kept no summary
+    wrapper = tmp_path / "stopped_plan_sweep.py"
+    wrapper.write_text(textwrap.dedent(f"""
+        import runpy, sys
+        from neo_plugins.sharding.planner import report
+
+        save_all, calls = report.save_all, []
+
+        def stop_at_the_second(result, out):  # a Ctrl-C as job #1 is about to write its plan
+            calls.append(out)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return save_all(result, out)
+
+        report.save_all = stop_at_the_second
+        sys.argv = [{str(PLAN_RECIPE)!r}, *sys.argv[1:]]
+        runpy.run_path({str(PLAN_RECIPE)!r}, run_name="__main__")
+    """))
+    sweep = tmp_path / "sweep"
+    proc = forked.run(wrapper, "-m", "+topology=zionex", "topology.num_nodes=1,2", "model=mlperf_dcnv2",
+                      f"hydra.sweep.dir={sweep}", env=subprocess_env(), timeout=300)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "interrupted: job #1 of the sweep was stopped and wrote no plan; job(s) #0 wrote theirs, each in its folder")
+    assert (sweep / "0" / "plan.json").is_file() and not (sweep / "1" / "plan.json").exists()
+    assert f"sweep results so far, the sweep stopped at job #1 ({sweep / 'summary.csv'}):" in proc.stdout
+    assert "  #1 topology.num_nodes=2: stopped by the Ctrl-C (no plan written)" in proc.stdout, proc.stdout[-2000:]
+    rows = (sweep / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and ",done," in rows[1] and ",stopped," in rows[2], rows
+    # the summary gives a plan's cache and compression by value, as a cache or compression sweep varies them
+    assert "cache none, compression fp32/fp32" in proc.stdout, proc.stdout[-2000:]
+
+
 def test_a_plan_sweep_warns_of_a_topologys_doubtful_bandwidths_as_a_single_plan_does(tmp_path: Path) -> None:
     # the sweep's pre-check built each job's topology with its output hidden, and the warning,
     # given once per process, was then never given by the job
