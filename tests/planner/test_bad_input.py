@@ -478,6 +478,16 @@ def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> N
         plan_tables(tables, cluster(2, 1), 256, sharding_types=["TWRW"])
     assert "on 2 node(s) x 1 rank(s)" in str(err.value) and "TWRW: needs 2 or more nodes of 2 or more ranks (here 2 x 1)" in str(err.value)
     assert "devices_per_node" in str(err.value)
+    # column shards narrower than sharding.min_col_width: that is the fix named, not the topology
+    with pytest.raises(PlanningError) as err:
+        plan_tables([TableSpec("d16", 10**5, 16)], cluster(1, 2), 256, sharding_types=["CW"])
+    assert str(err.value).endswith("Allow another type, e.g. TW or DP, or sharding.min_col_width=8 (shards of 8 "
+                                   "columns)."), str(err.value)
+    assert plan_tables([TableSpec("d16", 10**5, 16)], cluster(1, 2), 256, sharding_types=["CW"],
+                       min_col_width=8).tables[0].shard_shapes == [(10**5, 8), (10**5, 8)]  # as it says
+    with pytest.raises(PlanningError) as err:  # dim 20 splits into no multiple of 4 at all: no width to name
+        plan_tables([TableSpec("d20", 10**5, 20)], cluster(1, 2), 256, sharding_types=["CW"])
+    assert str(err.value).endswith("Allow another type, e.g. TW or DP."), str(err.value)
 
 
 def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall() -> None:

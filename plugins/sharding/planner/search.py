@@ -179,6 +179,31 @@ def why_no_option(
     return "; ".join(said)
 
 
+def no_option_fixes(
+    allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
+    col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
+) -> str:
+    """What would give a table of ``rows`` x ``dim`` an option, for :func:`why_no_option`'s
+    reasons: another type always; a narrower ``sharding.min_col_width`` where the dim splits
+    into column shards under it; other node shapes only where a type needs them."""
+    fixes = ["allow another type, e.g. TW or DP"]
+    limits = {ShardingType.COLUMN_WISE: W, ShardingType.TABLE_COLUMN_WISE: L if N > 1 else 0,
+              ShardingType.GRID_SHARD: N if L > 1 and rows >= L else 0}
+    widths = [dim // k for st, limit in limits.items() if st in allowed
+              for k in col_shard_counts if 1 < k <= limit and dim % k == 0 and (dim // k) % 4 == 0]
+    if widths and not any(w >= min_col_width for w in widths):  # shards narrower than allowed
+        fixes.append(f"sharding.min_col_width={max(widths)} (shards of {max(widths)} columns)")
+    topology = {ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD, ShardingType.TABLE_ROW_WISE,
+                ShardingType.ROW_WISE} & allowed
+    if topology and (N < 2 or L < 2 or W < 2):
+        fixes.append(
+            "change the topology's num_nodes / devices_per_node (when training on an emulated topology, its "
+            "trainer.world_size ranks are spread over at most topology.num_nodes nodes: e.g. "
+            "topology.num_nodes=2 with trainer.world_size=4 gives 2 nodes of 2 ranks)")
+    text = ", or ".join(fixes)
+    return text[0].upper() + text[1:]
+
+
 def build_options(
     model: CostModel,
     t: TableArrays,
@@ -218,13 +243,10 @@ def build_options(
     if not opts:
         names = ", ".join(sorted(st.short for st in allowed)) or "none"
         which = f"table {t.names[0]!r}" if n == 1 else f"any of the {n} tables, e.g. {t.names[0]!r}"
-        why = why_no_option(allowed, int(t.rows[0]), int(t.dims[0]), W, L, N, col_shard_counts, min_col_width)
+        shape = (allowed, int(t.rows[0]), int(t.dims[0]), W, L, N, col_shard_counts, min_col_width)
         raise PlanningError(
             f"No allowed sharding type ({names}) applies to {which} ({int(t.rows[0]):,} rows x "
-            f"{int(t.dims[0])}) on {N} node(s) x {L} rank(s): {why}. Allow another type, e.g. TW or DP, or "
-            "change the topology's num_nodes / devices_per_node (when training on an emulated topology, its "
-            "trainer.world_size ranks are spread over at most topology.num_nodes nodes: e.g. "
-            "topology.num_nodes=2 with trainer.world_size=4 gives 2 nodes of 2 ranks)."
+            f"{int(t.dims[0])}) on {N} node(s) x {L} rank(s): {why_no_option(*shape)}. {no_option_fixes(*shape)}."
         )
     return opts
 
