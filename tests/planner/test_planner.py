@@ -255,6 +255,12 @@ def test_fewer_types_are_tried_where_they_save_the_share_asked():
     assert {a.sharding_type for a in lower.tables} == {"column_wise", "data_parallel", "table_row_wise"}
     [note] = [n for n in lower.notes if n.startswith("fewer sharding types")]
     assert "re-placed from the plan, 2 solved anew; this one solved): CW, DP, TWRW only, without TW" in note
+    # the search's note gives the plan before this pass: it says that the kept one is this pass's
+    [searched] = [n for n in lower.notes if n.startswith("searched ")]
+    assert searched.endswith("; the fewer-types pass then changed the plan (its note below gives the kept plan's "
+                             "load and step)") and lower.notes.index(searched) < lower.notes.index(note)
+    assert not next(n for n in default.notes if n.startswith("searched ")).endswith("(its note below gives the kept "
+                                                                                   "plan's load and step)")
 
 
 def test_a_type_serving_few_tables_is_left_out_by_re_placing_them():

@@ -442,6 +442,9 @@ class NeoPlanner(Planner):
             + (f", {fit_runs} packing restarts, {fit_wins} better" if fit_runs else "")
             + f"); load lower bound {search.lower_bound() * 1e3:.3f} ms"
             + ("; times from TorchRec's EmbeddingPerfEstimator" if self.estimator == "torchrec" else "")
+            # the figures above are the search's plan; the one kept may be the fewer-types pass's
+            + ("; the fewer-types pass then changed the plan (its note below gives the kept plan's load and step)"
+               if search.types_used() != types else "")
         )
         if host_shares:
             result.notes.append(
