@@ -364,11 +364,13 @@ class Registry(Generic[T]):
                     ) from None
             if "name" in accepted and accepted["name"] is inspect.Parameter.empty and "name" not in params:
                 params["name"] = name  # a factory (a CachePolicy subclass) that takes its own name
-            missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
-            if missing:
-                raise ConfigError(
-                    f"{self.kind} plugin {name!r} needs {', '.join(f'{self.group}.{m}' for m in missing)}."
-                )
+        # the parameters it needs that nobody gave (a factory taking **kwargs too: Python's
+        # "missing 1 required positional argument" named no setting)
+        missing = [k for k, v in entry.parameters().items() if v is inspect.Parameter.empty and k not in params]
+        if missing:
+            raise ConfigError(
+                f"{self.kind} plugin {name!r} needs {', '.join(f'{self.group}.{m}=<value>' for m in missing)}."
+            )
         try:
             made = entry.factory(**params)
         except (TypeError, ValueError) as exc:  # its verdict on a value; a TypeError may be a slip: where it was raised

@@ -26,6 +26,7 @@ from neo_core.plugins import (
     reset_plugins,
 )
 from neo_core.registry import Registry, check_kind
+from neo_core.topology import GiB, Topology
 
 BUILTINS = {
     "topology": ["local", "zionex"],
@@ -253,9 +254,17 @@ def test_create_rejects_unknown_and_missing_keys() -> None:
         def neo_register_cache_policies(self, registry):
             registry.register("needs_lf", lambda load_factor: CachePolicy("needs_lf", load_factor))
 
+        @hookimpl
+        def neo_register_topologies(self, registry):  # **extra: Python's TypeError named no setting
+            registry.register("needs_nodes", lambda num_nodes, gpus=4, **extra: Topology(
+                "n", num_nodes, gpus, "cuda", GiB, GiB, 1e9, 1e9, 1e9, 1e9, 1e9))
+
     plugins = load_plugins(extra=[NeedsParam()], autoload=False)
     with pytest.raises(ConfigError, match=r"needs cache\.load_factor"):
         plugins.create("cache", "needs_lf")
+    with pytest.raises(ConfigError, match=r"^topology plugin 'needs_nodes' needs topology\.num_nodes=<value>\.$"):
+        plugins.create("topology", "needs_nodes", {"gpus": 2})
+    assert plugins.create("topology", "needs_nodes", {"num_nodes": 2, "nics": 1}).num_nodes == 2
 
 
 def test_a_key_of_another_group_is_pointed_to_its_group() -> None:
