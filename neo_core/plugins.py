@@ -10,6 +10,7 @@ an error instead of a warning.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -232,10 +233,13 @@ def load_plugins(
         if isinstance(hook_caller, pluggy.HookCaller) and not hook_caller.has_spec():
             for impl in hook_caller.get_hookimpls():
                 unknown.setdefault(impl.plugin_name, []).append(hook_name)
+    valid = [h for h, _ in KINDS.values()]
     for plugin_name, hooks in unknown.items():  # a misspelled hook: the plugin is skipped whole
+        meant = [f"{h} -> {close[0]}" for h in hooks if (close := difflib.get_close_matches(h, valid, n=1))]
         exc = PluginError(
             f"Unknown hook implementation(s) {', '.join(f'{plugin_name}.{h}' for h in hooks)}; "
-            f"valid hooks: {', '.join(h for h, _ in KINDS.values())}"
+            + (f"did you mean {'; '.join(meant)}? " if meant else "")
+            + f"valid hooks: {', '.join(valid)}"
         )
         _report_failure(plugin_name, exc, failed, strict)
         pm.unregister(name=plugin_name)

@@ -177,7 +177,8 @@ def test_misspelled_hook_implementation_is_rejected() -> None:
             registry.register("never_kernel", lambda: None)
 
     # skipped whole with a warning naming the hook, like any plugin that fails to load ...
-    with pytest.warns(PluginLoadWarning, match=r"misspelled_plugin.neo_register_cache_polices; valid hooks: "):
+    with pytest.warns(PluginLoadWarning, match=r"misspelled_plugin.neo_register_cache_polices; did you mean "
+                      r"neo_register_cache_polices -> neo_register_cache_policies\? valid hooks: "):
         plugins = load_plugins(extra=[Misspelled()], autoload=False)
     assert "misspelled_plugin" in plugins.failed and "lru" in plugins.registry("cache")
     assert "never_kernel" not in plugins.registry("kernel")
