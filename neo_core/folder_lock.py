@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -50,8 +52,11 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         fd, mine = opened
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # a live run's
+        except BlockingIOError:  # a live run's, unless it let go of it as this one opened it
+            gone = not _still_there(fd, lock)
             os.close(fd)
+            if gone:
+                continue
             raise _refusal(where, _holder(lock), key) from None
         except OSError:  # a file system without locks: the folder is not held
             os.close(fd)
@@ -107,20 +112,33 @@ def _open(lock: Path) -> tuple[int, bool] | None:
     """An fd on ``lock``, made where absent (not inherited by programs this process starts),
     and whether this process may write it: another user's file is opened to read, which is
     enough to lock it. None where it cannot be opened."""
-    try:
-        return os.open(lock, os.O_CREAT | os.O_RDWR, 0o644), True
-    except PermissionError:
-        with contextlib.suppress(OSError):
-            return os.open(lock, os.O_RDONLY), False
-    except OSError:
-        pass
+    nofollow = getattr(os, "O_NOFOLLOW", 0)  # a link in its place is not followed: its target is not this run's
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR | nofollow, 0o644)
+            mine = True
+        except PermissionError:
+            try:
+                fd, mine = os.open(lock, os.O_RDONLY | nofollow), False
+            except OSError:
+                return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and lock.is_symlink():  # a link named .neo-running: removed, not written through
+                with contextlib.suppress(OSError):
+                    lock.unlink()
+                continue
+            return None
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd, mine
+        os.close(fd)  # a folder or a device named .neo-running: nothing to lock
+        return None
     return None
 
 
 def _still_there(fd: int, lock: Path) -> bool:
     """Whether the file ``fd`` has open is still ``lock`` (not removed, or removed and made anew)."""
     try:
-        return os.path.samestat(os.fstat(fd), os.stat(lock))
+        return os.path.samestat(os.fstat(fd), os.lstat(lock))
     except OSError:
         return False
 

@@ -117,14 +117,16 @@ def interrupted_line() -> str:
     jobs wrote their plans (the sweep said "no plan was written" after some had)."""
     if not SWEEP.folders:
         return INTERRUPTED
-    stopped = max(SWEEP.folders)
+    failed = {num for num, _, _ in SWEEP.jobs}
+    running = [n for n in SWEEP.started if n not in SWEEP.done and n not in failed]  # the job the Ctrl-C stopped
     with contextlib.suppress(Exception):  # the line below matters more
-        SWEEP.summary(stopped=stopped)
-    done = sorted(n for n in SWEEP.done if n != stopped)
-    if not done:
-        return f"interrupted: job #{stopped} of the sweep was stopped; no plan was written"
-    return (f"interrupted: job #{stopped} of the sweep was stopped and wrote no plan; job(s) "
-            f"{', '.join(f'#{n}' for n in done)} wrote theirs, each in its folder")
+        SWEEP.summary(stopped=running[-1] if running else max(SWEEP.folders))
+    done = ", ".join(f"#{n}" for n in sorted(SWEEP.done))
+    if running:
+        return (f"interrupted: job #{running[-1]} of the sweep was stopped and wrote no plan; "
+                + (f"job(s) {done} wrote theirs, each in its folder" if done else "no job wrote a plan"))
+    return (f"interrupted between jobs of the sweep, after job #{max(SWEEP.folders)}: "
+            + (f"job(s) {done} wrote their plans, each in its folder" if done else "no job wrote a plan"))
 
 
 def mixed_scales_note() -> str | None:

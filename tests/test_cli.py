@@ -566,7 +566,7 @@ def test_a_sweep_whose_every_job_failed_still_writes_its_summary(tmp_path: Path,
         sweep.exit()
     assert exit_.value.code == 2
     assert capsys.readouterr().out.splitlines() == [
-        f"sweep results: none, every job failed ({tmp_path / 'summary.csv'} lists them, each with its error)"]
+        f"sweep results: none, no job finished ({tmp_path / 'summary.csv'} lists each job and why)"]
     assert list(csv.reader((tmp_path / "summary.csv").open())) == [
         ["job", "overrides", "folder", "status", "error"],
         ["0", "seed=0 trainer=smoke", str(tmp_path / "0"), "failed", "does not fit"],

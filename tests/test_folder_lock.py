@@ -284,3 +284,33 @@ def test_another_users_run_is_refused_and_its_lock_file_left_behind_taken() -> N
             os.close(folder_lock._HELD.pop(str(run))[1])  # its lock goes, its file stays: as if killed
         assert as_nobody(run) == b"held"
         assert (run / LOCK_NAME).stat().st_uid == 65534  # made anew, the other user's run's
+
+
+def test_a_sweeps_jobs_let_go_of_their_folders_as_each_ends(tmp_path: Path) -> None:
+    # each job's lock stayed held (an open file) until the sweep's process exited: a sweep of a
+    # thousand jobs ran out of open files, and later folders went silently unheld
+    from neo_core.cli import SweepFailures, hold_job_folder
+
+    sweep = SweepFailures()
+    fds = len(os.listdir("/proc/self/fd"))
+    for num in range(20):
+        out = tmp_path / str(num)
+        assert sweep.job(lambda out=out: str(out) in folder_lock._HELD, out, num, f"x={num}",
+                         before=lambda out=out: hold_job_folder(out)) is True  # held while the job ran
+        assert str(out) not in folder_lock._HELD and not (out / LOCK_NAME).exists()
+    assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_a_link_in_the_lock_files_place_is_removed_not_written_through(tmp_path: Path) -> None:
+    # O_CREAT followed a .neo-running link, and the lock's JSON replaced its target's contents
+    precious = tmp_path / "precious.txt"
+    precious.write_text("important data\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_NAME).symlink_to(precious)
+    hold_folder(tmp_path / "run")
+    try:
+        assert precious.read_text() == "important data\n"
+        lock = tmp_path / "run" / LOCK_NAME
+        assert not lock.is_symlink() and json.loads(lock.read_text())["pid"] == os.getpid()
+    finally:
+        release_folder(tmp_path / "run")

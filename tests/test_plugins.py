@@ -266,6 +266,9 @@ def test_create_rejects_unknown_and_missing_keys() -> None:
     with pytest.raises(ConfigError, match=r"^topology plugin 'needs_nodes' needs topology\.num_nodes=<value>\.$"):
         plugins.create("topology", "needs_nodes", {"gpus": 2})
     assert plugins.create("topology", "needs_nodes", {"num_nodes": 2, "nics": 1}).num_nodes == 2
+    # a factory of **kwargs that takes its own name is given it, as one without them is
+    plugins.registry("cache").register("named_kw", lambda name, load_factor=0.1, **extra: CachePolicy(name, load_factor))
+    assert plugins.create("cache", "named_kw").name == "named_kw"
 
 
 def test_a_key_of_another_group_is_pointed_to_its_group() -> None:

@@ -624,6 +624,29 @@ def test_a_ctrl_c_in_a_plan_sweep_says_which_jobs_wrote_their_plans(tmp_path: Pa
     assert "cache none, compression fp32/fp32" in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_ctrl_c_between_plan_sweep_jobs_calls_none_of_them_stopped(tmp_path: Path, capsys) -> None:
+    # the highest job seen was said to be "stopped and wrote no plan" though it had finished
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("plan_recipe_between", PLAN_RECIPE)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)  # type: ignore[union-attr]
+    plan = SimpleNamespace(planner="neo", notes=[], predicted_step_time=3e-3, predicted_samples_per_second=1.0,
+                           imbalance=1.0, times_from="Neo's cost model", ranks=[], types_note=lambda: "types: TW 3",
+                           cached_tables=0, settings={})
+    for num in (0, 1):
+        recipe.SWEEP.started[num] = f"x={num}"
+        recipe.SWEEP.finished(num, f"x={num}", tmp_path / str(num), plan)
+    assert recipe.interrupted_line() == (
+        "interrupted between jobs of the sweep, after job #1: job(s) #0, #1 wrote their plans, each in its folder")
+    recipe.SWEEP.started[2] = "x=2"  # begun, neither finished nor failed: the one stopped
+    recipe.SWEEP.folders[2] = tmp_path / "2"
+    assert recipe.interrupted_line() == (
+        "interrupted: job #2 of the sweep was stopped and wrote no plan; job(s) #0, #1 wrote theirs, each in its folder")
+    assert "  #2 x=2: stopped by the Ctrl-C (no plan written)" in capsys.readouterr().out
+
+
 def test_a_plan_sweep_warns_of_a_topologys_doubtful_bandwidths_as_a_single_plan_does(tmp_path: Path) -> None:
     # the sweep's pre-check built each job's topology with its output hidden, and the warning,
     # given once per process, was then never given by the job

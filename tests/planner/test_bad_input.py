@@ -488,6 +488,10 @@ def test_grid_needs_a_row_per_rank_of_a_node_and_impossible_types_say_why() -> N
     with pytest.raises(PlanningError) as err:  # dim 20 splits into no multiple of 4 at all: no width to name
         plan_tables([TableSpec("d20", 10**5, 20)], cluster(1, 2), 256, sharding_types=["CW"])
     assert str(err.value).endswith("Allow another type, e.g. TW or DP."), str(err.value)
+    with pytest.raises(PlanningError) as err:  # more shards than ranks: fewer shards, or more ranks
+        plan_tables([TableSpec("w", 10**5, 128)], cluster(1, 2), 256, sharding_types=["CW"], col_shard_counts=[4])
+    assert ", or sharding.col_shard_counts with fewer shards (now [4]), or change the topology's num_nodes" in \
+        str(err.value), str(err.value)
 
 
 def test_a_table_left_without_room_is_never_reported_with_a_negative_shortfall() -> None:

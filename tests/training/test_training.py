@@ -907,16 +907,29 @@ def test_an_undefined_auc_is_recorded_as_not_measured(tmp_path: Path, capsys) ->
     assert f"done: 5 steps, val AUC undefined, val loss {metrics['val_loss']:.4f}, " in out
 
 
-def test_a_run_without_validation_says_so_where_it_printed_nan(tmp_path: Path, capsys, monkeypatch) -> None:
-    from neo_core.training import run
+def test_a_run_without_validation_says_so_where_it_printed_nan(tmp_path: Path, capsys) -> None:
+    from neo_core.training.run import train
 
-    planned = []  # the planner's runs: the rank in this process runs the plan made before it started
-    checked_plan = run.checked_plan
-    monkeypatch.setattr(run, "checked_plan", lambda parts, model: planned.append(1) or checked_plan(parts, model))
-    metrics = run.train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=0"], tmp_path))
+    metrics = train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=0"], tmp_path))
     assert math.isnan(metrics["val_auc"]) and math.isnan(metrics["val_loss"])
     assert "done: 5 steps, no validation (trainer.val_batches=0), " in capsys.readouterr().out
-    assert len(planned) == 1
+
+
+def test_a_rank_in_the_process_that_planned_the_run_runs_that_plan(tmp_path: Path, monkeypatch) -> None:
+    # one rank in this process (as each rank under torchrun): it planned the run, then its rank
+    # planned the same model again; the plan is made once, and is the one saved and trained
+    from neo_core.training import run
+    from neo_core.training.module import plan_digest
+
+    planned, ran = [], []
+    checked_plan, rank_plan = run.checked_plan, run.rank_plan
+    monkeypatch.setattr(run, "checked_plan", lambda parts, model: planned.append(1) or checked_plan(parts, model))
+    monkeypatch.setattr(run, "rank_plan", lambda *a: ran.append(rank_plan(*a)) or ran[-1])
+    run.train(composed(["trainer=smoke", "trainer.world_size=1", "trainer.max_steps=2", "trainer.val_batches=1"],
+                       tmp_path))
+    assert len(planned) == 1 and len(ran) == 1
+    saved = run.PlanResult.load_json(tmp_path / "plan.json")
+    assert plan_digest(ran[0]) == plan_digest(saved) and not run._PLANNED_HERE  # taken, not kept
 
 
 def test_running_out_of_memory_in_a_rank_names_the_batch_and_the_model(tmp_path: Path, monkeypatch) -> None:

@@ -183,19 +183,42 @@ def no_option_fixes(
     allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
     col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
 ) -> str:
-    """What would give a table of ``rows`` x ``dim`` an option, for :func:`why_no_option`'s
+    """What would give a table of ``rows`` x ``dim`` an option, by :func:`why_no_option`'s
     reasons: another type always; a narrower ``sharding.min_col_width`` where the dim splits
-    into column shards under it; other node shapes only where a type needs them."""
+    into column shards under it; smaller ``sharding.col_shard_counts`` where the fewest shards
+    outnumber the ranks or nodes; other node shapes where a type needs more nodes or ranks."""
+    topology = counts = False
+    widths: list[int] = []
+
+    def columns(limit: int) -> None:
+        nonlocal counts
+        fitting = [k for k in col_shard_counts if k <= limit]
+        if not fitting:
+            counts = True
+        elif not any(splits_into(dim, k, min_col_width) for k in fitting):
+            widths.extend(dim // k for k in fitting if dim % k == 0 and (dim // k) % 4 == 0)
+
+    for st in allowed:
+        if st is ShardingType.COLUMN_WISE:
+            columns(W)
+        elif st is ShardingType.TABLE_COLUMN_WISE:
+            topology |= N < 2
+            if N >= 2:
+                columns(L)
+        elif st is ShardingType.GRID_SHARD:
+            topology |= N < 2 or L < 2 or rows < L
+            if N >= 2 and L >= 2 and rows >= L:
+                columns(N)
+        elif st is ShardingType.ROW_WISE:
+            topology |= W < 2 or rows < W
+        elif st is ShardingType.TABLE_ROW_WISE:
+            topology |= N < 2 or L < 2 or rows < L
     fixes = ["allow another type, e.g. TW or DP"]
-    limits = {ShardingType.COLUMN_WISE: W, ShardingType.TABLE_COLUMN_WISE: L if N > 1 else 0,
-              ShardingType.GRID_SHARD: N if L > 1 and rows >= L else 0}
-    widths = [dim // k for st, limit in limits.items() if st in allowed
-              for k in col_shard_counts if 1 < k <= limit and dim % k == 0 and (dim // k) % 4 == 0]
-    if widths and not any(w >= min_col_width for w in widths):  # shards narrower than allowed
+    if widths:  # shards narrower than allowed
         fixes.append(f"sharding.min_col_width={max(widths)} (shards of {max(widths)} columns)")
-    topology = {ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD, ShardingType.TABLE_ROW_WISE,
-                ShardingType.ROW_WISE} & allowed
-    if topology and (N < 2 or L < 2 or W < 2):
+    if counts:
+        fixes.append(f"sharding.col_shard_counts with fewer shards (now {list(col_shard_counts)})")
+    if topology or counts:
         fixes.append(
             "change the topology's num_nodes / devices_per_node (when training on an emulated topology, its "
             "trainer.world_size ranks are spread over at most topology.num_nodes nodes: e.g. "
