@@ -187,9 +187,10 @@ def model_builder_default_dim(builder: ModelBuilder) -> int:
     return int(dim)
 
 
-# The plan this process made before its rank started (under torchrun, or one rank in this
-# process), by its digest: the rank runs it rather than planning the same model again (the
-# planner ran twice per rank; TorchRec's planner takes seconds to minutes on large models)
+# The plan the starting process made before the ranks started (under torchrun and for one rank
+# in this process, this process; spawned ranks are given it), by its digest: a rank runs it rather
+# than planning the same model again (the planner ran once more per rank; TorchRec's planner takes
+# seconds to minutes on large models)
 _PLANNED_HERE: dict[str, PlanResult] = {}
 
 
@@ -676,7 +677,8 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     else:
         from neo_core.training.interrupt import run_ranks
 
-        asked = run_ranks(_spawned_rank, (launch, payload, _free_port()), launch.world_size,
+        made = _PLANNED_HERE.get(launch.plan_digest) if launch.plan_digest else None  # each rank runs it
+        asked = run_ranks(_spawned_rank, (launch, payload, _free_port(), made), launch.world_size,
                           then=_after_stop(run.trainer))
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
@@ -758,9 +760,16 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
     )
 
 
-def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, stop: Any) -> None:
+def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, made: PlanResult | None,
+                  stop: Any) -> None:
+    """A rank the starting process spawned. ``made``: the plan that process made (and printed,
+    saved and checked) for the run, which the rank runs rather than planning the model again
+    (``rank_plan``; TorchRec's planner takes minutes on large models, once per rank)."""
     parent = os.getppid()  # the process that started this rank (run_ranks)
     from neo_core.plugins import QUIET_ENV
+
+    if made is not None and launch.plan_digest is not None:
+        _PLANNED_HERE[launch.plan_digest] = made
 
     os.environ[QUIET_ENV] = "1"  # the parent said which plugins were skipped
     from neo_core.training.console import bars_without_semaphore, tee_rank_output
