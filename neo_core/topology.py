@@ -245,8 +245,11 @@ class Topology:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        del d["memory_fix"], d["config_keys"], d["config_limits"]  # advice for messages, not figures of the cluster
+        # the fields' values are numbers, text and a dict of text: copied field by field
+        # (dataclasses.asdict's deep copy took 0.5 ms, a twentieth of planning MLPerf on 8 ranks)
+        skipped = ("memory_fix", "config_keys", "config_limits")  # advice for messages, not figures of the cluster
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skipped}
+        d["sources"] = dict(self.sources)
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d
