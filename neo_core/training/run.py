@@ -1069,6 +1069,8 @@ def _write_results(
     out: Path, module: Any, run: RunConfig, launch: Launch, wall: float, interrupted: bool = False,
     cache: CachePolicy | None = None,
 ) -> None:
+    from neo_core.training.module import plan_digest
+
     history, val_history = list(module.history), list(module.val_history)
     previous = out / "metrics.json"
     earlier: Any = None  # the earlier stretch's results, where this run resumed one
@@ -1097,6 +1099,10 @@ def _write_results(
         "cache": run.cache["name"],
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
         "cache_prefetch_pipeline": bool((planned.get("cache") or {}).get("prefetch_pipeline")),
+        # the plan: a resumed run can plan anew with the same plugins (another calibration, a
+        # sharding setting), and its steps then ran another plan, predicted otherwise
+        "plan_digest": plan_digest(module.plan)[:12] if module.plan else None,
+        "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
     }
     segments: list[dict[str, Any]] = []
     if isinstance(earlier, dict):

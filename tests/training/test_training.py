@@ -1299,9 +1299,13 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
     smoke = ["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=1", "trainer.progress_bar=false",
              "trainer.checkpoint=true"]
     first = train(composed([*smoke, "trainer.max_steps=2"], tmp_path))
-    assert first["segments"] == [{"from_step": 1, "to_step": 2, "sharding": "neo", "kernel": "fused",
-                                  "compression": "none", "compression_precision": "fp32/fp32", "cache": "none",
-                                  "cache_load_factor": None, "cache_prefetch_pipeline": False}]
+    [segment] = first["segments"]
+    planned = json.loads((tmp_path / "plan.json").read_text())
+    assert segment.pop("predicted_step_time_s") == planned["predicted_step_time_s"]
+    assert len(segment.pop("plan_digest")) == 12
+    assert segment == {"from_step": 1, "to_step": 2, "sharding": "neo", "kernel": "fused", "compression": "none",
+                       "compression_precision": "fp32/fp32", "cache": "none", "cache_load_factor": None,
+                       "cache_prefetch_pipeline": False}
     more = train(composed([*smoke, "trainer.max_steps=4", "trainer.resume=true", "compression=fp16",
                            "compression.backward=fp8"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in more["segments"]] == [(1, 2, "none"), (3, 4, "fp16")]
@@ -1312,6 +1316,13 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
                            "compression.backward=fp8"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in same["segments"]] == [(1, 2, "none"), (3, 5, "fp16")]
     assert json.loads((tmp_path / "metrics.json").read_text())["segments"] == same["segments"]
+    # the same plugins, another plan (every table replicated): its steps are a stretch of their own,
+    # with the plan's prediction (one stretch before: the run was said to have run one plan)
+    other = train(composed([*smoke, "trainer.max_steps=6", "trainer.resume=true", "compression=fp16",
+                            "compression.backward=fp8", "+sharding.sharding_types=[DP]"], tmp_path))
+    assert [(s["from_step"], s["to_step"]) for s in other["segments"]] == [(1, 2), (3, 5), (6, 6)]
+    assert other["segments"][2]["plan_digest"] != other["segments"][1]["plan_digest"]
+    assert other["segments"][2]["predicted_step_time_s"] == other["predicted_step_time_s"]
 
 
 def test_a_run_recorded_before_a_settings_field_existed_resumes_as_one_stretch(tmp_path: Path) -> None:
