@@ -18,6 +18,7 @@ import difflib
 import io
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -423,6 +424,11 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     if table_set:  # plan.json and plan.txt say which model they are the plan of
         result.notes.insert(0, f"table set: model={table_set} ({len(tables)} tables, "
                                f"{sum(t.num_parameters for t in tables):,} parameters)")
+    cores = os.cpu_count() or 1
+    if topology.name == "local" and topology.compute_device == "cpu" and topology.world_size > cores:
+        # a what-if of more ranks on this machine read as twice the samples/s at twice the ranks
+        result.notes.append(f"{topology.world_size} ranks on this machine's {cores} core(s): the cost model gives each "
+                            "rank a core of its own, so ranks sharing cores train slower than predicted")
     print(result.format_text(rest="all in plan.json and plan.txt"))
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
         from neo_core.training.run import cpu_kernel_problem, gloo_compression_problem

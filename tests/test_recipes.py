@@ -590,6 +590,19 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 16," in row, row  # two nodes of 8
 
 
+def test_a_plan_of_more_local_ranks_than_cores_says_they_share_them(tmp_path: Path) -> None:
+    # a what-if of 4 ranks on a 2-core machine predicted twice the samples/s of 2 ranks; measured, fewer
+    cores = os.cpu_count() or 1
+    common = ["model=production_like", "plan_model.params.num_tables=20"]
+    proc = run_plan(*common, f"topology.world_size={cores + 2}", f"hydra.run.dir={tmp_path / 'more'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = (f"{cores + 2} ranks on this machine's {cores} core(s): the cost model gives each rank a core of its own, "
+            "so ranks sharing cores train slower than predicted")
+    assert said in proc.stdout and said in (tmp_path / "more" / "plan.txt").read_text()
+    proc = run_plan(*common, "topology.world_size=1", f"hydra.run.dir={tmp_path / 'one'}")
+    assert proc.returncode == 0 and "ranks sharing cores" not in proc.stdout, proc.stderr[-3000:]
+
+
 def test_a_ctrl_c_in_a_plan_sweep_says_which_jobs_wrote_their_plans(tmp_path: Path) -> None:
     # it said "interrupted: no plan was written" after job #0 had written its plan, and kept no summary
     wrapper = tmp_path / "stopped_plan_sweep.py"
