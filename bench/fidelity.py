@@ -340,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(rows)} plans, {time.perf_counter() - start:.0f} s")
     print(f"TorchRec's estimator on the same topology: Spearman {tr_rho:.3f}, median |error| {tr_mape:.1%}")
     print(f"load average (1/5/15 min) before {_load(load_before)}, after {_load(load_after)} on {os.cpu_count()} cpus")
+    if load_before[0] > 0.5 * (os.cpu_count() or 1):  # before the ranks started: other work
+        print(f"warning: the machine was busy as the run started (load {load_before[0]:.2f} on {os.cpu_count()} cpus): "
+              "other work shared the ranks' cores, so the measured steps are slower and noisier than the model "
+              "expects and these figures may not hold; run it again on an idle machine", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps({
             "spearman": rho,
