@@ -1140,11 +1140,6 @@ def _why(opt: Option, search: Search, i: int, fused: bool = True, left_out: Coll
     return f"{size}, {reason}; {cost(int(search.choice[i]))}{cmp}"
 
 
-def _indexed_add(target: np.ndarray, ranks: Any, value: Any) -> None:
-    """``np.add.at`` for ranks that are distinct."""
-    target[ranks] += value
-
-
 def build_result(
     planner: str, search: Search, tables: Sequence[TableSpec], context: PlanningContext,
     left_out: Collection[str] = (), held: Mapping[str, Collection[ShardingType]] | None = None,
@@ -1167,25 +1162,22 @@ def build_result(
         opt = search.opts[o]
         ranks = search.ranks[i]
         c = opt.cost
-        # the search puts an option's shards on distinct ranks, where a plain indexed sum is
-        # np.add.at's (ten times faster); a plan scored from elsewhere may stack two on one rank
-        add = _indexed_add if len(set(np.asarray(ranks).tolist())) == len(ranks) else np.add.at
-        add(time_by_kind, ranks, c.time[i])
+        np.add.at(time_by_kind, ranks, c.time[i])
         if o not in option_bytes:
             option_bytes[o] = np.stack(model.comm_bytes(search.t, opt.sharding_type, opt.k), axis=1)
         if W > 1:
-            add(sent, ranks, option_bytes[o][i])
+            np.add.at(sent, ranks, option_bytes[o][i])
         if opt.placement == CACHED:  # optimizer state: row-wise on the device, else on the host
-            add(mem["cache"], ranks, c.cache[i])
+            np.add.at(mem["cache"], ranks, c.cache[i])
             # what is left of the sums: 0 where the state is elsewhere, not a rounding's -1e-10
-            add(mem["optimizer"], ranks, max(float(c.mem_device[i] - c.cache[i] - c.batch[i]), 0.0))
-            add(host["weights"], ranks, c.weights[i])
-            add(host["optimizer"], ranks, max(float(c.mem_host[i] - c.weights[i]), 0.0))
+            np.add.at(mem["optimizer"], ranks, max(float(c.mem_device[i] - c.cache[i] - c.batch[i]), 0.0))
+            np.add.at(host["weights"], ranks, c.weights[i])
+            np.add.at(host["optimizer"], ranks, max(float(c.mem_host[i] - c.weights[i]), 0.0))
         else:
-            add(mem["weights"], ranks, c.weights[i])
-            add(mem["optimizer"], ranks, c.optimizer[i])
-            add(mem["gradients"], ranks, c.gradients[i])
-        add(mem["batch"], ranks, c.batch[i])
+            np.add.at(mem["weights"], ranks, c.weights[i])
+            np.add.at(mem["optimizer"], ranks, c.optimizer[i])
+            np.add.at(mem["gradients"], ranks, c.gradients[i])
+        np.add.at(mem["batch"], ranks, c.batch[i])
         st = opt.sharding_type
         types_used.add(st.value)
         rows, dim = spec.num_embeddings, spec.embedding_dim
