@@ -246,7 +246,7 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         # the fields' values are numbers, text and a dict of text: copied field by field
-        # (dataclasses.asdict's deep copy took 0.5 ms, a twentieth of planning MLPerf on 8 ranks)
+        # (dataclasses.asdict's deep copy: 0.13 ms against 0.01 ms, once per plan)
         skipped = ("memory_fix", "config_keys", "config_limits")  # advice for messages, not figures of the cluster
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skipped}
         d["sources"] = dict(self.sources)
