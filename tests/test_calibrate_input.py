@@ -124,6 +124,12 @@ def test_a_figure_no_cpu_gives_is_warned_of_with_its_plausible_range(tmp_path, c
     local_topology(compute_device="cpu", calibration=str(path))
     err = capsys.readouterr().err
     assert err.count("warning") == 1 and "host_memory_bw=4e+03 GB/s (plausible: 0.5 GB/s to 80 GB/s)" in err, err
+    # a bandwidth given in GB/s (11.5) is refused as a slip of units; it was first warned of as
+    # planned with (1.15e-08 GB/s), which the error then contradicted
+    path.write_text('{"device_memory_bw": 11.5}')
+    with pytest.raises(ConfigError, match=r"gives device_memory_bw=11.5, under 1 MB/s: its bandwidths are bytes/s"):
+        local_topology(compute_device="cpu", calibration=str(path))
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:

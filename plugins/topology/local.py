@@ -94,6 +94,8 @@ def implausible(data: dict[str, Any]) -> list[str]:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value:
             continue  # 0 or null: not measured
+        if key.endswith("_bw") and 0 < value < MIN_BW:
+            continue  # refused as a slip of units (Topology), which that error says: not warned of first
         if not low <= value <= high:
             out.append(f"{key}={_in_units(key, value)} (plausible: {_in_units(key, low)} to {_in_units(key, high)})")
     return out
