@@ -39,16 +39,14 @@ def script_command(script: str | os.PathLike[str], cwd: str | os.PathLike[str] |
     return f"{shlex.quote(interpreter)} {shown}" if python else shown
 
 
-# the environment that chooses which plugins load (neo_core.plugins.load_plugins)
-PLUGIN_ENV = ("NEO_PLUGINS", "NEO_DISABLE_PLUGIN_AUTOLOAD", "NEO_STRICT_PLUGINS")
-
-
 def plugin_env_prefix() -> str:
     """What a command printed to be run again needs of this process's environment to load the
     same plugins, as ``NAME=value `` words for a shell: ``NEO_PLUGINS`` and the loader's switches
     where set, and ``PYTHONPATH`` with ``NEO_PLUGINS`` (where its modules are found). Without
     them a resumed run of a ``NEO_PLUGINS`` plugin's option was refused as an unknown option."""
     import shlex
+
+    from neo_core.plugins import PLUGIN_ENV
 
     names = [n for n in PLUGIN_ENV if os.environ.get(n)]
     if os.environ.get("NEO_PLUGINS") and os.environ.get("PYTHONPATH"):

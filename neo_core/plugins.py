@@ -82,6 +82,11 @@ class PluginLoadWarning(UserWarning):
 warnings.filterwarnings("ignore", category=PluginLoadWarning)
 
 
+# the environment that chooses which plugins load (load_plugins): a command printed to be run
+# again carries it (neo_core.cli.plugin_env_prefix)
+PLUGIN_ENV = ("NEO_PLUGINS", "NEO_DISABLE_PLUGIN_AUTOLOAD", "NEO_STRICT_PLUGINS")
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 

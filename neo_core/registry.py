@@ -343,8 +343,8 @@ class Registry(Generic[T]):
         """Instantiate plugin ``name`` with ``params``, rejecting keys its factory does not take."""
         entry = self.get(name)
         params = dict(params or {})
+        accepted = entry.parameters()
         if not entry.accepts_any_keyword():
-            accepted = entry.parameters()
             for key in params:
                 if key not in accepted:
                     raise ConfigError(self.unknown_key(name, key))
@@ -362,12 +362,11 @@ class Registry(Generic[T]):
                         f"not of its annotated kind, {kind} ({str(exc).rstrip('.')}); the plugin should {fix}. "
                         f"Meanwhile give {self.group}.{key}=<value>."
                     ) from None
-        declared = entry.parameters()
-        if "name" in declared and declared["name"] is inspect.Parameter.empty and "name" not in params:
+        if "name" in accepted and accepted["name"] is inspect.Parameter.empty and "name" not in params:
             params["name"] = name  # a factory (a CachePolicy subclass) that takes its own name
         # the parameters it needs that nobody gave (a factory taking **kwargs too: Python's
         # "missing 1 required positional argument" named no setting)
-        missing = [k for k, v in declared.items() if v is inspect.Parameter.empty and k not in params]
+        missing = [k for k, v in accepted.items() if v is inspect.Parameter.empty and k not in params]
         if missing:
             raise ConfigError(
                 f"{self.kind} plugin {name!r} needs {', '.join(f'{self.group}.{m}=<value>' for m in missing)}."

@@ -413,9 +413,14 @@ class PlanResult:
                 }
                 for r in self.ranks
             ],
-            **({"nodes": self.node_rows()} if any(sum(r.host_memory.values()) > 0 for r in self.ranks) else {}),
+            **({"nodes": self.node_rows()} if self.holds_host_memory else {}),
             "notes": self.notes,
         }
+
+    @property
+    def holds_host_memory(self) -> bool:
+        """Whether any rank holds host memory (cached tables' weights, their state)."""
+        return any(sum(r.host_memory.values()) > 0 for r in self.ranks)
 
     def node_rows(self) -> list[dict[str, Any]]:
         """Per node, its ranks and the host memory they hold against the node's: a rank's
@@ -574,7 +579,7 @@ class PlanResult:
             lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables ({rest})")
         has_bytes = any(r.comm_bytes for r in self.ranks)
         kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
-        has_host = any(sum(r.host_memory.values()) > 0 for r in self.ranks)  # cached tables' host bytes
+        has_host = self.holds_host_memory
         lines.append(
             f"  device memory by kind: {', '.join(kinds)}; columns 'memory'/'capacity' are their sum and the "
             "device's size, 'free' what is left of it; 'compute' is lookups and the optimizer, 'comm' the "

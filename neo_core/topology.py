@@ -245,11 +245,8 @@ class Topology:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        # the fields' values are numbers, text and a dict of text: copied field by field
-        # (dataclasses.asdict's deep copy: 0.13 ms against 0.01 ms, once per plan)
-        skipped = ("memory_fix", "config_keys", "config_limits")  # advice for messages, not figures of the cluster
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skipped}
-        d["sources"] = dict(self.sources)
+        d = dataclasses.asdict(self)
+        del d["memory_fix"], d["config_keys"], d["config_limits"]  # advice for messages, not figures of the cluster
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d

@@ -1146,8 +1146,8 @@ def _write_results(
         "topology": run.topology["name"],
         # the cluster the plan was made for, where it was emulated on these ranks ("zionex (16x8)")
         "emulated_from": (module.plan.topology or {}).get("emulated_from") if module.plan else None,
-        "predicted_step_time_s": module.plan.predicted_step_time if module.plan else None,
-        # whose model gave it ("Neo's cost model", "TorchRec's estimator"): runs' predictions
+        # whose model gave predicted_step_time_s (with the settings above: the last stretch's plan's)
+        # ("Neo's cost model", "TorchRec's estimator"): runs' predictions
         # compare on one scale only
         "predicted_by": (module.plan.times_from or f"the {module.plan.planner} planner") if module.plan else None,
         "history": history,

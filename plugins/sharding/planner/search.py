@@ -144,39 +144,54 @@ def splits_into(dims: Any, k: int, min_col_width: int) -> Any:
     return (dims % k == 0) & (width % 4 == 0) & (width >= min_col_width)
 
 
-def why_no_option(
+def _no_option_reasons(
     allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
-    col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
-) -> str:
-    """Why none of the ``allowed`` types applies to a table of ``rows`` x ``dim`` on ``N``
-    nodes of ``L`` ranks (``W`` in all): one reason per type, as :func:`build_options` decides."""
+    col_shard_counts: tuple[int, ...], min_col_width: int,
+) -> dict[ShardingType, tuple[str, str, list[int]]]:
+    """Per allowed type that gives a table of ``rows`` x ``dim`` no option on ``N`` nodes of
+    ``L`` ranks (``W`` in all), as :func:`build_options` decides: why, what kind of fix it
+    needs ("topology", "counts": fewer column shards, "width": narrower ones) and, for "width",
+    the shard widths the dim splits into under sharding.min_col_width."""
 
-    def columns(limit: int, where: str) -> str | None:
+    def columns(limit: int, where: str) -> tuple[str, str, list[int]] | None:
         """Why no column split of at most ``limit`` shards applies (None: one does), with
         build_options' rule: a shard count of the sharding.col_shard_counts up to ``limit``
         whose shards are whole multiples of 4 columns, at least sharding.min_col_width."""
         counts = [k for k in col_shard_counts if k <= limit]
         if not counts:
             return (f"its fewest column shards ({min(col_shard_counts)}, sharding.col_shard_counts) need as "
-                    f"many {where}; here {limit}")
+                    f"many {where}; here {limit}", "counts", [])
         if any(splits_into(dim, k, min_col_width) for k in counts):
             return None
         return (f"dim {dim} splits into no column shards of {min_col_width} or more columns in multiples of 4 "
-                f"({', '.join(map(str, counts))} shards; sharding.min_col_width)")
+                f"({', '.join(map(str, counts))} shards; sharding.min_col_width)", "width",
+                [dim // k for k in counts if dim % k == 0 and (dim // k) % 4 == 0])
 
-    nodes = f"needs 2 or more nodes of 2 or more ranks (here {N} x {L})"
+    def topology(why: str) -> tuple[str, str, list[int]]:
+        return why, "topology", []
+
+    nodes = topology(f"needs 2 or more nodes of 2 or more ranks (here {N} x {L})")
     reasons = {
         ShardingType.COLUMN_WISE: columns(W, "ranks"),
         ShardingType.TABLE_COLUMN_WISE: nodes if N < 2 else columns(L, "ranks in a node"),
         ShardingType.GRID_SHARD: nodes if N < 2 or L < 2 else (
-            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L else columns(N, "nodes")),
-        ShardingType.ROW_WISE: "needs 2 or more ranks" if W < 2 else (
-            f"{rows:,} rows, fewer than the {W} ranks" if rows < W else None),
+            topology(f"{rows:,} rows, fewer than the {L} ranks of a node") if rows < L else columns(N, "nodes")),
+        ShardingType.ROW_WISE: topology("needs 2 or more ranks") if W < 2 else (
+            topology(f"{rows:,} rows, fewer than the {W} ranks") if rows < W else None),
         ShardingType.TABLE_ROW_WISE: nodes if N < 2 or L < 2 else (
-            f"{rows:,} rows, fewer than the {L} ranks of a node" if rows < L else None),
+            topology(f"{rows:,} rows, fewer than the {L} ranks of a node") if rows < L else None),
     }
-    said = [f"{st.short}: {reasons[st]}" for st in sorted(allowed, key=lambda st: st.short) if reasons.get(st)]
-    return "; ".join(said)
+    return {st: why for st, why in reasons.items() if st in allowed and why is not None}
+
+
+def why_no_option(
+    allowed: set[ShardingType], rows: int, dim: int, W: int, L: int, N: int,
+    col_shard_counts: tuple[int, ...] = (2, 4, 8), min_col_width: int = 16,
+) -> str:
+    """Why none of the ``allowed`` types applies to a table of ``rows`` x ``dim`` on ``N``
+    nodes of ``L`` ranks (``W`` in all): one reason per type, as :func:`build_options` decides."""
+    reasons = _no_option_reasons(allowed, rows, dim, W, L, N, col_shard_counts, min_col_width)
+    return "; ".join(f"{st.short}: {reasons[st][0]}" for st in sorted(reasons, key=lambda st: st.short))
 
 
 def no_option_fixes(
@@ -187,38 +202,15 @@ def no_option_fixes(
     reasons: another type always; a narrower ``sharding.min_col_width`` where the dim splits
     into column shards under it; smaller ``sharding.col_shard_counts`` where the fewest shards
     outnumber the ranks or nodes; other node shapes where a type needs more nodes or ranks."""
-    topology = counts = False
-    widths: list[int] = []
-
-    def columns(limit: int) -> None:
-        nonlocal counts
-        fitting = [k for k in col_shard_counts if k <= limit]
-        if not fitting:
-            counts = True
-        elif not any(splits_into(dim, k, min_col_width) for k in fitting):
-            widths.extend(dim // k for k in fitting if dim % k == 0 and (dim // k) % 4 == 0)
-
-    for st in allowed:
-        if st is ShardingType.COLUMN_WISE:
-            columns(W)
-        elif st is ShardingType.TABLE_COLUMN_WISE:
-            topology |= N < 2
-            if N >= 2:
-                columns(L)
-        elif st is ShardingType.GRID_SHARD:
-            topology |= N < 2 or L < 2 or rows < L
-            if N >= 2 and L >= 2 and rows >= L:
-                columns(N)
-        elif st is ShardingType.ROW_WISE:
-            topology |= W < 2 or rows < W
-        elif st is ShardingType.TABLE_ROW_WISE:
-            topology |= N < 2 or L < 2 or rows < L
+    reasons = _no_option_reasons(allowed, rows, dim, W, L, N, col_shard_counts, min_col_width).values()
+    kinds = {kind for _, kind, _ in reasons}
+    widths = [w for _, _, found in reasons for w in found]
     fixes = ["allow another type, e.g. TW or DP"]
     if widths:  # shards narrower than allowed
         fixes.append(f"sharding.min_col_width={max(widths)} (shards of {max(widths)} columns)")
-    if counts:
+    if "counts" in kinds:
         fixes.append(f"sharding.col_shard_counts with fewer shards (now {list(col_shard_counts)})")
-    if topology or counts:
+    if kinds & {"topology", "counts"}:
         fixes.append(
             "change the topology's num_nodes / devices_per_node (when training on an emulated topology, its "
             "trainer.world_size ranks are spread over at most topology.num_nodes nodes: e.g. "
