@@ -585,17 +585,127 @@ def fresh_run_dir(base: str) -> str:
         return name
     _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
     if os.environ.get("RANK", "0") == "0" and os.path.isdir(_FRESH_DIRS[base]):
-        from neo_core.folder_lock import hold_folder
-
         # this run's until it ends (hold_run_folders). A launcher's rank keeps the clock's name
         # (_rank0s_name), which a live run started in the same second may hold: Hydra reads this
         # before the recipe's own handlers, and showed its traceback for the refusal
         with user_errors():
-            hold_folder(_FRESH_DIRS[base], "hydra.sweep.dir" if is_sweep(sys.argv[1:]) else "hydra.run.dir")
+            hold_for_launch(_FRESH_DIRS[base], "hydra.sweep.dir" if is_sweep(sys.argv[1:]) else "hydra.run.dir")
     return _FRESH_DIRS[base]
 
 
+def hold_for_launch(folder: str | os.PathLike[str], key: str) -> None:
+    """Rank 0 (or a run without ranks) holds ``folder`` (:func:`neo_core.folder_lock.hold_folder`);
+    under torchrun, a refusal is also put in the launch's store, where the other ranks wait for
+    rank 0's word before Hydra writes into the folder (:class:`HoldRunFolder`)."""
+    from neo_core.folder_lock import hold_folder
+
+    try:
+        hold_folder(folder, key)
+    except NeoError as exc:
+        _tell_ranks(str(exc))
+        raise
+
+
+_HELD_WORD = "held"  # the store's key (:func:`_launch_key`) for rank 0's word on the run's folder
+
+
+def _tell_ranks(refusal: str) -> None:
+    """Under torchrun: rank 0 tells the other ranks whether it holds the run's folder (``""``)
+    or was refused it (the refusal), in the launch's store."""
+    with contextlib.suppress(Exception):  # no store: the ranks do not wait for it
+        store = _launch_store(float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600")))
+        if store is not None:
+            store.set(_launch_key(_HELD_WORD), refusal)
+
+
+class HoldRunFolder:
+    """A Hydra callback (``hydra.callbacks`` in conf/train.yaml and conf/plan.yaml): the run's
+    folder (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``), as Hydra resolved it, is
+    checked and held before Hydra writes its ``.hydra/`` records there. The command line's
+    folder was held before (:func:`hold_given_dirs`); this one covers a folder given as
+    ``${...}`` or by a config file, and the other ranks of a torchrun launch: they wait for
+    rank 0's word, and where rank 0 was refused the folder, leave without writing there (rank
+    0 says why). A sweep's jobs hold their own folders as they start (:func:`hold_job_folder`)."""
+
+    def on_run_start(self, config: Any, **_: Any) -> None:
+        self._hold(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **_: Any) -> None:
+        self._hold(config, "hydra.sweep.dir")
+
+    # Hydra calls every hook of a callback (hydra.experimental.callback.Callback's, not imported
+    # here: 70 ms more for each `neo` command)
+    def on_run_end(self, config: Any, **_: Any) -> None:
+        pass
+
+    def on_multirun_end(self, config: Any, **_: Any) -> None:
+        pass
+
+    def on_job_start(self, config: Any, **_: Any) -> None:
+        pass
+
+    def on_job_end(self, config: Any, job_return: Any, **_: Any) -> None:
+        pass
+
+    @staticmethod
+    def _hold(config: Any, key: str) -> None:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+
+        if not _CLAIMING[0]:
+            return
+        with user_errors():
+            if os.environ.get("RANK", "0") != "0":
+                _wait_for_rank0()
+                return
+            HydraConfig.instance().set_config(config)  # as Hydra sets it to resolve the folder
+            folder = str(OmegaConf.select(config, key))
+            check_run_dir(key, folder)
+            hold_for_launch(folder, key)
+            _tell_ranks("")
+
+
+def _wait_for_rank0() -> None:
+    """A torchrun rank other than 0: wait for rank 0's word on the run's folder
+    (:func:`_tell_ranks`); where rank 0 was refused it, leave (status 2) before Hydra writes
+    there. Without the launch's store (another launcher) the rank goes on."""
+    wait = float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600"))
+    try:
+        store = _launch_store(wait)
+        if store is None:
+            return
+        refusal = store.get(_launch_key(_HELD_WORD)).decode()
+    except Exception as exc:  # noqa: BLE001 - as for the folder's name: said, and the rank goes on
+        print(f"warning: rank {os.environ.get('RANK')} heard nothing from rank 0 on the run's folder "
+              f"({type(exc).__name__}: {exc}); it goes on", file=sys.stderr)
+        return
+    if refusal:  # rank 0 has said why
+        raise SystemExit(2)
+
+
 _STORE: list[Any] = []  # the launch's store, kept open while the process runs
+
+
+def _launch_store(wait: float) -> Any | None:
+    """The store torchrun's agent keeps for the launch, where ranks pass each other word
+    (``TORCHELASTIC_USE_AGENT_STORE``), kept open while the process runs; ``None`` without one
+    (another launcher, or none)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return None
+    if not _STORE:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        _STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                    is_master=False, timeout=timedelta(seconds=wait)))
+    return _STORE[0]
+
+
+def _launch_key(what: str) -> str:
+    """A key of this launch (and restart) in the launch's store."""
+    return (f"neo/{what}/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
 
 
 def _rank0s_name(base: str, name: str) -> str:
@@ -608,22 +718,15 @@ def _rank0s_name(base: str, name: str) -> str:
     rank = int(os.environ.get("RANK", "0"))
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return name
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    key = (f"neo/{base}/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-           f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    key = _launch_key(base)
     wait = float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600"))
     try:
-        if not _STORE:
-            _STORE.append(dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                        is_master=False, timeout=timedelta(seconds=wait)))
+        store = _launch_store(wait)
         if rank == 0:
             name = claim_folder(name)
-            _STORE[0].set(key, name)
+            store.set(key, name)
             return name
-        return _STORE[0].get(key).decode()
+        return store.get(key).decode()
     except Exception as exc:  # noqa: BLE001 - the run goes on in this rank's own folder, said
         print(f"warning: rank {rank} could not learn the run's folder from rank 0 ({type(exc).__name__}: {exc}); "
               f"it writes into {name}, which may not be rank 0's: give every rank one hydra.run.dir=...",
@@ -661,11 +764,9 @@ def claim_folder(name: str) -> str:
 
 def hold_given_dirs(argv: Sequence[str]) -> None:
     """Hold the folder ``hydra.run.dir`` (``hydra.sweep.dir`` with ``-m``) names on the command
-    line before Hydra writes its ``.hydra/`` records and log there (:func:`hold_run_folders`
-    holds it again, once Hydra has made it, for a folder a config file names). Under torchrun
-    rank 0 holds it for the ranks."""
-    from neo_core.folder_lock import hold_folder
-
+    line, before the recipe loads its plugins (:class:`HoldRunFolder` holds a folder given as
+    ``${...}`` or by a config file, as Hydra resolved it, before Hydra writes there). Under
+    torchrun rank 0 holds it for the ranks."""
     if runs_nothing(argv):  # --cfg, --help, --info: no folder is claimed or held
         _CLAIMING[0] = False
         return
@@ -673,7 +774,7 @@ def hold_given_dirs(argv: Sequence[str]) -> None:
         return
     for key, value in given_run_dirs(argv):
         if "${" not in value and not value.startswith("~"):  # check_run_dirs refuses ~; Hydra resolves ${...}
-            hold_folder(value, key)
+            hold_for_launch(value, key)
 
 
 def hold_run_folders(output_dir: str | os.PathLike[str]) -> None:
@@ -1145,36 +1246,41 @@ def check_run_dirs(argv: Sequence[str]) -> None:
     for key, value in given_run_dirs(argv):
         if value.startswith("~"):  # Hydra would make a folder named ~ here
             raise ConfigError(f"{key}={value}: {_tilde_not_expanded(value, key + '=')}")
-        if "${" in value:  # Hydra resolves it
-            continue
-        path = Path(os.path.abspath(value))  # as the sweep's folder is compared later (x/../y is y)
-        problem = None
-        if path.exists():
-            if not path.is_dir():
-                problem = "a file of that name is in the way"
-            elif not os.access(path, os.W_OK | os.X_OK):
-                problem = "it cannot be written"
-        else:
-            parent = path.parent
-            while not parent.exists():
-                parent = parent.parent
-            if not parent.is_dir():
-                problem = f"{parent} is a file, not a folder"
-            elif not os.access(parent, os.W_OK | os.X_OK):
-                problem = f"{parent} cannot be written"
-        if problem is None:
-            top = path  # the outermost folder made here
-            while not top.parent.exists():
-                top = top.parent
-            made = not path.exists()
-            try:  # as Hydra will; some places only refuse when asked (/proc, a full or read-only mount)
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                problem = exc.strerror or type(exc).__name__
-            if made and problem is None:
-                _MADE_DIRS[str(path)] = top
-        if problem:
-            raise ConfigError(f"{key}={value} cannot hold the run's output ({problem}); choose another {key}.")
+        if "${" not in value:  # Hydra resolves it: checked as resolved (HoldRunFolder)
+            check_run_dir(key, value)
+
+
+def check_run_dir(key: str, value: str) -> None:
+    """The folder ``key`` gives (``value``) is or can be made, and is made here
+    (:func:`check_run_dirs`)."""
+    path = Path(os.path.abspath(value))  # as the sweep's folder is compared later (x/../y is y)
+    problem = None
+    if path.exists():
+        if not path.is_dir():
+            problem = "a file of that name is in the way"
+        elif not os.access(path, os.W_OK | os.X_OK):
+            problem = "it cannot be written"
+    else:
+        parent = path.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            problem = f"{parent} is a file, not a folder"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"{parent} cannot be written"
+    if problem is None:
+        top = path  # the outermost folder made here
+        while not top.parent.exists():
+            top = top.parent
+        made = not path.exists()
+        try:  # as Hydra will; some places only refuse when asked (/proc, a full or read-only mount)
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            problem = exc.strerror or type(exc).__name__
+        if made and problem is None:
+            _MADE_DIRS[str(path)] = top
+    if problem:
+        raise ConfigError(f"{key}={value} cannot hold the run's output ({problem}); choose another {key}.")
 
 
 def config_dirs(conf: str | os.PathLike[str], argv: Sequence[str] = ()) -> list[Path]:

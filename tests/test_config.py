@@ -89,10 +89,11 @@ def test_every_group_has_options() -> None:
         assert yaml_options(group), f"conf/{group}/ has no options"
     assert set(yaml_options("experiment")) >= {"zionex_emulated", "torchrec_baseline"}
     # the root config is only the defaults list plus the default topology and run keys (and
-    # Hydra's help text and output folders, which are not part of the run's config)
+    # Hydra's help text, output folders and the callback that holds them, which are not part of
+    # the run's config)
     root = OmegaConf.load(CONF / "train.yaml")
     assert set(root) == {"defaults", "topology", "seed", "output_dir", "hydra"}
-    assert set(root.hydra) == {"help", "run", "sweep"}
+    assert set(root.hydra) == {"help", "run", "sweep", "callbacks"}
 
 
 @pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])

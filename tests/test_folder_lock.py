@@ -93,6 +93,39 @@ def test_recipes_refuse_a_folder_a_live_run_holds_before_writing_there(tmp_path:
     assert (run / "plan.json").is_file() and not (run / LOCK_NAME).exists()
 
 
+def test_a_held_folder_given_as_an_interpolation_or_by_a_config_file_is_refused_before_hydra_writes(
+        tmp_path: Path) -> None:
+    # such a folder was held only once the recipe ran, after Hydra had written its .hydra/
+    # records (over the live run's) and a log there
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "fixed.yaml").write_text(f"# @package _global_\nhydra:\n  run:\n    dir: {run}\n")
+    procs = [holder(run), holder(sweep)]
+    given_run = f"hydra.run.dir={tmp_path}/r${{oc.env:NEO_TEST_UNSET,un}}"  # a variable not set: .../run
+    try:
+        for script, args in ((ROOT / "recipes" / "plan.py", ["+topology=zionex", given_run]),
+                             (ROOT / "recipes" / "plan.py", ["-m", "+topology=zionex", "compression=none,fp16",
+                                                             f"hydra.sweep.dir={tmp_path}/swe${{oc.env:NEO_TEST_UNSET,ep}}"]),
+                             (ROOT / "recipes" / "train.py", ["--config-dir", str(tmp_path / "conf"), "experiment=fixed",
+                                                              "trainer=smoke"])):
+            proc = forked.run(script, *args, env=subprocess_env())
+            assert proc.returncode == 2, proc.stderr[-2000:]
+            folder, key = (sweep, "hydra.sweep.dir") if "-m" in args else (run, "hydra.run.dir")
+            assert proc.stderr.strip().splitlines()[-1].startswith(
+                f"error: another run is writing in {folder} (pid {procs[folder == sweep].pid} on "), proc.stderr
+            assert f"choose another folder ({key}=...)" in proc.stderr and "Traceback" not in proc.stderr
+            assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # no .hydra/, no log
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    proc = forked.run(ROOT / "recipes" / "plan.py", "+topology=zionex", "topology.num_nodes=1",
+                      given_run, env=subprocess_env())  # free again
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run / "plan.json").is_file() and not (run / LOCK_NAME).exists()
+
+
 def test_a_sweeps_job_whose_folder_is_held_is_not_run_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # the job's refusal ended the whole sweep: the jobs after it never ran, and no summary
     sweep = tmp_path / "sweep"
@@ -248,6 +281,33 @@ def test_a_launchers_rank_whose_dated_folder_a_live_run_holds_is_refused_in_one_
     finally:
         for folder in held:
             release_folder(folder)
+
+
+def test_torchruns_other_ranks_write_nothing_in_a_folder_rank_0_is_refused(tmp_path: Path) -> None:
+    # rank 0 was refused the folder, but rank 1 went on into Hydra, which wrote its .hydra/
+    # records (over the live run's) and an empty train.log there before torchrun stopped it.
+    # Rank 0 starts 3 s late here, so rank 1 is first to reach Hydra
+    from tests.distributed.multi_process import free_port
+
+    run = tmp_path / "run"
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "sitecustomize.py").write_text("import os, time\nif os.environ.get('RANK') == '0':\n    time.sleep(3.0)\n")
+    proc = holder(run)
+    try:
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2", f"--master-port={free_port()}",
+             str(ROOT / "recipes" / "train.py"), "trainer=smoke", f"hydra.run.dir={run}"],
+            cwd=tmp_path, env=subprocess_env(late), capture_output=True, text=True, timeout=300)
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME], done.stderr[-3000:]  # no .hydra/, no log
+    finally:
+        proc.kill()
+        proc.wait()
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if line.startswith("error: another run is writing in")]
+    assert len(refusals) == 1 and f"(pid {proc.pid} on " in refusals[0], done.stderr[-3000:]  # rank 0's, once
+    assert "heard nothing from rank 0" not in done.stderr
+    assert f'File "{ROOT / "neo_core"}' not in done.stderr and f'File "{ROOT / "recipes"}' not in done.stderr  # no rank's traceback
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="runs a process as another user")
