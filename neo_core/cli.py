@@ -809,6 +809,54 @@ def hold_job_folder(out: Path) -> None:
         raise
 
 
+def hold_jobs_before_hydra_writes() -> None:
+    """Hydra's launcher (the one that runs a sweep's jobs in this process) writes a job's
+    ``.hydra/`` records into its folder before the job runs, and so before the job holds its
+    folder (:func:`hold_job_folder`): a job whose folder another run held wrote its records
+    over that run's. Each job's folder is now held as Hydra names it, just before Hydra writes
+    there; where another run holds it, Hydra writes no records for the job
+    (``hydra.output_subdir`` unset for it), and the job is refused as it starts, as before."""
+    import hydra.core.utils
+    from hydra._internal.core_plugins import basic_launcher
+
+    launched = hydra.core.utils.run_job
+    if getattr(launched, "neo_holds", False):
+        return
+
+    def run_job(*, config: Any, job_dir_key: str, job_subdir_key: str | None, **kwargs: Any) -> Any:
+        if job_subdir_key is not None:  # a sweep's job (a single run's folder is held already)
+            _hold_job_first(config, job_dir_key, job_subdir_key)
+        return launched(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+
+    run_job.neo_holds = True  # type: ignore[attr-defined]
+    # Hydra's plugin scan loads its launcher's module anew, which takes run_job from hydra.core.utils
+    hydra.core.utils.run_job = run_job  # type: ignore[assignment]
+    basic_launcher.run_job = run_job  # type: ignore[attr-defined]
+
+
+def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> None:
+    """Hold a sweep job's folder as Hydra will name it (:func:`hold_jobs_before_hydra_writes`);
+    where another run holds it, the job's config asks Hydra to write no records there."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from neo_core.folder_lock import hold_folder
+
+    kept = HydraConfig.instance().cfg
+    try:
+        HydraConfig.instance().set_config(config)  # as Hydra sets it to resolve the folder
+        folder = os.path.join(str(OmegaConf.select(config, dir_key)), str(OmegaConf.select(config, subdir_key)))
+    except Exception:  # noqa: BLE001 - Hydra's own resolution says what is wrong
+        return
+    finally:
+        HydraConfig.instance().cfg = kept
+    try:
+        hold_folder(folder, "hydra.sweep.dir")
+    except NeoError:  # the job says so as it starts (hold_job_folder)
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.output_subdir = None
+
+
 def use_fresh_run_dirs() -> None:
     """Register ``neo_fresh_dir`` (:func:`fresh_run_dir`), which conf/'s ``hydra.run.dir`` and
     ``hydra.sweep.dir`` use. Done at import too: a launcher that runs a sweep's jobs in other

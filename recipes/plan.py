@@ -46,6 +46,7 @@ from neo_core.cli import (
     help_groups,
     hold_given_dirs,
     hold_job_folder,
+    hold_jobs_before_hydra_writes,
     hold_run_folders,
     launch_lines_as_typed,
     repeated_settings,
@@ -496,6 +497,7 @@ if __name__ == "__main__":
     sys.argv = [sys.argv[0], *force_add_overrides(_model_alias(argv), config_groups(CONF, argv), selected)]
     check_sweep_jobs(check_job)  # a -m sweep: every job before the first starts
     launch_lines_as_typed()
+    hold_jobs_before_hydra_writes()
     try:
         main()
     except KeyboardInterrupt:  # planning holds nothing worth a traceback

@@ -40,6 +40,7 @@ from neo_core.cli import (
     help_groups,
     hold_given_dirs,
     hold_job_folder,
+    hold_jobs_before_hydra_writes,
     hold_run_folders,
     launch_lines_as_typed,
     option_names,
@@ -353,6 +354,7 @@ if __name__ == "__main__":
     sys.argv = [sys.argv[0], *force_add_overrides(argv, config_groups(CONF, argv), selected)]
     check_sweep_jobs(check_job)  # a -m sweep: every job before the first starts
     launch_lines_as_typed()
+    hold_jobs_before_hydra_writes()
     try:
         main()
         from neo_core.training.interrupt import asked_as_it_finished

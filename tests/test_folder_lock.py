@@ -139,6 +139,9 @@ def test_a_sweeps_job_whose_folder_is_held_is_not_run_and_the_sweep_goes_on(tmp_
     assert run.returncode == 2, run.stderr[-2000:]
     assert (sweep / "0" / "plan.json").is_file() and (sweep / "2" / "plan.json").is_file()
     assert not (sweep / "1" / "plan.json").exists() and not (sweep / "1" / "plan.log").exists()
+    # nor Hydra's records, which went over the other run's (the job held its folder only as it started)
+    assert sorted(p.name for p in (sweep / "1").iterdir()) == [LOCK_NAME]
+    assert (sweep / "0" / ".hydra" / "overrides.yaml").is_file() and (sweep / "2" / ".hydra" / "overrides.yaml").is_file()
     assert "  #1 compression=fp16: not run (its folder is another run's)" in run.stdout
     assert f"error: job #1 (+topology=zionex topology.num_nodes=1 compression=fp16): another run is writing in " \
            f"{sweep / '1'} (pid {proc.pid} on " in run.stderr
