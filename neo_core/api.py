@@ -1,9 +1,14 @@
-"""Public Python API: plan embedding tables onto a cluster without building a model.
+"""Public Python API: plan embedding tables onto a cluster without building a model, or plan a
+model's tables for TorchRec's ``DistributedModelParallel`` in your own training code.
 
 >>> from neo_core.api import plan_tables
 >>> from neo_core.sharding import TableSpec
 >>> result = plan_tables([TableSpec("t0", 10_000_000, 128, 20.0)], "zionex", 512)
 >>> print(result.format_text())
+
+>>> result = plan_model(model, "local", 64, pooling_factors={"user_id": 20.0})  # in each rank
+>>> dmp = DistributedModelParallel(model, env=env, device=device, plan=result.torchrec_plan,
+...                                sharders=result.torchrec_sharders)
 
 Plugins may be given as objects or by registry name (``"zionex"``, ``"fp16"``); names are
 resolved through the plugin manager, so third-party plugins work the same way.
@@ -28,10 +33,11 @@ from neo_core.sharding import (
     check_plan,
     check_table_names,
     check_table_specs,
+    checked_sharders,
 )
 from neo_core.topology import Topology
 
-__all__ = ["make_context", "plan_tables", "resolve"]
+__all__ = ["check_ranks", "make_context", "plan_model", "plan_tables", "resolve", "seeded_table_init", "table_specs"]
 
 _TYPES: dict[str, type] = {
     "topology": Topology,
@@ -160,6 +166,14 @@ def plan_tables(
     if batch_size_per_rank is None:  # required; a default of None lets batch_size= be named as a slip
         _check_planner_params(params, planner)
         raise ConfigError("plan_tables() needs batch_size_per_rank: the samples each rank trains on per step.")
+    tables = _checked_tables(tables)
+    chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params)
+    name = planner if isinstance(planner, str) else chosen.name
+    return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name, context)
+
+
+def _checked_tables(tables: Any) -> list[TableSpec]:
+    """``tables`` as a non-empty list of :class:`TableSpec`, each checked, names unique."""
     if isinstance(tables, TableSpec):
         raise ConfigError(f"tables must be a list of TableSpec objects; wrap the single table {tables.name!r} in a list.")
     if isinstance(tables, (str, bytes, Mapping)) or not isinstance(tables, Sequence | Iterable):
@@ -169,10 +183,152 @@ def plan_tables(
         raise ConfigError("The table list is empty; give at least one embedding table to plan.")
     check_table_specs(tables)
     check_table_names(tables)
+    return tables
+
+
+def _planning(topology: Any, batch_size_per_rank: Any, kernel: Any, compressor: Any, cache: Any,
+              planner: Planner | str, params: Mapping[str, Any]) -> tuple[Planner, PlanningContext]:
+    """The planner and the context of :func:`plan_tables` and :func:`plan_model`."""
     _check_planner_params(params, planner)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
     if isinstance(planner, Planner) and params:
         raise ConfigError("Planner parameters apply only when the planner is given by name.")
-    name = planner if isinstance(planner, str) else chosen.name
-    return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name, context)
+    return chosen, context
+
+
+def table_specs(
+    model: Any,
+    pooling_factors: Mapping[str, float] | None = None,
+    hot_fractions: Mapping[str, float] | None = None,
+) -> list[TableSpec]:
+    """The :class:`TableSpec` of every table of ``model``'s TorchRec ``EmbeddingBagCollection``s
+    (the model itself may be one; on the meta device or not): its name, rows, dim and features.
+    ``pooling_factors`` and ``hot_fractions`` give, by table name, the mean ids per sample of
+    each feature reading the table (1.0 where not given: lookups and communication grow with
+    it, so give yours) and the share of lookups that hit the hottest 1% of rows."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    specs: list[TableSpec] = []
+    where: dict[str, str] = {}
+    for path, child in model.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        here = f"module {path!r}" if path else "the model"
+        for config in child.embedding_bag_configs():
+            if config.name in where:
+                raise ConfigError(
+                    f"Table {config.name!r} is in both {where[config.name]} and {here}; a plan names each table "
+                    "once: give the tables names of their own (EmbeddingBagConfig(name=...))."
+                )
+            where[config.name] = here
+            specs.append(TableSpec(
+                config.name, config.num_embeddings, config.embedding_dim,
+                float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
+                (hot_fractions or {}).get(config.name)))
+    if not specs:
+        raise ConfigError(
+            f"{type(model).__name__} holds no TorchRec EmbeddingBagCollection: plan_model plans the tables of "
+            "those (plan_tables plans tables described by TableSpec)."
+        )
+    for given, what in ((pooling_factors, "pooling_factors"), (hot_fractions, "hot_fractions")):
+        if unknown := sorted(set(given or {}) - set(where)):
+            close = difflib.get_close_matches(unknown[0], list(where), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; its tables: {', '.join(sorted(where)[:10])}"
+            raise ConfigError(f"{what} names {unknown[0]!r}, which is no table of the model{hint}.")
+    return specs
+
+
+def plan_model(
+    model: Any,
+    topology: Topology | str | Mapping[str, Any],
+    batch_size_per_rank: int | None = None,
+    kernel: EmbeddingKernel | str | Mapping[str, Any] | None = None,
+    compressor: Compressor | str | Mapping[str, Any] | None = None,
+    cache: CachePolicy | str | Mapping[str, Any] | None = None,
+    planner: Planner | str = "neo",
+    pooling_factors: Mapping[str, float] | None = None,
+    hot_fractions: Mapping[str, float] | None = None,
+    **params: Any,
+) -> PlanResult:
+    """Plan every table of ``model`` (:func:`table_specs`) and build what TorchRec's
+    ``DistributedModelParallel`` executes: ``result.torchrec_plan`` (its ``plan=``) and
+    ``result.torchrec_sharders`` (its ``sharders=``), the report beside them as
+    :func:`plan_tables` gives it. Call it in every rank (the plan is deterministic). Within a
+    process group, the plan is checked against its ranks (:func:`check_ranks`), and the
+    ``local`` topology has as many ranks as the group."""
+    if batch_size_per_rank is None:
+        _check_planner_params(params, planner)
+        raise ConfigError("plan_model() needs batch_size_per_rank: the samples each rank trains on per step.")
+    tables = table_specs(model, pooling_factors, hot_fractions)
+    topology = _local_as_the_group(topology)
+    chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params)
+    result = chosen.plan_module(model, tables, context)
+    result.torchrec_sharders = checked_sharders(chosen, context)
+    check_ranks(result)
+    return result
+
+
+def _local_as_the_group(topology: Any) -> Any:
+    """``local`` (by name, without a world size) within a process group: the group's ranks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return topology
+    if topology == "local":
+        return {"name": "local", "world_size": dist.get_world_size()}
+    if isinstance(topology, Mapping) and topology.get("name") == "local" and "world_size" not in topology:
+        return {**topology, "world_size": dist.get_world_size()}
+    return topology
+
+
+def check_ranks(result: PlanResult, process_group: Any = None) -> None:
+    """Refuse a plan that the ranks of ``process_group`` (the default group; nothing is checked
+    outside one) cannot execute: another number of ranks, another kind of device than the
+    group's backend drives (NCCL: CUDA, gloo: CPU), or nodes of another size than the machines'
+    ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
+    sharding). TorchRec failed deep inside on each, with an IndexError or a shard's device."""
+    import os
+
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    world = dist.get_world_size(process_group)
+    planned = len(result.ranks)
+    made_for = result.topology_summary() or "its topology"
+    if planned and planned != world:
+        raise ConfigError(
+            f"The plan is for {planned} rank(s) ({made_for}), but the process group has {world}: plan for "
+            f"{world} ranks (e.g. topology={{'name': 'local', 'world_size': {world}}}), or start {planned}."
+        )
+    device = result.topology.get("compute_device")
+    runs_on = {"nccl": "cuda", "gloo": "cpu"}.get(str(dist.get_backend(process_group)))
+    if device and runs_on and device != runs_on:
+        raise ConfigError(
+            f"The plan is for {device} ranks ({made_for}), but the process group's backend "
+            f"({dist.get_backend(process_group)}) runs on {runs_on}: plan for {runs_on} ranks (topology "
+            f"compute_device={runs_on!r}, e.g. {{'name': 'local', 'compute_device': {runs_on!r}}}), or start "
+            f"the group with {'nccl' if device == 'cuda' else 'gloo'}."
+        )
+    per_node = result.devices_per_node()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
+    if nodal and local != per_node:
+        raise ConfigError(
+            f"The plan splits {', '.join(repr(n) for n in nodal[:3])}{' and more' if len(nodal) > 3 else ''} over "
+            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here (LOCAL_WORLD_SIZE), and "
+            f"TorchRec forms the nodes of table-row-wise and grid sharding from that: start {per_node} rank(s) a "
+            f"machine (torchrun --nproc_per_node={per_node}), or plan without them (sharding_types=[...] "
+            "without 'TWRW' and 'GRID')."
+        )
+
+
+def seeded_table_init(model: Any, seed: int) -> None:
+    """Give every table of ``model`` (sharded by DMP or not) the weights it would have whatever
+    the plan, from ``seed``: two plans of one model, or a sharded model and the same model
+    unsharded, start from the same tables (TorchRec draws each shard from its rank's own
+    generator)."""
+    from neo_core.training.module import seeded_table_init as init
+
+    init(model, seed)

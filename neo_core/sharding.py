@@ -289,6 +289,8 @@ class PlanResult:
     batch_size_per_rank: int
     topology: dict[str, Any]
     torchrec_plan: Any = None  # torchrec.distributed.types.ShardingPlan when built for a model
+    # the TorchRec sharders that execute it (neo_core.api.plan_model): DMP's sharders=
+    torchrec_sharders: Any = None
     # what the plan's figures assume besides the tables and topology: the kernel's optimizer
     # and bytes per weight, the compressor's precisions, the cache (filled by check_plan)
     settings: dict[str, Any] = field(default_factory=dict)

@@ -47,6 +47,7 @@ def build_sharding_plan(
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     topology = context.topology
+    check_plan_matches(module, result, context)
     assignments = {t.name: t for t in result.tables}
     sharder = next(
         (s for s in sharders if issubclass(getattr(s, "module_type", object), EmbeddingBagCollection)),
@@ -85,6 +86,66 @@ def build_sharding_plan(
             device_type=topology.compute_device,
         )
     return ShardingPlan(plan)
+
+
+def check_plan_matches(module: nn.Module, result: PlanResult, context: PlanningContext) -> None:
+    """Refuse a plan made for another model, cluster or optimizer than ``module`` and
+    ``context`` (a saved plan, or tables described by hand): TorchRec built such a plan
+    without a word, with the plan's memory and time figures describing tables or ranks that
+    are not these, or failed deep inside with a message about shards. What the plan does not
+    record (a plan made by hand) is not checked."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    topology = context.topology
+    again = "plan again for this model and context (neo_core.api.plan_model)"
+    planned = len(result.ranks)
+    nodes, per_node = result.topology.get("num_nodes"), result.topology.get("devices_per_node")
+    if not planned and nodes and per_node:
+        planned = int(nodes) * int(per_node)
+    if planned and planned != topology.world_size:
+        raise PlanningError(
+            f"The {result.planner!r} plan is for {planned} rank(s) ({result.topology_summary() or 'its topology'}), but "
+            f"the topology here ({topology.name}) has {topology.world_size}: {again}, or use the plan's topology."
+        )
+    if per_node and int(per_node) != topology.devices_per_node and any(
+            a.sharding_type in ("table_row_wise", "table_column_wise", "grid_shard") for a in result.tables):
+        raise PlanningError(
+            f"The {result.planner!r} plan splits tables within nodes of {int(per_node)} rank(s), but the topology "
+            f"here ({topology.name}) has nodes of {topology.devices_per_node}: {again}, or use the plan's topology."
+        )
+    for key, here in (("optimizer", context.kernel.optimizer.value), ("weight_bytes", context.kernel.weight_bytes)):
+        made = result.settings.get(key)
+        if made is not None and made != here:
+            raise PlanningError(
+                f"The {result.planner!r} plan was made for {key} {made!r}, whose memory its figures count, but the "
+                f"kernel here ({context.kernel.name}) has {key} {here!r}: {again}, or train with {key} {made!r}."
+            )
+    assignments = {a.name: a for a in result.tables}
+    seen: dict[str, str] = {}
+    for path, child in module.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        where = f"module {path!r}" if path else "the model"
+        for config in child.embedding_bag_configs():
+            if config.name in seen:
+                raise PlanningError(
+                    f"Table {config.name!r} is in both {seen[config.name]} and {where}; a plan names each table "
+                    "once, so both would get one assignment: give the tables names of their own."
+                )
+            seen[config.name] = where
+            spec = assignments[config.name].spec if config.name in assignments else {}
+            for key, has in (("num_embeddings", config.num_embeddings), ("embedding_dim", config.embedding_dim)):
+                if spec.get(key) is not None and int(spec[key]) != int(has):
+                    raise PlanningError(
+                        f"Table {config.name!r} in {where} has {key} {has}, but the {result.planner!r} plan was made "
+                        f"for {key} {int(spec[key])}: {again}, from the model's tables (neo_core.api.table_specs)."
+                    )
+    if seen and (extra := [a.name for a in result.tables if a.name not in seen]):
+        listed = ", ".join(repr(n) for n in extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        raise PlanningError(
+            f"The {result.planner!r} plan places {listed}, which the model has no table of: it was made for "
+            f"another model; {again}."
+        )
 
 
 def _generator(assignment: TableAssignment, world_size: int, local_size: int) -> Any:

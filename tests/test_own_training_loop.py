@@ -1,0 +1,140 @@
+"""Neo's planner in a user's own TorchRec code (neo_core.api.plan_model, table_specs,
+check_ranks, seeded_table_init): the plan DistributedModelParallel executes, and the plans
+and ranks that cannot be executed refused with the fix before TorchRec meets them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from neo_core.api import make_context, plan_model, plan_tables, resolve, table_specs
+from neo_core.errors import ConfigError, NeoError, PlanningError
+from neo_core.sharding import TableSpec
+from tests.conftest import ROOT, subprocess_env
+from tests.distributed.multi_process import MultiProcessRunner, free_port
+
+
+def ebc(*tables: tuple[str, int, int], feature: str = "f_") -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"{feature}{n}"])
+                for n, r, d in tables],
+        device=torch.device("meta"))
+
+
+def test_the_documented_own_training_loop_runs_on_two_ranks_and_matches_the_unsharded_model() -> None:
+    # docs/planner.md points here: plan_model's plan and sharders in DMP, as a user writes it
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node=2", f"--master-port={free_port()}",
+         str(ROOT / "docs" / "examples" / "own_training_loop.py")],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"user_id +RW .*\n *item_id +CW .*\n *category +DP +dense", out), out
+    diffs = [float(d) for d in re.findall(r"rank \d: the sharded model's output is the unsharded model's "
+                                          r"\(max \|difference\| (\S+)\)", out)]
+    assert len(diffs) == 2 and max(diffs) <= 1e-5, out
+    first, last = (float(x) for x in re.search(r"first 10 steps (\S+), last 10 (\S+)", out).groups())
+    assert last < first / 2, out
+
+
+def test_table_specs_reads_the_models_tables_and_names_a_bad_name() -> None:
+    model = nn.Module()
+    model.user, model.item = ebc(("user_id", 1000, 16)), ebc(("item_id", 500, 8))
+    specs = table_specs(model, pooling_factors={"item_id": 3.0}, hot_fractions={"user_id": 0.4})
+    assert [(s.name, s.num_embeddings, s.embedding_dim, s.pooling_factor, s.feature_names, s.hot_fraction)
+            for s in specs] == [("user_id", 1000, 16, 1.0, ("f_user_id",), 0.4), ("item_id", 500, 8, 3.0, ("f_item_id",), None)]
+    with pytest.raises(ConfigError, match=r"^pooling_factors names 'itme_id', which is no table of the model "
+                                          r"\(did you mean 'item_id'\?\)\.$"):
+        table_specs(model, pooling_factors={"itme_id": 3.0})
+    # two towers with a table of one name each: a plan could not tell them apart
+    model.item = ebc(("user_id", 500, 8), feature="i_")
+    with pytest.raises(ConfigError, match=r"^Table 'user_id' is in both module 'user' and module 'item'; "):
+        table_specs(model)
+    with pytest.raises(ConfigError, match=r"^Linear holds no TorchRec EmbeddingBagCollection"):
+        table_specs(nn.Linear(2, 2))
+
+
+def test_a_plan_made_for_other_tables_ranks_or_optimizer_is_refused_for_this_model() -> None:
+    # each was built without a word by TorchRec (rows and TW dims, a second table of one name, a
+    # table the model lacks), or failed inside it on shard shapes or ranks
+    model = ebc(("user_id", 100_000, 32), ("item_id", 500, 16))
+    neo = resolve("sharding", "neo")
+    ctx = make_context({"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    right = table_specs(model)
+    assert neo.plan_module(model, right, ctx).torchrec_plan is not None
+    fewer_rows = [TableSpec("user_id", 1000, 32), right[1]]
+    with pytest.raises(PlanningError, match=r"^Table 'user_id' in the model has num_embeddings 100000, but the 'neo' "
+                                            r"plan was made for num_embeddings 1000: plan again"):
+        neo.plan_module(model, fewer_rows, ctx)
+    wider = [TableSpec("user_id", 100_000, 64), right[1]]
+    with pytest.raises(PlanningError, match=r"has embedding_dim 32, but the 'neo' plan was made for embedding_dim 64"):
+        neo.plan_module(model, wider, ctx)
+    more = [*right, TableSpec("ads", 10, 8)]
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan places 'ads', which the model has no table of"):
+        neo.plan_module(model, more, ctx)
+    # a saved plan used with another context
+    saved = plan_tables(right, {"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    four = make_context({"name": "local", "world_size": 4, "compute_device": "cpu"}, 64)
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan is for 2 rank\(s\) \(local: 1 node\(s\) x 2 cpu "
+                                            r"rank\(s\);.*but the topology here \(local\) has 4: plan again"):
+        neo.to_torchrec_plan(model, saved, four)
+    sgd = make_context({"name": "local", "world_size": 2, "compute_device": "cpu"}, 64,
+                       kernel={"name": "fused", "optimizer": "sgd"})
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan was made for optimizer 'rowwise_adagrad', whose memory "
+                                            r"its figures count, but the kernel here \(fused\) has optimizer 'sgd'"):
+        neo.to_torchrec_plan(model, saved, sgd)
+    assert neo.to_torchrec_plan(model, saved, ctx) is not None
+
+
+def _check_ranks_refusals(rank: int, world: int) -> list[str]:
+    """In a 2-rank gloo group: plans its ranks cannot execute, each refused by plan_model."""
+    import os
+
+    from neo_core.api import check_ranks
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    model = ebc(("user_id", 100_000, 32), ("item_id", 500, 16))
+    said = []
+    for topology in ({"name": "local", "world_size": 4, "compute_device": "cpu"},
+                     {"name": "zionex", "num_nodes": 1, "devices_per_node": 2}):
+        try:
+            plan_model(model, topology, 64)
+        except NeoError as exc:
+            said.append(str(exc))
+        else:
+            said.append("accepted")
+    # a node of 2 ranks where each machine runs one (torchrun --nnodes 2 --nproc_per_node 1):
+    # table-row-wise needs 4 ranks to plan, so the plan is written out here
+    nodal = PlanResult("neo", [TableAssignment("user_id", "table_row_wise", "fused", [0, 1])],
+                       [RankReport(0), RankReport(1)], 64, {"devices_per_node": 2, "compute_device": "cpu"})
+    os.environ["LOCAL_WORLD_SIZE"] = "1"
+    try:
+        check_ranks(nodal)
+    except NeoError as exc:
+        said.append(str(exc))
+    os.environ["LOCAL_WORLD_SIZE"] = "2"
+    check_ranks(nodal)
+    said.append(str(len(plan_model(model, "local", 64).ranks)))  # local: the group's ranks
+    return said
+
+
+def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute() -> None:
+    # TorchRec failed inside on each: an IndexError, a shard's device, a node group of ranks
+    # that LOCAL_WORLD_SIZE does not give
+    said = MultiProcessRunner().run(_check_ranks_refusals, 2)[0]
+    assert said[0].startswith("The plan is for 4 rank(s) (local: 1 node(s) x 4 cpu rank(s);") and \
+        said[0].endswith("but the process group has 2: plan for 2 ranks (e.g. topology={'name': 'local', "
+                         "'world_size': 2}), or start 4."), said[0]
+    assert said[1].startswith("The plan is for cuda ranks (zionex: 1 node(s) x 2 cuda rank(s);") and \
+        "but the process group's backend (gloo) runs on cpu: plan for cpu ranks" in said[1], said[1]
+    assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
+                              "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
+    assert said[3] == "2"
