@@ -440,7 +440,12 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
         for over, problem in problems:
             if problem:
                 print(f"note: this plan cannot train on these CPU ranks{over}: {problem}", file=sys.stderr)
-    paths = save_all(result, out)
+    try:
+        paths = save_all(result, out)
+    except BaseException:  # a Ctrl-C as plan.png is drawn: a plan is its three files, or none
+        for written in PLAN_FILES:  # (a sweep's summary and the line said "no plan written" beside two)
+            (out / written).unlink(missing_ok=True)
+        raise
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return result
 

@@ -637,6 +637,29 @@ def test_a_ctrl_c_in_a_plan_sweep_says_which_jobs_wrote_their_plans(tmp_path: Pa
     assert "cache none, compression fp32/fp32" in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_ctrl_c_as_the_chart_is_drawn_leaves_no_plan_where_it_says_none_was_written(tmp_path: Path) -> None:
+    # it said "interrupted: no plan was written" beside a whole plan.json and plan.txt, which a
+    # script gathering */plan.json took as finished (a sweep's summary said "stopped" of it)
+    wrapper = tmp_path / "stopped_chart.py"
+    wrapper.write_text(textwrap.dedent(f"""
+        import runpy, sys
+        from neo_plugins.sharding.planner import report
+
+        def stopped(result, path):  # plan.json and plan.txt are written by now
+            raise KeyboardInterrupt
+
+        report.save_chart = stopped
+        sys.argv = [{str(PLAN_RECIPE)!r}, *sys.argv[1:]]
+        runpy.run_path({str(PLAN_RECIPE)!r}, run_name="__main__")
+    """))
+    out = tmp_path / "run"
+    proc = forked.run(wrapper, "+topology=zionex", "topology.num_nodes=1", "model=mlperf_dcnv2",
+                      f"hydra.run.dir={out}", env=subprocess_env(), timeout=300)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "interrupted: no plan was written"
+    assert not [n for n in ("plan.json", "plan.txt", "plan.png") if (out / n).exists()], sorted(out.iterdir())
+
+
 def test_a_ctrl_c_between_plan_sweep_jobs_calls_none_of_them_stopped(tmp_path: Path, capsys) -> None:
     # the highest job seen was said to be "stopped and wrote no plan" though it had finished
     import importlib.util
