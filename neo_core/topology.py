@@ -20,6 +20,9 @@ from neo_core.errors import ConfigError
 GiB = 1024**3
 GB = 1e9
 MIN_BW = 1e6  # bytes/s: a bandwidth under 1 MB/s is one given in GB/s by mistake
+# bytes/s: over 1 PB/s, far beyond any memory or link (HBM3e gives a GPU about 5 TB/s), a
+# figure in bytes/s given as GB/s or multiplied by GB twice
+MAX_BW = 1e15
 MIN_MEMORY = 2**20  # bytes: a device or host memory under 1 MiB is a slip of units (GiB given as bytes)
 
 
@@ -99,6 +102,12 @@ class Topology:
                     f"topology {self.name!r}: {key}={value!r} bytes/s is under 1 MB/s, surely a slip of units: "
                     "Topology's bandwidths are bytes per second, so a figure in GB/s is multiplied by "
                     "neo_core.topology.GB (25 GB/s is 25 * GB = 2.5e10)."
+                )
+            if key.endswith("_bw") and value > MAX_BW:
+                raise ConfigError(
+                    f"topology {self.name!r}: {key}={value!r} bytes/s is over 1 PB/s, faster than any memory or "
+                    "link, surely a slip of units: Topology's bandwidths are bytes per second, a figure in GB/s "
+                    "multiplied by neo_core.topology.GB once (25 GB/s is 25 * GB = 2.5e10)."
                 )
         # calibrated figures: seconds per id or collective may be 0, bandwidths must be positive
         optional = {

@@ -892,6 +892,14 @@ def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(re
         plugins.create("topology", "zionex", {"intra_node_bw_gbps": -5})
     with pytest.raises(ConfigError, match=r"^topology.inter_node_bw_gbps=0.0005 GB/s is under 1 MB/s \(0.001 GB/s\)"):
         plugins.create("topology", "zionex", {"inter_node_bw_gbps": 0.0005})
+    # and the other way: bytes/s typed as GB/s was warned of as a fast NIC, then planned with
+    with pytest.raises(ConfigError, match=r"^topology.inter_node_bw_gbps=200000000000.0 GB/s is over 1 PB/s "
+                                          r"\(1,000,000 GB/s\).*\(2e\+11 bytes/s is inter_node_bw_gbps=200\)\.$"):
+        plugins.create("topology", "zionex", {"inter_node_bw_gbps": 200e9})
+    with pytest.raises(ConfigError, match=r"^topology 'twice': intra_node_bw=3e\+20 bytes/s is over 1 PB/s"):
+        Topology("twice", 2, 4, "cuda", 40 * 2**30, 100 * 2**30, 1500 * GB, 100 * GB, 32 * GB, 300 * GB * GB, 25 * GB)
+    assert Topology("fast", 2, 4, "cuda", 40 * 2**30, 100 * 2**30, 8000 * GB, 100 * GB, 32 * GB, 900 * GB,
+                    100 * GB).device_memory_bw == 8e12  # a fast GPU's HBM is not refused
 
 
 def test_a_zionex_nic_faster_than_any_made_is_taken_with_a_warning_in_bits(capsys) -> None:

@@ -13,7 +13,7 @@ import sys
 
 from neo_core.checks import is_number
 from neo_core.errors import ConfigError
-from neo_core.topology import GB, MIN_BW, GiB, Topology
+from neo_core.topology import GB, MAX_BW, MIN_BW, GiB, Topology
 
 FASTEST_NIC_GBPS = 100.0  # GB/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
 PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
@@ -49,6 +49,10 @@ def zionex_topology(
             raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
         if unit == "GB/s" and value * GB < MIN_BW:  # the Topology's floor, said in the unit typed
             raise ConfigError(f"topology.{key}={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
+        if unit == "GB/s" and value * GB > MAX_BW:  # and its ceiling: bytes/s typed where GB/s belongs
+            raise ConfigError(f"topology.{key}={value!r} GB/s is over 1 PB/s (1,000,000 GB/s), faster than any "
+                              f"memory or link: give it in GB/s ({value:g} bytes/s is {key}="
+                              f"{value / GB:g}).")
     if inter_node_bw_gbps > FASTEST_NIC_GBPS:  # most often a NIC's Gb/s typed where GB/s belongs
         print(
             f"warning: topology.inter_node_bw_gbps={inter_node_bw_gbps:g} is GB/s (bytes) per rank, "
