@@ -1034,6 +1034,10 @@ def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_ru
     assert result.predicted_step_time <= 1.5 * planner.last_search.step_bound()
     assert any(n.startswith("the first greedy left a table that fits no rank") for n in result.notes)
     assert any(n.startswith("wall-clock safety stop reached") for n in result.notes)
+    # the load's first figure is theirs, and named so: "greedy X -> refined X (911 moves)" read as
+    # moves that gained nothing
+    [load] = [n for n in result.notes if "slowest rank's load:" in n]
+    assert "slowest rank's load: memory-priced runs " in load and " ms -> after the restarts " in load, load
 
 
 def test_why_lines_do_not_round_a_shards_time_to_zero():

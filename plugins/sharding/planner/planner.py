@@ -435,8 +435,12 @@ class NeoPlanner(Planner):
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {counted(len(tables), 'table')} in {elapsed:.2f} s; "
-            f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> "
-            + (f"refined {refined * 1e3:.3f} ms ({moves} moves, " if self.refine else
+            # where the first greedy placed not every table, the first figure is the memory-priced
+            # runs', refined within them: "greedy X -> refined X (911 moves)" read as moves that gained nothing
+            + (f"slowest rank's load: memory-priced runs {greedy_max * 1e3:.3f} ms -> " if first_unplaced
+               else f"slowest rank's load: greedy {greedy_max * 1e3:.3f} ms -> ")
+            + (f"{'after the restarts' if first_unplaced else 'refined'} {refined * 1e3:.3f} ms ({moves} moves, "
+               if self.refine else
                f"{refined * 1e3:.3f} ms, not refined (sharding.refine=false; ")
             + f"{search.restarts} restarts"
             + (f", {fit_runs} packing restarts, {fit_wins} better" if fit_runs else "")
@@ -454,7 +458,7 @@ class NeoPlanner(Planner):
         if first_unplaced:
             result.notes.append(
                 "the first greedy left a table that fits no rank; the memory-priced runs (which weigh "
-                "each option's memory) placed every table, and the greedy figure above is theirs"
+                "each option's memory) placed every table, each run refined: the load above starts from theirs"
             )
         if search.clock_stops:
             result.notes.append(
