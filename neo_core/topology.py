@@ -26,6 +26,13 @@ MAX_BW = 1e15
 MIN_MEMORY = 2**20  # bytes: a device or host memory under 1 MiB is a slip of units (GiB given as bytes)
 
 
+def gbps(bytes_per_s: float) -> str:
+    """A bandwidth in GB/s to three figures, as the plan's own line gives it (0.25, 12.5, 2,039):
+    rounded to 0.1 GB/s, a what-if of 0.25 GB/s read 0.2 and one of 0.004 read 0.0."""
+    value = bytes_per_s / GB
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+
+
 @dataclass(frozen=True)
 class Topology:
     """A homogeneous cluster: ``num_nodes`` nodes of ``devices_per_node`` ranks each."""
@@ -239,10 +246,10 @@ class Topology:
             + (f", emulating {self.emulated_from}" if self.emulated_from else ""),
             f"  memory/rank: device {self.device_memory / GiB:.1f} GiB{mark('device_memory')}, "
             f"host {self.host_memory / GiB:.1f} GiB{mark('host_memory')}",
-            f"  bandwidth/rank: device mem {self.device_memory_bw / GB:.0f} GB/s"
-            f"{mark('device_memory_bw')}, host mem {self.host_memory_bw / GB:.0f} GB/s"
-            f"{mark('host_memory_bw')}, intra-node {self.intra_node_bw / GB:.1f} GB/s"
-            f"{mark('intra_node_bw')}, inter-node {self.inter_node_bw / GB:.1f} GB/s"
+            f"  bandwidth/rank: device mem {gbps(self.device_memory_bw)} GB/s"
+            f"{mark('device_memory_bw')}, host mem {gbps(self.host_memory_bw)} GB/s"
+            f"{mark('host_memory_bw')}, intra-node {gbps(self.intra_node_bw)} GB/s"
+            f"{mark('intra_node_bw')}, inter-node {gbps(self.inter_node_bw)} GB/s"
             f"{mark('inter_node_bw')}",
         ]
         if "calibration" in self.sources:  # the file a local topology's measured figures come from

@@ -902,6 +902,17 @@ def test_a_third_party_plugins_values_refused_by_neos_classes_name_the_plugin(re
                     100 * GB).device_memory_bw == 8e12  # a fast GPU's HBM is not refused
 
 
+def test_the_topology_line_gives_small_bandwidths_as_the_plans_line_does() -> None:
+    # rounded to 0.1 GB/s, a what-if of 0.25 GB/s read 0.2 (the plan's header below it: 0.25) and
+    # one of 0.004 read 0.0
+    from neo_plugins.topology.zionex import zionex_topology
+
+    line = zionex_topology(inter_node_bw_gbps=0.25).describe().splitlines()[2]
+    assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s*"
+    line = zionex_topology(inter_node_bw_gbps=0.004, intra_node_bw_gbps=0.04).describe().splitlines()[2]
+    assert line.endswith("intra-node 0.04 GB/s*, inter-node 0.004 GB/s*"), line
+
+
 def test_a_zionex_nic_faster_than_any_made_is_taken_with_a_warning_in_bits(capsys) -> None:
     # the NIC is sold as 200 Gb/s; typed as inter_node_bw_gbps=200 it modelled a link 8x too fast, silently
     from neo_plugins.topology.zionex import zionex_topology
