@@ -126,9 +126,20 @@ def make_context(
 _MEANT = {"compression": "compressor", "sharding": "planner", "batch_size": "batch_size_per_rank"}
 
 
-def _check_planner_params(params: Mapping[str, Any], planner: Any) -> None:
-    """A keyword that names a plugin group, or is a typo of plan_tables' own parameter, is not
-    the planner's key it would otherwise be taken for (unless the planner takes it)."""
+# plan_tables' parameters that take a plugin of a group other than the planner's, by group
+_GROUP_PARAMS = {"kernel": "kernel", "compression": "compressor", "cache": "cache", "topology": "topology"}
+# the plugin an example selects where the call names none that takes the key: the default
+# kernel, and LRU, the cache FBGEMM also prefetches with (conf/cache/lru.yaml)
+_USUAL = {"kernel": "fused", "cache": "lru"}
+
+
+def _check_planner_params(params: Mapping[str, Any], planner: Any, given: Mapping[str, Any] | None = None,
+                          caller: str = "plan_tables") -> None:
+    """A keyword that names a plugin group, or is a typo of plan_tables' own parameter, or is a
+    key of another group's plugin (``optimizer``: the kernel's) or of another planner, is not
+    the planner's key it would otherwise be taken for (unless the planner takes it); ``given``:
+    the plugins the call gave, by parameter (``kernel``: "dense"), which its examples keep;
+    ``caller``: the function the messages name (``plan_model`` takes the same keywords)."""
     own = ("topology", "batch_size_per_rank", "kernel", "compressor", "cache", "planner")
     takes: Collection[str] = ()
     if isinstance(planner, str):
@@ -138,13 +149,68 @@ def _check_planner_params(params: Mapping[str, Any], planner: Any) -> None:
             takes = get_plugins().registry("sharding").get(planner).parameters()
         except Exception:  # noqa: BLE001 - an unknown planner is named by resolve below
             takes = ()
-    for key in (k for k in params if k not in takes):
+    stray = [k for k in params if k not in takes]
+    for key in stray:
         meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, own, n=1, cutoff=0.8)), None)
         if meant:
             raise ConfigError(
-                f"plan_tables() has no parameter {key!r}; did you mean {meant}=? (other keyword arguments go "
+                f"{caller}() has no parameter {key!r}; did you mean {meant}=? (other keyword arguments go "
                 "to the planner, e.g. reserve_fraction=0.2)"
             )
+    # before the planner's registry names them as command-line keys (kernel.optimizer=<value>),
+    # or a close match of its own wins over another group's exact key
+    for key in stray:
+        fix = _elsewhere(key, {k: params[k] for k in stray}, planner, dict(given or {}), caller)
+        if fix:
+            raise ConfigError(f"{caller}() gives other keywords to the planner; {fix}.")
+
+
+def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[str, Any],
+               caller: str = "plan_tables") -> str:
+    """How to give ``key`` in Python where it is a field of each table, a key of another group's
+    plugin (with the other ``stray`` keywords that plugin takes), or of another planner; "" where
+    it is none of these."""
+    import dataclasses
+
+    fields = [f.name for f in dataclasses.fields(TableSpec)]
+    if caller == "plan_model" and key in ("pooling_factor", "hot_fraction"):
+        return f"a table's {key} is given by table name: {key}s={{<table>: {stray[key]!r}}}"
+    if caller == "plan_model" and key in fields[1:]:
+        return f"{key} is read from each table's EmbeddingBagConfig in the model"
+    if key in fields[1:]:
+        before = ", ".join(fields[: min(fields.index(key), 3)])  # the fields given by position
+        return f"{key} is a field of each table, given where it is made: TableSpec({before}, {key}={stray[key]!r})"
+    from neo_core.plugins import get_plugins
+
+    registries = {r.group: r for r in get_plugins().registries.values()}
+    for group, param in _GROUP_PARAMS.items():
+        registry = registries.get(group)
+        if registry is None:
+            continue
+        owners = [e.name for e in registry.entries() if not e.accepts_any_keyword() and key in e.parameters()]
+        if not owners:
+            continue
+        value = given.get(param)  # a name, a mapping with one, an object with one, or None
+        named = value.get("name") if isinstance(value, Mapping) else value if isinstance(value, str) else None
+        named = named or getattr(value, "name", None)
+        name = next((n for n in (named, _USUAL.get(group)) if n in owners), owners[0])
+        node = dict(value) if isinstance(value, Mapping) and value.get("name") == name else {}
+        keys = registry.get(name).parameters()
+        moved = {k: v for k, v in stray.items() if k in keys}  # all the call's keys of that plugin at once
+        node = {"name": name, **{k: v for k, v in node.items() if k != "name"}, **moved}
+        these = " and ".join(moved)
+        return f"{these} {'is a key' if len(moved) == 1 else 'are keys'} of the {param}: {param}={node!r}"
+    if isinstance(planner, str) and "sharding" in registries:
+        others = [e.name for e in registries["sharding"].entries()
+                  if e.name != planner and not e.accepts_any_keyword() and key in e.parameters()]
+        if others:
+            return f"{key} is a key of planner {others[0]!r}: planner={others[0]!r}, {key}={stray[key]!r}"
+    for group, registry in registries.items():  # a model's or a data set's: nothing plan_tables() builds
+        if group not in _GROUP_PARAMS and group != "sharding" and any(
+                not e.accepts_any_keyword() and key in e.parameters() for e in registry.entries()):
+            return (f"{key} is a key of the {group} group, which {caller}() does not take: it plans the tables "
+                    + ("of the model given" if caller == "plan_model" else "given"))
+    return ""
 
 
 def plan_tables(
@@ -163,8 +229,9 @@ def plan_tables(
     ``reserve_fraction=0.2``). Raises :class:`~neo_core.errors.NeoError` subclasses with a
     one-sentence message for bad input or a model that cannot fit.
     """
+    given = {"topology": topology, "kernel": kernel, "compressor": compressor, "cache": cache}
     if batch_size_per_rank is None:  # required; a default of None lets batch_size= be named as a slip
-        _check_planner_params(params, planner)
+        _check_planner_params(params, planner, given)
         raise ConfigError("plan_tables() needs batch_size_per_rank: the samples each rank trains on per step.")
     tables = _checked_tables(tables)
     chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params)
@@ -187,9 +254,11 @@ def _checked_tables(tables: Any) -> list[TableSpec]:
 
 
 def _planning(topology: Any, batch_size_per_rank: Any, kernel: Any, compressor: Any, cache: Any,
-              planner: Planner | str, params: Mapping[str, Any]) -> tuple[Planner, PlanningContext]:
+              planner: Planner | str, params: Mapping[str, Any],
+              caller: str = "plan_tables") -> tuple[Planner, PlanningContext]:
     """The planner and the context of :func:`plan_tables` and :func:`plan_model`."""
-    _check_planner_params(params, planner)
+    given = {"topology": topology, "kernel": kernel, "compressor": compressor, "cache": cache}
+    _check_planner_params(params, planner, given, caller)
     context = make_context(topology, batch_size_per_rank, kernel, compressor, cache)
     chosen = resolve("sharding", planner, params if not isinstance(planner, Planner) else None)
     if isinstance(planner, Planner) and params:
@@ -257,12 +326,14 @@ def plan_model(
     :func:`plan_tables` gives it. Call it in every rank (the plan is deterministic). Within a
     process group, the plan is checked against its ranks (:func:`check_ranks`), and the
     ``local`` topology has as many ranks as the group."""
+    given = {"topology": topology, "kernel": kernel, "compressor": compressor, "cache": cache}
     if batch_size_per_rank is None:
-        _check_planner_params(params, planner)
+        _check_planner_params(params, planner, given, "plan_model")
         raise ConfigError("plan_model() needs batch_size_per_rank: the samples each rank trains on per step.")
     tables = table_specs(model, pooling_factors, hot_fractions)
     topology = _local_as_the_group(topology)
-    chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params)
+    chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params,
+                                "plan_model")
     result = chosen.plan_module(model, tables, context)
     result.torchrec_sharders = checked_sharders(chosen, context)
     check_ranks(result)

@@ -715,6 +715,34 @@ def test_the_api_names_its_own_parameter_where_a_keyword_would_be_taken_for_the_
         plan_tables(one, cluster())
 
 
+def test_the_api_gives_the_python_fix_for_another_groups_key() -> None:
+    # before: learning_rate got the planner's close match (sharding.table_sharding_types), and
+    # optimizer the command line's kernel.optimizer=<value>
+    one = [TableSpec("user_id", 100_000, 64, 1.0)]
+    head = "plan_tables() gives other keywords to the planner; "
+    for given, keywords, said in (
+        ({}, {"learning_rate": 0.1}, "learning_rate is a key of the kernel: kernel={'name': 'fused', 'learning_rate': 0.1}."),
+        ({}, {"optimizer": "sgd"}, "optimizer is a key of the kernel: kernel={'name': 'fused', 'optimizer': 'sgd'}."),
+        # the plugin the call named, its keys kept, and every key of it at once
+        ({"kernel": {"name": "dense", "eps": 0.01}}, {"optimizer": "sgd", "learning_rate": 0.1, "reserve_fraction": 0.2},
+         "optimizer and learning_rate are keys of the kernel: kernel={'name': 'dense', 'eps': 0.01, 'optimizer': 'sgd', "
+         "'learning_rate': 0.1}."),
+        ({}, {"load_factor": 0.2}, "load_factor is a key of the cache: cache={'name': 'lru', 'load_factor': 0.2}."),
+        ({"compressor": "fp16"}, {"backward": "bf16"},
+         "backward is a key of the compressor: compressor={'name': 'fp16', 'backward': 'bf16'}."),
+        ({}, {"memory_fraction": 0.5},
+         "memory_fraction is a key of the topology: topology={'name': 'local', 'memory_fraction': 0.5}."),
+        ({}, {"embedding_dim": 32},
+         "embedding_dim is a field of each table, given where it is made: TableSpec(name, num_embeddings, embedding_dim=32)."),
+        ({}, {"timeout_s": 5}, "timeout_s is a key of planner 'torchrec': planner='torchrec', timeout_s=5."),
+    ):
+        with pytest.raises(ConfigError) as err:
+            plan_tables(one, given.pop("topology", "local"), 64, **given, **keywords)
+        assert str(err.value) == head + said
+    # a key the planner takes is the planner's, whoever else takes it
+    assert plan_tables(one, "local", 64, time_budget_s=5.0)
+
+
 def test_a_planner_plugin_that_takes_such_a_keyword_gets_it(register_plugin) -> None:
     from neo_core import hookimpl
 
