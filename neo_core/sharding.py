@@ -68,6 +68,9 @@ _SHORT = {
 }
 
 
+# the topology's figures a plan's text shows (PlanResult.topology_summary), which it marks where assumed
+_SUMMARY_FIGURES = ("device_memory", "host_memory", "intra_node_bw", "inter_node_bw")
+
 # the most ids per sample a feature is taken to read (MLPerf's largest multi-hot is 100, the
 # production-like tables' 500): above it a pooling factor is a slip of units, not a feature
 MAX_POOLING = 1_000_000
@@ -313,21 +316,43 @@ class PlanResult:
         """Ranks per node, as the plan's topology says (1 where it does not)."""
         return int(self.topology.get("devices_per_node") or 1)
 
+    def _assumed_shown(self) -> set[str]:
+        """The figures of :meth:`topology_summary` that the plan's topology lists as assumed
+        (plan.json's ``topology.assumed``; none in a plan written before it kept them)."""
+        listed = self.topology.get("assumed")
+        listed = listed if isinstance(listed, (list, tuple)) else ()
+        return {key for key in _SUMMARY_FIGURES if key in listed}
+
     def topology_summary(self) -> str:
         """The cluster the plan is for, in one line ("" where the plan does not say): plans of
-        several what-if clusters side by side are told apart by it."""
+        several what-if clusters side by side are told apart by it. Assumed figures are marked
+        '*', as :meth:`Topology.describe` marks them (:meth:`assumed_note` is the key)."""
         t = self.topology
+        assumed = self._assumed_shown()
+
+        def mark(key: str) -> str:
+            return "*" if key in assumed else ""
+
         try:
             shape = (f"{t['name']}: {int(t['num_nodes'])} node(s) x {int(t['devices_per_node'])} "
                      f"{t.get('compute_device', '')} rank(s)").replace("  ", " ")
-            memory = (f"device memory {float(t['device_memory']) / 2**30:.1f} GiB, host "
-                      f"{float(t['host_memory']) / 2**30:.1f} GiB per rank")
-            links = (f"intra-node {float(t['intra_node_bw']) / 1e9:.3g} GB/s, inter-node "
-                     f"{float(t['inter_node_bw']) / 1e9:.3g} GB/s per rank")
+            memory = (f"device memory {float(t['device_memory']) / 2**30:.1f} GiB{mark('device_memory')}, host "
+                      f"{float(t['host_memory']) / 2**30:.1f} GiB{mark('host_memory')} per rank")
+            links = (f"intra-node {float(t['intra_node_bw']) / 1e9:.3g} GB/s{mark('intra_node_bw')}, inter-node "
+                     f"{float(t['inter_node_bw']) / 1e9:.3g} GB/s{mark('inter_node_bw')} per rank")
         except (KeyError, TypeError, ValueError):
             return ""
         emulated = f", emulating {t['emulated_from']}" if t.get("emulated_from") else ""
         return f"{shape}{emulated}; {memory}; {links}"
+
+    def assumed_note(self) -> str:
+        """The key to :meth:`topology_summary`'s '*' marks, with how to measure the figures
+        where Neo can (``neo calibrate`` on this machine's CPU ranks); "" where none is marked."""
+        if not self._assumed_shown() or not self.topology_summary():
+            return ""
+        from neo_core.topology import assumed_note
+
+        return assumed_note(str(self.topology.get("name")), str(self.topology.get("compute_device")))
 
     def node_host_memory(self, per_node: int | None = None) -> tuple[dict[int, float], dict[int, float]]:
         """Host memory used and offered per node (a node's ranks share it): two dicts by node,
@@ -568,6 +593,8 @@ class PlanResult:
         lines = [f"Sharding plan ({self.planner}), {counted(len(self.ranks), 'rank')}"]
         if cluster := self.topology_summary():
             lines.append(f"  for {cluster}")
+            if note := self.assumed_note():  # once, beside the figures it marks
+                lines.append(f"  {note}")
         kw = max([10, *(len(t.compute_kernel) for t in self.tables)])  # fused_uvm_caching is 17
         rw = max([16, *(len(_compact_ranks(t.ranks)) for t in self.tables)])
         nw = max([24, *(len(t.name) for t in self.tables)])

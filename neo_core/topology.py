@@ -33,6 +33,13 @@ def gbps(bytes_per_s: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
+def assumed_note(name: str, compute_device: str) -> str:
+    """The key to the '*' that marks a topology's assumed figures (:meth:`Topology.describe`, a
+    plan's text), with how to measure them where Neo can: this machine's CPU ranks."""
+    measure = "; `neo calibrate` measures this machine's" if name == "local" and compute_device == "cpu" else ""
+    return f"(* assumed, not verified against a primary source{measure})"
+
+
 @dataclass(frozen=True)
 class Topology:
     """A homogeneous cluster: ``num_nodes`` nodes of ``devices_per_node`` ranks each."""
@@ -255,9 +262,7 @@ class Topology:
         if "calibration" in self.sources:  # the file a local topology's measured figures come from
             lines.append(f"  calibration: {self.sources['calibration']}")
         if self.assumed:
-            local_cpu = self.name == "local" and self.compute_device == "cpu"
-            measure = "; `neo calibrate` measures this machine's" if local_cpu else ""
-            lines.append(f"  (* assumed, not verified against a primary source{measure})")
+            lines.append(f"  {assumed_note(self.name, self.compute_device)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,6 +31,32 @@ def test_a_saved_plan_reads_back_to_the_same_plan_and_text(tmp_path: Path) -> No
     assert back.format_text() == plan.format_text()
 
 
+def test_the_plans_text_marks_assumed_figures_and_says_once_how_to_measure_them(tmp_path: Path) -> None:
+    # the text gave the local topology's assumed 1 GB/s as if measured, where describe() marks it
+    from neo_core.api import plan_tables
+    from neo_core.sharding import TableSpec
+    from neo_plugins.sharding.planner.report import save_all
+
+    tables = [TableSpec("user_id", 100_000, 64, 1.0)]
+    plan = plan_tables(tables, "local", 256)  # conftest: no calibration file, so its bandwidths are assumed
+    assert "intra-node 1 GB/s*, inter-node 1 GB/s* per rank" in plan.topology_summary()
+    assert "device memory 5" in plan.topology_summary() and "GiB*" not in plan.topology_summary()  # the RAM's, read
+    key = "(* assumed, not verified against a primary source; `neo calibrate` measures this machine's)"
+    lines = plan.format_text().splitlines()
+    assert lines[2] == f"  {key}" and plan.format_text().count("neo calibrate") == 1, lines[:3]
+    save_all(plan, tmp_path)
+    assert (tmp_path / "plan.txt").read_text().count("neo calibrate") == 1
+    assert PlanResult.load_json(tmp_path / "plan.json").format_text() == plan.format_text()  # plan.json keeps them
+    # another cluster's assumed figures: marked, with no command that would measure this machine
+    zionex = plan_tables(tables, "zionex", 256).format_text().splitlines()
+    assert "device memory 40.0 GiB*, host 192.0 GiB* per rank; intra-node 300 GB/s*" in zionex[1], zionex[1]
+    assert zionex[2] == "  (* assumed, not verified against a primary source)"
+    # figures not said to be assumed (a plan.json written before it kept them): unmarked, no key
+    plan.topology = {k: v for k, v in plan.topology.items() if k != "assumed"}
+    assert "*" not in plan.topology_summary() and plan.assumed_note() == ""
+    assert "neo calibrate" not in plan.format_text()
+
+
 def test_the_optimizer_and_prefetch_count_as_compute_in_the_report() -> None:
     rank = RankReport(0, memory={"weights": 1.0}, memory_capacity=2.0,
                       time={"compute_fwd": 1e-3, "compute_bwd": 1e-3, "optimizer": 2e-3, "prefetch": 1e-3, "comm_fwd": 3e-3})

@@ -103,6 +103,7 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
         f"{source}, imbalance {result.imbalance:.2f}"
         + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else "")
         + (f"\n{cluster}" if (cluster := result.topology_summary()) else "")
+        + (f"\n{note}" if (note := result.assumed_note()) else "")
     )
     # wrapped to the figure's width (about 13 characters an inch at this size): a narrow
     # chart of few ranks cut the cluster's line off at both ends
