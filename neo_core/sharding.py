@@ -76,6 +76,42 @@ _SUMMARY_FIGURES = ("device_memory", "host_memory", "intra_node_bw", "inter_node
 MAX_POOLING = 1_000_000
 
 
+def _names_what_is_missing(cls: type) -> type:
+    """``cls`` (a dataclass) whose ``__init__`` refuses a table made without a field it needs, or
+    with a field it has not, by a :class:`ConfigError` naming the table, the field and an example
+    (Python's own TypeError named neither the table nor what the field is)."""
+    import dataclasses
+    import functools
+
+    init = cls.__init__
+    fields = [f.name for f in dataclasses.fields(cls)]
+    required = [f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    meaning = {"num_embeddings": " (its rows)", "embedding_dim": " (the width of each row)"}
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        missing = [f for f in required[len(args):] if f not in kwargs]
+        unknown = [k for k in kwargs if k not in fields]
+        if missing or unknown:
+            given = dict(zip(fields, args), **{k: v for k, v in kwargs.items() if k in fields})
+            name = given.get("name")
+            example = (f"TableSpec({name if 'name' in given else 'user_id'!r}, {given.get('num_embeddings', 1_000_000)!r}, "
+                       f"{given.get('embedding_dim', 64)!r})")
+            who = f"Table {name!r}" if "name" in given else "A table"
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], fields, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(f"{who} has no field {unknown[0]!r}{hint}; a table's fields: {', '.join(fields)}.")
+            said = " or ".join(f"{f}{meaning.get(f, '')}" for f in missing)
+            raise ConfigError(f"{who} has no {said}; give {'it' if len(missing) == 1 else 'them'}, e.g. {example}.")
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+    return cls
+
+
+@_names_what_is_missing
 @dataclass(frozen=True)
 class TableSpec:
     """One embedding table as the planner sees it (no weights are allocated)."""

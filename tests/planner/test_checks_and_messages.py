@@ -5,6 +5,7 @@ planner's argument ranges, the plan's text, the table generators and plan_tables
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 
@@ -232,6 +233,27 @@ def test_table_specs_are_refused_at_the_edge_of_their_ranges(kwargs, fragment) -
         TableSpec(**{"name": "a", "num_embeddings": 1000, "embedding_dim": 64, **kwargs})
     assert fragment in str(err.value), str(err.value)
     assert TableSpec("a", 2**62 - 1, 1).num_embeddings == 2**62 - 1  # the largest taken
+
+
+def test_a_table_made_without_a_field_it_needs_is_named_with_the_field() -> None:
+    # before: "TypeError: TableSpec.__init__() missing 1 required positional argument: 'embedding_dim'"
+    for args, kwargs, said in (
+        (("t", 1000), {}, "Table 't' has no embedding_dim (the width of each row); give it, e.g. TableSpec('t', 1000, 64)."),
+        (("t",), {"embedding_dim": 32}, "Table 't' has no num_embeddings (its rows); give it, e.g. TableSpec('t', 1000000, 32)."),
+        ((), {"num_embeddings": 10, "embedding_dim": 4}, "A table has no name; give it, e.g. TableSpec('user_id', 10, 4)."),
+        (("t", 1000, 64), {"pooling": 2.0}, "Table 't' has no field 'pooling' (did you mean pooling_factor?); a table's "
+                                            "fields: name, num_embeddings, embedding_dim, pooling_factor, feature_names, "
+                                            "hot_fraction."),
+    ):
+        with pytest.raises(ConfigError) as err:
+            TableSpec(*args, **kwargs)
+        assert str(err.value) == said
+    # made by position, by keyword, replaced, and read by its signature (a listed table set's check) as before
+    table = TableSpec("t", 1000, embedding_dim=64, pooling_factor=2.0)
+    assert table == TableSpec(name="t", num_embeddings=1000, embedding_dim=64, pooling_factor=2.0)
+    assert dataclasses.replace(table, embedding_dim=32).embedding_dim == 32
+    required = [n for n, p in inspect.signature(TableSpec).parameters.items() if p.default is inspect.Parameter.empty]
+    assert required == ["name", "num_embeddings", "embedding_dim"]
 
 
 @pytest.mark.parametrize(
