@@ -793,6 +793,36 @@ def test_column_shard_counts_that_split_no_table_are_noted() -> None:
     assert notes() == [] and notes(col_shard_counts=[3], sharding_types=["TW", "RW"]) == []
 
 
+def test_column_shard_counts_above_the_ranks_are_noted_and_refused_where_cw_is_asked_for() -> None:
+    # col_shard_counts=[3] or [4] on 2 ranks gave no column shards: [4] without a word, [3] blamed on
+    # its split alone, with TWCW and GRID, which one node has none of; CW asked for by name planned on without it
+    table = [TableSpec("user_id", 100_000, 64, 1.0)]
+    notes = lambda **kw: [n for n in plan_tables(table, "local", 256, **kw).notes if "col_shard" in n]  # noqa: E731
+    for k in (3, 4):
+        assert notes(col_shard_counts=[k]) == [
+            f"sharding.col_shard_counts {k} is more shards than the 2 ranks, so CW was not considered"]
+    assert notes(col_shard_counts=[2, 4]) == ["sharding.col_shard_counts 4 is more shards than the 2 ranks"]
+    assert notes() == []  # the default counts above a small cluster's ranks are no news
+    with pytest.raises(ConfigError) as err:
+        plan_tables(table, "local", 256, col_shard_counts=[3], sharding_types=["CW", "RW"])
+    assert str(err.value) == (
+        "sharding.sharding_types asks for CW, but no table can be split into columns here: sharding.col_shard_counts "
+        "3 is more shards than the 2 ranks; give sharding.col_shard_counts=[2], or leave CW out of "
+        "sharding.sharding_types.")
+    with pytest.raises(ConfigError, match=r"3 splits no table: shards must be whole multiples of 4 columns, at least "
+                                          r"sharding.min_col_width=16 \(table dims: 64\); give "
+                                          r"sharding.col_shard_counts=\[2, 4\], or leave CW out"):
+        plan_tables(table, "zionex", 256, col_shard_counts=[3], sharding_types=["CW", "TW"])
+    with pytest.raises(ConfigError, match=r"give sharding.min_col_width=32, or leave CW out"):
+        plan_tables(table, "local", 256, min_col_width=128, sharding_types=["CW", "RW"])
+    assert plan_tables(table, "local", 256, col_shard_counts=[2, 3], sharding_types=["CW", "RW"])  # 2 splits it
+    # CW in a list of types with the default splits (as Neo's own advice gives one): planned on, noted
+    narrow = [TableSpec("narrow", 100_000, 16, 1.0)]
+    assert [n for n in plan_tables(narrow, "zionex", 256, sharding_types=["CW", "TW"]).notes if "col_shard" in n] == [
+        "sharding.col_shard_counts 2, 4, 8 split no table: shards must be whole multiples of 4 columns, at least "
+        "sharding.min_col_width=16, so CW was not considered"]
+
+
 def _setting(message: str, key: str) -> tuple[float, float]:
     """The value a capacity message asks of ``key``, and the value it says is set now."""
     found = re.search(rf"topology\.{key}=([\d.]+) or more, now ([\d.]+)", message)

@@ -55,6 +55,86 @@ ESTIMATORS = ("neo", "torchrec")
 # targets of the packing restarts (Search.fit_restarts) with estimator=torchrec, two runs each
 PACKING_TARGETS = 12
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
+COL_SHARD_COUNTS = (2, 4, 8)  # sharding.col_shard_counts by default
+MIN_COL_WIDTH = 16  # sharding.min_col_width by default
+
+
+@dataclasses.dataclass
+class UnusedCounts:
+    """The sharding.col_shard_counts that give no table column shards (:func:`unused_col_counts`)."""
+
+    counts: tuple[int, ...]  # all of them, as given
+    over: list[int]  # more shards than the most any allowed column type has here (noted where given)
+    narrow: list[int]  # within that, but splitting no table's dim as the fused kernel needs
+    most: int  # the most column shards here (0: no column type applies on this cluster)
+    most_of: str  # what they are, e.g. "the 2 ranks"
+    types: list[str]  # the column types that apply on this cluster, by short name
+    min_col_width: int
+    # given (not the default): a default count above a small cluster's ranks is no news
+    given: bool = True
+
+    @property
+    def all_unused(self) -> bool:
+        return self.most >= 2 and len(self.over) + len(self.narrow) == len(self.counts)
+
+    def reasons(self) -> list[str]:
+        said = []
+        if self.narrow:
+            said.append(f"sharding.col_shard_counts {', '.join(map(str, self.narrow))} split"
+                        f"{'s' if len(self.narrow) == 1 else ''} no table: shards must be whole multiples of 4 "
+                        f"columns, at least sharding.min_col_width={self.min_col_width}")
+        if self.over and (self.given or self.all_unused):
+            said.append(f"sharding.col_shard_counts {', '.join(map(str, self.over))} "
+                        f"{'is' if len(self.over) == 1 else 'are'} more shards than {self.most_of}")
+        return said
+
+    @property
+    def note(self) -> str:
+        """The plan's note, "" where every count gives some table column shards."""
+        if not self.reasons():
+            return ""
+        left = (f", so {', '.join(self.types)} {'was' if len(self.types) == 1 else 'were'} not considered"
+                if self.all_unused else "")
+        return "; ".join(self.reasons()) + left
+
+    def refusal(self, asked: set[ShardingType], dims: Any) -> str:
+        """The error where sharding.sharding_types asks for column types no count gives any table:
+        why, and the counts (else the narrower sharding.min_col_width) that would give some."""
+        named = ", ".join(sorted(t.short for t in asked))
+        shown = sorted({int(d) for d in dims})
+        fits = [k for k in range(2, self.most + 1) if splits_into(np.asarray(shown), k, self.min_col_width).any()]
+        widths = [d // k for d in shown for k in self.narrow if d % k == 0 and (d // k) % 4 == 0]
+        fix = (f"sharding.col_shard_counts={fits[:3]}, or " if fits
+               else f"sharding.min_col_width={max(widths)}, or " if widths else "")
+        dims_said = (f" (table dims: {', '.join(map(str, shown[:5]))}{' ...' if len(shown) > 5 else ''})"
+                     if self.narrow else "")
+        return (f"sharding.sharding_types asks for {named}, but no table can be split into columns here: "
+                f"{'; '.join(self.reasons())}{dims_said}; give {fix}leave {named} out of sharding.sharding_types.")
+
+
+def unused_col_counts(
+    counts: Sequence[int], dims: Any, column_types: set[ShardingType], topology: Any, min_col_width: int,
+    given: bool = True,
+) -> UnusedCounts:
+    """The ``counts`` no type of ``column_types`` gives any table of ``dims`` on ``topology``, as
+    :func:`build_options` decides: above the most shards a type has there (CW: the ranks, TWCW:
+    a node's ranks, on 2 or more nodes, GRID: the nodes, of 2 or more ranks), or, within it,
+    splitting no dim into whole shards of a multiple of 4 columns, at least ``min_col_width``;
+    ``given``: the counts are the user's, not the default."""
+    W, L, N = topology.world_size, topology.devices_per_node, topology.num_nodes
+    limits = {
+        ShardingType.COLUMN_WISE: (W, f"the {W} ranks"),
+        ShardingType.TABLE_COLUMN_WISE: (L if N > 1 else 0, f"the {L} ranks of a node"),
+        ShardingType.GRID_SHARD: (N if N > 1 and L > 1 else 0, f"the {N} nodes"),
+    }
+    applies = {t: limits[t] for t in column_types if limits[t][0] >= 2}
+    most, most_of = max(applies.values(), default=(0, ""))
+    if most < 2:  # no column type applies here, whatever the counts (said where the types are)
+        return UnusedCounts(tuple(counts), [], [], most, most_of, [], min_col_width, given)
+    over = [k for k in counts if k > most]
+    narrow = [k for k in counts if k <= most and not splits_into(dims, k, min_col_width).any()]
+    return UnusedCounts(tuple(counts), over, narrow, most, most_of, sorted(t.short for t in applies), min_col_width,
+                        given)
 
 
 LOWER_CACHE = "lower the cache load_factor"  # a refusal's advice where a cache is on
@@ -204,8 +284,8 @@ class NeoPlanner(Planner):
         sharding_types: Sequence[str] | None = None,
         reserve_fraction: float = RESERVE_FRACTION,
         host_reserve_fraction: float = 0.0,
-        col_shard_counts: Sequence[int] = (2, 4, 8),
-        min_col_width: int = 16,
+        col_shard_counts: Sequence[int] = COL_SHARD_COUNTS,
+        min_col_width: int = MIN_COL_WIDTH,
         refine: bool = True,
         time_budget_s: float = 30.0,
         collective_latency_s: float | None = None,
@@ -264,6 +344,8 @@ class NeoPlanner(Planner):
         self.allowed = (
             {ShardingType.parse(s) for s in sharding_types} if sharding_types else set(ShardingType)
         )
+        # the types listed in sharding.sharding_types (none: all allowed, none asked for by name)
+        self.asked = set(self.allowed) if sharding_types else set()
         self.params = CostParams(
             reserve_fraction=reserve_fraction,
             host_reserve_fraction=host_reserve_fraction,
@@ -391,6 +473,15 @@ class NeoPlanner(Planner):
     def _plan(self, tables: Sequence[TableSpec], context: PlanningContext) -> PlanResult:
         start = time.perf_counter()
         model, arrays, allowed, options, search = self._prepared(tables, context)
+        # column types the fused kernel could split tables by (the dense kernel replicates them)
+        column_types = allowed & set(MULTI_COL) if context.kernel.compute_kernel == "fused" else set()
+        given = self.col_shard_counts != COL_SHARD_COUNTS
+        unused = unused_col_counts(self.col_shard_counts, arrays.dims, column_types, context.topology,
+                                   self.min_col_width, given=given)
+        # refused where the user both set the column splits and asked for a column type by name
+        # (a list of types Neo advises, without counts, plans on with a note)
+        if column_types & self.asked and unused.all_unused and (given or self.min_col_width != MIN_COL_WIDTH):
+            raise ConfigError(unused.refusal(column_types & self.asked, arrays.dims))
         search.progress = self._status
         greedy_max = search.solve(self.refine, self.time_budget_s, fit_targets=self.packing_targets)
         first_unplaced = search.first_unplaced
@@ -423,15 +514,8 @@ class NeoPlanner(Planner):
                 + (f" and {len(odd) - 5} more" if len(odd) > 5 else "")
                 + f"; pad the dim to {-(-odd[0].embedding_dim // 4) * 4} to shard them"
             )
-        column_types = allowed & set(MULTI_COL) if context.kernel.compute_kernel == "fused" else set()
-        idle = [k for k in self.col_shard_counts if not splits_into(arrays.dims, k, self.min_col_width).any()]
-        if column_types and idle:  # a count no table's dim divides into whole shards was silently unused
-            none = len(idle) == len(self.col_shard_counts)
-            result.notes.append(
-                f"sharding.col_shard_counts {', '.join(map(str, idle))} split{'s' if len(idle) == 1 else ''} no table: "
-                f"shards must be whole multiples of 4 columns, at least sharding.min_col_width={self.min_col_width}"
-                + (f", so {', '.join(sorted(t.short for t in column_types))} were not considered" if none else "")
-            )
+        if unused.note:  # a count that gives no table column shards was silently unused
+            result.notes.append(unused.note)
         elapsed = time.perf_counter() - start
         result.notes.append(
             f"searched {len(options)} options x {counted(len(tables), 'table')} in {elapsed:.2f} s; "
