@@ -64,6 +64,43 @@ def test_the_python_examples_run(tmp_path, monkeypatch) -> None:
     assert registry.create("warm_lfu", {"load_factor": 0.1}).load_factor == 0.1
 
 
+def test_the_planners_options_are_documented_with_what_each_type_needs() -> None:
+    # docs/planner.md gave TWCW as "(k <= L)", and the planner refused it on one node of 2 ranks
+    import re
+
+    from neo_core.api import make_context
+    from neo_core.sharding import ShardingType, TableSpec
+    from neo_core.topology import Topology
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.sharding.planner.search import build_options
+
+    text = " ".join((ROOT / "docs" / "planner.md").read_text().split())
+    line = text.split("1. Options per table", 1)[1].split("each on device", 1)[0]
+    said = {short: needs for short, needs in re.findall(r"\b([A-Z]{2,4})(?: x\{[\d,]+\})?(?: \(([^)]*)\))?", line)}
+    assert set(said) == {t.short for t in ShardingType}, said
+    # each condition the doc may state, as the shapes (N nodes of L ranks), shard count k and rows read it
+    words = {
+        "2 or more ranks": lambda N, L, k, rows: N * L >= 2,
+        "2 or more nodes of 2 or more ranks": lambda N, L, k, rows: N >= 2 and L >= 2,
+        "2 or more nodes": lambda N, L, k, rows: N >= 2,
+        "k <= W": lambda N, L, k, rows: k <= N * L, "k <= L": lambda N, L, k, rows: k <= L,
+        "k <= N": lambda N, L, k, rows: k <= N,
+        "rows >= W": lambda N, L, k, rows: rows >= N * L, "rows >= L": lambda N, L, k, rows: rows >= L,
+    }
+    needs = {t: [words[w] for w in said[t.short].split(", ") if w] for t in ShardingType}  # KeyError: unread words
+    for N in (1, 2, 3):
+        for L in (1, 2, 4):
+            topology = Topology("t", N, L, "cuda", 2**34, 2**34, 1e12, 1e11, 1e10, 1e11, 1e10)
+            for rows in (3, 1000):
+                arrays = TableArrays.from_specs([TableSpec("t", rows, 128)])  # 128 columns split into 2, 4 or 8
+                options = build_options(CostModel(make_context(topology, 64)), arrays, set(ShardingType), (2, 4, 8), 16)
+                for t in ShardingType:
+                    for k in ((2, 4, 8) if t.short in ("CW", "TWCW", "GRID") else (1,)):
+                        planned = any(o.sharding_type is t and o.k == k and o.valid[0] for o in options)
+                        documented = all(need(N, L, k, rows) for need in needs[t])
+                        assert planned == documented, (t.short, k, f"{N} x {L}", rows, said[t.short])
+
+
 def test_every_setting_is_in_the_settings_reference() -> None:
     # keys that neo plugins listed but no document named (data.bias, topology.device_memory_bw_gbps, ...)
     import yaml
