@@ -532,7 +532,7 @@ class PlanResult:
                 f"{path} is not a plan.json that Neo wrote ({type(exc).__name__}: {exc}); give the plan.json of a "
                 "training run or of recipes/plan.py."
             ) from None
-        return plan.check_fields(path)
+        return plan.check_fields(path).check_layout(path)
 
     def check_fields(self, path: str | Path) -> PlanResult:
         """This plan, read from ``path``, with each field of the kind its text and chart read
@@ -577,6 +577,63 @@ class PlanResult:
                     refuse(where, key, value, "a number of bytes")
         if not whole(self.batch_size_per_rank):
             refuse("the plan", "batch_size_per_rank", self.batch_size_per_rank, "a whole number")
+        return self
+
+    def check_layout(self, path: str | Path) -> PlanResult:
+        """This plan, read from ``path`` (its fields of their kinds: :meth:`check_fields`), with
+        what the file alone says holding together: its ranks each reported once and as many as
+        its topology has, each table once, on those ranks, as its sharding type lays them out
+        (``neo_core.torchrec_plan``), with one shard shape per rank that make up the table its
+        ``spec`` gives; else a ConfigError naming the file, the table and the problem. Memory
+        over capacity is left to :meth:`run_problems`: a what-if edit that is still a plan."""
+
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def refuse(what: str, problem: str) -> NoReturn:
+            mend = "that table" if what.startswith("table ") else "the file"
+            raise ConfigError(f"{path}: {what} {problem}. Was the file edited? Plan again, or mend {mend}.")
+
+        world = len(self.ranks)
+        if not world:
+            refuse("the plan", "reports no ranks")
+        reported = sorted(r.rank for r in self.ranks)
+        if reported != list(range(world)):
+            twice = sorted({r for r in reported if reported.count(r) > 1})
+            refuse("the plan", f"reports rank {twice[0]} twice" if twice else
+                   f"reports ranks {_compact_ranks(reported)}, not each of 0-{world - 1} once")
+        t = self.topology
+        nodes, per_node, size = t.get("num_nodes"), t.get("devices_per_node"), t.get("world_size")
+        shape = whole(nodes) and whole(per_node) and nodes > 0 and per_node > 0
+        for said, of in ((size, "world_size"), (nodes * per_node if shape else None, f"{nodes} node(s) x {per_node}")):
+            if whole(said) and said != world:
+                refuse("the plan", f"reports {counted(world, 'rank')}, but its topology has {said} ({of})")
+        ranks = "rank 0" if world == 1 else f"ranks 0-{world - 1}"
+        local = per_node if whole(per_node) and per_node > 0 else None  # where the topology says it
+        seen: set[str] = set()
+        for a in self.tables:
+            where = f"table {a.name!r}"
+            if a.name in seen:
+                refuse(where, "is listed twice")
+            seen.add(a.name)
+            if not a.ranks:
+                refuse(where, "is on no rank")
+            if outside := [r for r in a.ranks if r >= world]:
+                refuse(where, f"is on rank {outside[0]}, outside the plan's {ranks}")
+            stype = ShardingType(a.sharding_type)
+            if layout := _layout_problem(stype, list(a.ranks), world, local):
+                refuse(where, f"is {stype.short} on ranks {_compact_ranks(a.ranks)}, but {layout}")
+            shapes = [tuple(x) for x in a.shard_shapes]
+            counts = (1, len(a.ranks)) if stype is ShardingType.DATA_PARALLEL else (len(a.ranks),)
+            if shapes and len(shapes) not in counts:
+                refuse(where, f"has {counted(len(shapes), 'shard shape')} for {counted(len(a.ranks), 'rank')}; it "
+                       "needs one per rank")
+            rows, dim = a.spec.get("num_embeddings"), a.spec.get("embedding_dim")
+            if shapes and whole(rows) and whole(dim) and not shapes_make_up(a.sharding_type, shapes, rows, dim):
+                refuse(where, f"has shard shapes {[list(x) for x in shapes[:4]]}{' ...' if len(shapes) > 4 else ''}, "
+                       f"which do not make up its {rows:,} rows x {dim} columns ({stype.short}: "
+                       + ("each shard is the whole table)" if stype in (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE)
+                          else "its shards add up to the table)"))
         return self
 
     def run_problems(self) -> list[str]:
@@ -895,6 +952,29 @@ def check_plan(
     return result
 
 
+def _layout_problem(stype: ShardingType, ranks: list[int], world: int, local: int | None) -> str:
+    """What in ``ranks`` (within 0 to ``world`` - 1) a table of type ``stype`` cannot be laid out
+    on, as ``neo_core.torchrec_plan`` reads them; its nodes (``local`` ranks each) only where
+    known. "" where they fit."""
+    if stype is ShardingType.TABLE_WISE and len(ranks) != 1:
+        return "a table-wise table is on one rank"
+    if stype is ShardingType.DATA_PARALLEL and sorted(ranks) != list(range(world)):
+        return "a replicated table is on every rank"
+    if stype is ShardingType.ROW_WISE and sorted(ranks) != list(range(world)):
+        return "a row-wise table is on every rank once"
+    if local is None:
+        return ""
+    node = [list(range(n * local, (n + 1) * local)) for n in range(world // local)]
+    if stype is ShardingType.TABLE_ROW_WISE and sorted(ranks) not in node:
+        return f"a table-row-wise table is on the {local} ranks of one node, each once"
+    if stype is ShardingType.TABLE_COLUMN_WISE and len({r // local for r in ranks}) != 1:
+        return "a table-column-wise table's shards are on one node"
+    blocks = [ranks[i: i + local] for i in range(0, len(ranks), local)]
+    if stype is ShardingType.GRID_SHARD and not all(sorted(b) in node for b in blocks):
+        return f"a grid-sharded table's column blocks are each on the {local} ranks of one node, each once"
+    return ""
+
+
 def refuse_unbuildable(
     assignments: Sequence[TableAssignment], tables: Sequence[TableSpec], world_size: int, local_size: int | None,
     head: str, subject: str = "it",
@@ -957,11 +1037,7 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
         if given and a.sharding_type != ShardingType.DATA_PARALLEL.value and len(given) != len(a.ranks):
             miscounted.append(f"{a.name}: {len(given)} shapes for {len(a.ranks)} ranks")
             continue
-        # a replica (one shape, or one per rank) or a whole table is the table; other shards add up to it
-        replica, whole = a.sharding_type == ShardingType.DATA_PARALLEL.value, a.sharding_type == ShardingType.TABLE_WISE.value
-        if given and ((replica and set(given) != {(rows, dim)}) or (whole and given != [(rows, dim)])
-                      or any(not (0 <= r <= rows and 0 < c <= dim) for r, c in given)
-                      or (not (replica or whole) and sum(r * c for r, c in given) != rows * dim)):
+        if given and not shapes_make_up(a.sharding_type, given, rows, dim):
             shapes.append(f"{a.name}: {given[:4]}{' ...' if len(given) > 4 else ''} for {rows} x {dim}")
     if untyped:
         problems.append(f"gives unknown sharding types ({', '.join(untyped[:5])}): use "
@@ -977,6 +1053,19 @@ def assignment_problems(assignments: Sequence[TableAssignment], tables: Sequence
                         f"({'; '.join(shapes[:3])}): a table-wise shard or a replica is the whole table "
                         "(rows x dim), other shards lie within it and add up to it; or leave shard_shapes empty")
     return problems
+
+
+def shapes_make_up(sharding_type: str, shapes: Sequence[tuple[int, int]], rows: int, dim: int) -> bool:
+    """Whether shard ``shapes`` (rows, cols) make up a table of ``rows`` x ``dim`` as its type
+    lays it out: a replica (one shape, or one per rank) or a table-wise shard is the whole
+    table; other shards lie within it and add up to it."""
+    replica = sharding_type == ShardingType.DATA_PARALLEL.value
+    whole = sharding_type == ShardingType.TABLE_WISE.value
+    if replica:
+        return set(shapes) == {(rows, dim)}
+    if whole:
+        return list(shapes) == [(rows, dim)]
+    return all(0 <= r <= rows and 0 < c <= dim for r, c in shapes) and sum(r * c for r, c in shapes) == rows * dim
 
 
 def _least_device_bytes(result: PlanResult, tables: Sequence[TableSpec], world_size: int,

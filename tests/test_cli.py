@@ -723,7 +723,7 @@ def test_an_edited_plan_is_named_by_its_field_not_failed_inside_the_chart(tmp_pa
     assert said in err and "Was the file edited? Plan again, or mend that field." in err and "Traceback" not in err, err
 
 
-def test_a_plan_that_could_not_run_is_drawn_with_a_warning_and_a_copy_is_charted_beside_itself(
+def test_a_plan_that_could_not_run_is_drawn_with_a_warning_and_one_that_is_no_plan_is_refused(
         tmp_path: Path, capsys) -> None:
     import json
 
@@ -738,21 +738,24 @@ def test_a_plan_that_could_not_run_is_drawn_with_a_warning_and_a_copy_is_charted
     assert "warning" not in err, err  # a plan as written: nothing to say
     assert out.splitlines()[1].startswith("  for zionex: 1 node(s) x 8 cuda rank(s); device memory 40.0 GiB"), out
     data = plan.to_dict()
-    data["tables"][0]["ranks"] = [999]  # a rank the plan does not have
-    data["ranks"][5]["memory_bytes"]["weights"] = 1e12  # over its 40 GiB
+    data["ranks"][5]["memory_bytes"]["weights"] = 1e12  # over its 40 GiB: a what-if, drawn
     (tmp_path / "edited.json").write_text(json.dumps(data))
     drawn = (tmp_path / "plan.png").stat().st_mtime_ns
     assert neo_main(["chart", str(tmp_path / "edited.json")]) == 0
     out, err = capsys.readouterr()
-    assert f"warning: {tmp_path / 'edited.json'} cannot run as written: it puts tables on no rank or on ranks outside 0-7 (t0)" in err, err
-    # the copy's chart is its own: the run's plan.png is left as it was
-    assert out.endswith(f"wrote {tmp_path / 'edited.png'}\n") and (tmp_path / "plan.png").stat().st_mtime_ns == drawn
-    data["tables"][0]["ranks"] = plan.to_dict()["tables"][0]["ranks"]
-    (tmp_path / "edited.json").write_text(json.dumps(data))
-    assert neo_main(["chart", str(tmp_path / "edited.json")]) == 0
-    out, err = capsys.readouterr()
     assert re.search(r"cannot run as written: it fills rank 5's memory with 93\d\.\dGiB of 40\.0GiB\.", err), err
     assert re.search(r" -89\d\.\dGiB ", out), out  # its free memory, readable
+    # the copy's chart is its own: the run's plan.png is left as it was
+    assert out.endswith(f"wrote {tmp_path / 'edited.png'}\n") and (tmp_path / "plan.png").stat().st_mtime_ns == drawn
+    # a rank the plan does not have is no plan: refused (it was drawn with a warning), nothing drawn
+    data["tables"][0]["ranks"] = [999]
+    (tmp_path / "edited.json").write_text(json.dumps(data))
+    (tmp_path / "edited.png").unlink()
+    with pytest.raises(SystemExit):
+        neo_main(["chart", str(tmp_path / "edited.json")])
+    out, err = capsys.readouterr()
+    assert f"{tmp_path / 'edited.json'}: table 't0' is on rank 999, outside the plan's ranks 0-7." in err, err
+    assert "wrote" not in out and not (tmp_path / "edited.png").exists()
 
 
 def test_a_cached_plan_whose_rank_holds_more_than_its_host_share_is_not_called_unrunnable(

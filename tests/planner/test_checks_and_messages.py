@@ -201,6 +201,38 @@ def test_a_saved_plans_negative_shard_shape_is_named_by_its_field(tmp_path) -> N
         PlanResult.load_json(tmp_path / "plan.json")
 
 
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda d: d["tables"][0].update(ranks=[5]), "table 'a' is on rank 5, outside the plan's ranks 0-1"),
+        (lambda d: d["tables"][0].update(ranks=[0, 1]),
+         "table 'a' is TW on ranks 0,1, but a table-wise table is on one rank"),
+        (lambda d: d["tables"][0].update(sharding_type="row_wise", ranks=[0, 1]),
+         "table 'a' has 1 shard shape for 2 ranks; it needs one per rank"),
+        (lambda d: d["tables"][0].update(sharding_type="row_wise", ranks=[0, 1], shard_shapes=[[500, 16], [400, 16]]),
+         "table 'a' has shard shapes [[500, 16], [400, 16]], which do not make up its 1,000 rows x 16 columns (RW: its "
+         "shards add up to the table)"),
+        (lambda d: d["tables"].append(d["tables"][0]), "table 'a' is listed twice"),
+        (lambda d: d["ranks"][1].update(rank=0), "the plan reports rank 0 twice"),
+        (lambda d: d["topology"].update(num_nodes=2), "the plan reports 2 ranks, but its topology has 4 (2 node(s) x 2)"),
+    ],
+    ids=["rank-outside", "tw-on-two", "shape-count", "shape-sum", "twice", "rank-twice", "topology"],
+)
+def test_a_saved_plan_that_no_planner_could_make_is_refused_naming_the_file_and_table(tmp_path, edit, said) -> None:
+    # a table on rank 5 of a 2-rank plan was read, charted, and called "cannot run" at most
+    data = saved_plan().to_dict()
+    data["topology"] = {"name": "local", "num_nodes": 1, "devices_per_node": 2, "world_size": 2}
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert PlanResult.load_json(tmp_path / "plan.json").tables[0].ranks == [0]  # as written: read
+    edit(data)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        PlanResult.load_json(tmp_path / "plan.json")
+    message = str(err.value)
+    assert message.startswith(f"{tmp_path / 'plan.json'}: {said}. Was the file edited?"), message
+    assert "\n" not in message
+
+
 # --- the plan's text ----------------------------------------------------------------------------
 
 
