@@ -310,7 +310,9 @@ class SweepFailures:
         ``stopped``: the job a Ctrl-C stopped, the results so far (the jobs after it not run)."""
         import csv
 
-        if self.row is None or (len(self.folders) < 2 and stopped is None):
+        # a one-job sweep too: scripts gather summary.csv from every sweep's folder (a run
+        # without -m has no job folders)
+        if self.row is None or not self.folders:
             return
         none_done = not self.done and stopped is None  # every job failed: summary.csv lists them and why
         failed = {num: (overrides, message) for num, overrides, message in self.jobs}

@@ -640,11 +640,43 @@ def test_a_sweep_ends_with_its_jobs_results_side_by_side(tmp_path: Path, capsys,
         "  #1 seed=1: val AUC n/a", f"chart: {tmp_path / 'sweep' / 'summary.png'}"]
     assert list(csv.reader((tmp_path / "sweep" / "summary.csv").open()))[2][-2:] == ["", ""]  # n/a, no error
     monkeypatch.undo()
-    # one job, or none finished: nothing to set side by side
+
+
+def test_a_one_job_sweep_ends_with_its_results_as_any_sweep(tmp_path: Path, capsys) -> None:
+    # a -m sweep of one value wrote no summary.csv nor summary.png and printed nothing, its job
+    # failed or not: scripts gathering every sweep folder's summary.csv broke on it
+    import csv
+
+    from neo_core.errors import PlanningError
+
     alone = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
-    alone.job(lambda: 0.5, tmp_path / "0", 0, common)
-    with pytest.raises(SystemExit):
+    (tmp_path / "0").mkdir()
+    alone.job(lambda: 0.5, tmp_path / "0", 0, "seed=3 trainer=smoke")
+    with pytest.raises(SystemExit) as exit_:
         alone.exit()
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep results ({tmp_path / 'summary.csv'}):", "  #0 seed=3 trainer=smoke: val AUC 0.5000",
+        f"chart: {tmp_path / 'summary.png'}"]
+    assert list(csv.reader((tmp_path / "summary.csv").open()))[1] == [
+        "0", "seed=3 trainer=smoke", str(tmp_path / "0"), "done", "0.5", ""]
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def fails() -> None:
+        raise PlanningError("does not fit")
+
+    failed = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    (tmp_path / "f" / "0").mkdir(parents=True)
+    failed.job(fails, tmp_path / "f" / "0", 0, "seed=3")
+    with pytest.raises(SystemExit) as exit_:
+        failed.exit()
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"sweep results: none, no job finished ({tmp_path / 'f' / 'summary.csv'} lists each job and why)"]
+    assert list(csv.reader((tmp_path / "f" / "summary.csv").open()))[1] == [
+        "0", "seed=3", str(tmp_path / "f" / "0"), "failed", "does not fit"]
+    # a run without -m runs no job of a sweep: no summary
+    SweepFailures(lambda m: {"val AUC": (m, ".4f")}).summary()
     assert capsys.readouterr().out == ""
 
 

@@ -691,6 +691,24 @@ def test_a_plan_sweep_warns_of_a_topologys_doubtful_bandwidths_as_a_single_plan_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (proc.stdout + proc.stderr).count("gives its ranks 10 GB/s inside a node, less than the 25 GB/s across "
                                              "nodes") == 1, proc.stderr[-3000:]
+    # a sweep of one job ends as any sweep does: its results, summary.csv and summary.png
+    assert f"sweep results ({tmp_path / 'summary.csv'}):" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "summary.csv").read_text().splitlines()[1].startswith("0,"), proc.stdout[-2000:]
+    assert (tmp_path / "summary.png").is_file()
+
+
+def test_a_plan_sweep_of_one_job_that_fails_still_writes_its_summary(tmp_path: Path) -> None:
+    # a -m sweep of one value wrote no summary.csv: scripts gathering every sweep's broke on it
+    import csv
+
+    proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=1", "topology.device_memory_gib=2",
+                    "model=mlperf_dcnv2", f"hydra.sweep.dir={tmp_path}")  # its tables do not fit
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"sweep results: none, no job finished ({tmp_path / 'summary.csv'} lists each job and why)" in proc.stdout
+    rows = list(csv.reader((tmp_path / "summary.csv").open()))
+    assert [r[:4] for r in rows[1:]] == [["0", "+topology=zionex topology.num_nodes=1 topology.device_memory_gib=2 "
+                                          "model=mlperf_dcnv2", str(tmp_path / "0"), "failed"]], rows
+    assert rows[1][-1].startswith("Table 'cat_20' (40,000,000 rows x 128) is larger than the whole cluster allows"), rows
 
 
 def test_a_config_dirs_file_that_is_not_yaml_is_named_by_line_not_a_traceback(tmp_path: Path) -> None:
