@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
-from neo_core.training.plots import SPREAD
+from neo_core.training.plots import CAPACITY, SPREAD
 
 # the recipes' config folder in a checkout (an installed package has none)
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -214,12 +214,14 @@ class SweepFailures:
 
     With ``row`` (a finished job's result -> ``{column: (value, format spec[, unit])}``), :meth:`exit`
     first lists every job's results side by side, by the overrides that differ between jobs,
-    and writes them to ``summary.csv`` in the sweep's folder.
+    and writes them to ``summary.csv`` in the sweep's folder. The ``unsaid`` columns are in
+    summary.csv and summary.png only: a job's printed line is long already.
     """
 
     def __init__(self, row: Callable[[Any], dict[str, tuple[Any, ...]]] | None = None,
-                 stopped_note: str = "its checkpoint, if any, is in its folder") -> None:
+                 stopped_note: str = "its checkpoint, if any, is in its folder", unsaid: Collection[str] = ()) -> None:
         self.stopped_note = stopped_note  # what a job a Ctrl-C stopped left (the summary says it)
+        self.unsaid = tuple(unsaid)
         self.jobs: list[tuple[int, str, str]] = []  # (job number, overrides, message)
         self.internal: list[int] = []  # jobs among them that did not fail with a Neo error
         self.row = row
@@ -337,7 +339,7 @@ class SweepFailures:
         for num in [] if none_done else nums:
             label = labels[num]
             if num in self.done:
-                said = ", ".join(_said(self.done[num][1]))
+                said = ", ".join(_said({c: v for c, v in self.done[num][1].items() if c not in self.unsaid}))
             elif num in halted:
                 said = f"stopped by the Ctrl-C ({self.stopped_note})"
             else:
@@ -394,12 +396,17 @@ class SweepFailures:
 
 def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
     """A finished job's results as the summary prints them: "samples/s 39,955 (per step
-    28,661-64,730)" (the spread folded into its column), an empty text result left out."""
+    28,661-64,730)" (the spread folded into its column), "fullest rank device memory 25.28 of
+    40.00 GiB" (the capacity folded into what is used of it), an empty text result left out."""
     said = []
     for c, v in row.items():
-        if (c.endswith(SPREAD) and c[: -len(SPREAD[0])] in row) or (v[1] == "s" and not v[0]):
+        if ((c.endswith(SPREAD) and c[: -len(SPREAD[0])] in row) or (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in row)
+                or (v[1] == "s" and not v[0])):
             continue
-        text = f"{c} {format(v[0], v[1])}{' ' + v[2] if len(v) > 2 else ''}" if _measured(v[0]) else f"{c} n/a"
+        unit = f" {v[2]}" if len(v) > 2 else ""
+        cap = row.get(c + CAPACITY)
+        of = f" of {format(cap[0], cap[1])}" if cap and _measured(cap[0]) else ""
+        text = f"{c} {format(v[0], v[1])}{of}{unit}" if _measured(v[0]) else f"{c} n/a"
         low, high = row.get(c + SPREAD[0]), row.get(c + SPREAD[1])
         if low and high and _measured(low[0]) and _measured(high[0]):
             stalled = _measured(v[0]) and v[0] < low[0]  # the whole run slower than most of its steps

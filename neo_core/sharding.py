@@ -402,6 +402,13 @@ class PlanResult:
             cap[n] = cap.get(n, 0.0) + r.host_memory_capacity
         return used, cap
 
+    def fullest_node(self) -> tuple[int, float, float]:
+        """The node whose host memory is fullest, as a share of its own: its number, the bytes
+        its ranks hold there and the node's capacity (the lowest such node)."""
+        used, cap = self.node_host_memory()
+        node = max(used, key=lambda n: (used[n] / cap[n] if cap[n] else 0.0, -n))
+        return node, used[node], cap[node]
+
     def table(self, name: str) -> TableAssignment:
         """The assignment of the table called ``name``."""
         for t in self.tables:
@@ -763,11 +770,10 @@ class PlanResult:
                 f"{_bytes(fullest.memory_capacity)} ({_bytes(fullest.memory_capacity - fullest.memory_total)} free)"
             )
         if has_host and self.topology.get("devices_per_node"):  # a plugin's plan may not say its nodes
-            used, cap = self.node_host_memory()
-            node = max(used, key=lambda n: (used[n] / cap[n] if cap[n] else 0.0, -n))
+            node, used_bytes, cap_bytes = self.fullest_node()
             lines.append(
-                f"  host memory is a node's, shared by its ranks: fullest node {node}, {_bytes(used[node])} "
-                f"of {_bytes(cap[node])}"
+                f"  host memory is a node's, shared by its ranks: fullest node {node}, {_bytes(used_bytes)} "
+                f"of {_bytes(cap_bytes)}"
             )
         if has_bytes:
             intra = sum(r.comm_bytes.get("intra_node", 0.0) for r in self.ranks)

@@ -97,21 +97,42 @@ def compression_said(plan: Any) -> str:
     return f"{comp.get('forward', '?')}/{comp.get('backward', '?')}" if comp else ""
 
 
+def memory_columns(plan: Any) -> dict[str, tuple[Any, ...]]:
+    """GiB the fullest rank holds in device memory against its device's, and where any table is
+    in host memory, the fullest node's against its own (a node's ranks share it): a cache or
+    rank-count sweep is explained by them (a larger cache leaves less device memory, so tables
+    move to slower kernels)."""
+    if not plan.ranks:
+        return {}
+    fullest = plan.fullest_rank()
+    columns = {"fullest rank device memory": (fullest.memory_total / 2**30, ",.2f", "GiB"),
+               "fullest rank device memory capacity": (fullest.memory_capacity / 2**30, ",.2f", "GiB")}
+    if plan.holds_host_memory:
+        _, used, cap = plan.fullest_node()
+        columns.update({"fullest node host memory": (used / 2**30, ",.2f", "GiB"),
+                        "fullest node host memory capacity": (cap / 2**30, ",.2f", "GiB")})
+    return columns
+
+
 SWEEP = SweepFailures(lambda plan: {
     "predicted step": (plan.predicted_step_time * 1e3, ".3f", "ms"), "samples/s": (plan.predicted_samples_per_second, ",.0f"),
     # what a cache or compression sweep varies, by value: an option's name alone does not say it
     "cache": (cache_said(plan), "s"), "compression": (compression_said(plan), "s"),
     "imbalance": (plan.imbalance, ".2f"), "times by": (times_by(plan), "s"),
-    # a sweep over topologies or their shapes changes the world size: said, not left to infer
-    "ranks": (len(plan.ranks), ""),
+    # a sweep over topologies or their shapes changes the world size: said, not left to infer;
+    # a table set's global batch is divided over the ranks, so more ranks plan a smaller batch each
+    "ranks": (len(plan.ranks), ""), "batch/rank": (plan.batch_size_per_rank, ","),
+    "global batch": (plan.batch_size_per_rank * len(plan.ranks), ","),
     # how the plan shards, and where its traffic goes (a slower network moves it inside nodes)
     "types": (plan.types_note().removeprefix("types: ").replace(", ", " + "), "s"),  # one field of the row
-    "intra-node": (moved(plan, "intra_node"), ",.0f", "MiB"), "inter-node": (moved(plan, "inter_node"), ",.0f", "MiB"),
+    "intra-node all ranks": (moved(plan, "intra_node"), ",.0f", "MiB per step"),
+    "inter-node all ranks": (moved(plan, "inter_node"), ",.0f", "MiB per step"),
     # a slower network is felt by the rank that sends the most across nodes
-    "busiest rank inter-node": (most_inter_node(plan), ",.1f", "MiB"),
+    "busiest rank inter-node": (most_inter_node(plan), ",.1f", "MiB per step"),
     # tables in host memory behind the device cache: a larger cache can move more there
     "cached tables": (plan.cached_tables, ""),
-}, stopped_note="no plan written")
+    **memory_columns(plan),
+}, stopped_note="no plan written", unsaid=("global batch",))
 
 
 def interrupted_line() -> str:

@@ -584,10 +584,48 @@ def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> N
     types = next(n for n in plan["notes"] if n.startswith("types: ")).removeprefix("types: ").replace(", ", " + ")
     row = next(line for line in proc.stdout.splitlines() if line.startswith("  #0 model=mlperf_dcnv2:"))
     assert intra > 0 and inter > 0 and " + " in types, (intra, inter, types)  # two nodes: both links
-    assert f"types {types}, intra-node {intra:,.0f} MiB, inter-node {inter:,.0f} MiB" in row, row
+    assert (f"types {types}, intra-node all ranks {intra:,.0f} MiB per step, inter-node all ranks {inter:,.0f} MiB "
+            "per step") in row, row
     busiest = max(r["comm_bytes"].get("inter_node", 0.0) for r in plan["ranks"]) / 2**20
     assert 0 < busiest < inter  # one rank's share of the total
-    assert f"busiest rank inter-node {busiest:,.1f} MiB" in row and "ranks 16," in row, row  # two nodes of 8
+    assert f"busiest rank inter-node {busiest:,.1f} MiB per step" in row and "ranks 16," in row, row  # two nodes of 8
+
+
+def test_a_plan_sweeps_summary_gives_the_batch_and_the_fullest_memory(tmp_path: Path) -> None:
+    # a rank-count sweep holds the global batch, so each rank's batch shrinks, and a cache sweep
+    # is explained by device memory: neither was in summary.csv, only in each job's log
+    import csv
+
+    proc = run_plan("-m", "+topology=zionex", "model=mlperf_dcnv2", "topology.num_nodes=1,2",
+                    "topology.device_memory_gib=12", "cache.load_factor=0.05", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    for num, job in enumerate(table):
+        plan = json.loads((tmp_path / str(num) / "plan.json").read_text())
+        world = len(plan["ranks"])
+        assert (int(job["batch/rank"]), int(job["global batch"])) == (65536 // world, 65536), job
+        fullest = max(plan["ranks"], key=lambda r: r["memory_total_bytes"] / r["memory_capacity_bytes"])
+        assert float(job["fullest rank device memory (GiB)"]) == pytest.approx(fullest["memory_total_bytes"] / 2**30)
+        assert float(job["fullest rank device memory capacity (GiB)"]) == 12.0
+        nodes = plan.get("nodes")  # where a table is in host memory: the fullest node's, against the node's
+        host = (job["fullest node host memory (GiB)"], job["fullest node host memory capacity (GiB)"])
+        if nodes:
+            node = max(nodes, key=lambda n: n["host_memory_bytes"] / n["host_memory_capacity_bytes"])
+            assert [float(h) for h in host] == pytest.approx(
+                [node["host_memory_bytes"] / 2**30, node["host_memory_capacity_bytes"] / 2**30])
+        else:
+            assert host == ("", ""), job
+        # the bytes moved are per step, over all ranks
+        intra = sum(r["comm_bytes"].get("intra_node", 0.0) for r in plan["ranks"]) / 2**20
+        assert float(job["intra-node all ranks (MiB per step)"]) == pytest.approx(intra)
+    assert [len(json.loads((tmp_path / n / "plan.json").read_text()).get("nodes", [])) for n in "01"] == [1, 0]
+    # the printed line gives the batch per rank and the fullest memory, used of capacity
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  #")]
+    memory = [float(job["fullest rank device memory (GiB)"]) for job in table]
+    assert "ranks 8, batch/rank 8,192," in rows[0] and "ranks 16, batch/rank 4,096," in rows[1], rows
+    assert f"fullest rank device memory {memory[0]:,.2f} of 12.00 GiB, fullest node host memory " in rows[0], rows
+    assert rows[1].endswith(f"fullest rank device memory {memory[1]:,.2f} of 12.00 GiB"), rows
+    assert "global batch" not in rows[0]  # in summary.csv: the line is long already
 
 
 def test_a_plan_of_more_local_ranks_than_cores_says_they_share_them(tmp_path: Path) -> None:
@@ -670,7 +708,7 @@ def test_a_ctrl_c_between_plan_sweep_jobs_calls_none_of_them_stopped(tmp_path: P
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     plan = SimpleNamespace(planner="neo", notes=[], predicted_step_time=3e-3, predicted_samples_per_second=1.0,
                            imbalance=1.0, times_from="Neo's cost model", ranks=[], types_note=lambda: "types: TW 3",
-                           cached_tables=0, settings={})
+                           cached_tables=0, settings={}, batch_size_per_rank=64)
     for num in (0, 1):
         recipe.SWEEP.started[num] = f"x={num}"
         recipe.SWEEP.finished(num, f"x={num}", tmp_path / str(num), plan)
@@ -1104,7 +1142,7 @@ def test_a_plan_sweep_says_when_its_plans_times_come_from_different_models() -> 
     spec.loader.exec_module(recipe)  # type: ignore[union-attr]
     neo = SimpleNamespace(planner="neo", notes=["searched 6 options"], predicted_step_time=3e-3,
                           predicted_samples_per_second=1.0, imbalance=1.0, times_from="Neo's cost model",
-                          ranks=[], types_note=lambda: "types: TW 3", cached_tables=0)
+                          ranks=[], types_note=lambda: "types: TW 3", cached_tables=0, batch_size_per_rank=64)
     scored = SimpleNamespace(**{**vars(neo), "times_from": "TorchRec's estimator"})
     torchrec = SimpleNamespace(**{**vars(neo), "planner": "torchrec", "times_from": "TorchRec's estimator"})
     theirs = SimpleNamespace(**{**vars(neo), "planner": "mine", "times_from": ""})  # a plugin that did not say

@@ -45,8 +45,15 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-CONTEXT = ("steps", "ranks", "global batch", "cached tables")  # drawn only where jobs differ in them
+CONTEXT = ("steps", "ranks", "batch/rank", "global batch", "cached tables")  # drawn only where jobs differ in them
 SPREAD = (" p10", " p90")  # a result's per-step spread: "<column> p10", "<column> p90" beside "<column>"
+CAPACITY = " capacity"  # what a result is held against: "<column> capacity" beside "<column>" (memory used)
+
+
+def is_context(column: str, names: Any) -> bool:
+    """Whether ``column`` says what the results are of (the ranks, a device's size) rather than
+    a result: drawn only where jobs differ in it."""
+    return column in CONTEXT or (column.endswith(CAPACITY) and column[: -len(CAPACITY)] in names)
 
 
 def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: Path, title: str) -> bool:
@@ -67,7 +74,7 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: 
     spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
     columns = [c for c in names
                if c not in spread and any(numeric(row.get(c, ("",))[0]) for row in rows)
-               and not (c in CONTEXT and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
+               and not (is_context(c, names) and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
     if not rows or not columns:
         return False
     import matplotlib
