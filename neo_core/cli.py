@@ -370,11 +370,13 @@ class SweepFailures:
                                     error[0] if error else ""])
         except OSError as exc:
             print(f"warning: could not write {where / 'summary.csv'}: {exc.strerror}", file=sys.stderr)
-        try:  # the same, to look at
+        try:  # the same, to look at: against the value of a numeric setting the sweep varies, if any
             from neo_core.training.plots import plot_sweep
 
+            settings = [dict(w.lstrip("+~").split("=", 1) for w in words[num] if "=" in w) for num in nums]
+            statuses = ["not run" if num in self.refused else "stopped" if num in halted else "failed" for num in nums]
             if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1] if num in self.done else None) for num in nums],
-                          where / "summary.png", f"sweep results ({where})"):
+                          where / "summary.png", f"sweep results ({where})", settings, statuses):
                 print(f"chart: {where / 'summary.png'}")
         except (OSError, ImportError, ValueError) as exc:
             print(f"warning: could not draw {where / 'summary.png'}: {exc}", file=sys.stderr)

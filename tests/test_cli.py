@@ -680,6 +680,60 @@ def test_a_one_job_sweep_ends_with_its_results_as_any_sweep(tmp_path: Path, caps
     assert capsys.readouterr().out == ""
 
 
+def test_a_sweep_over_a_numeric_setting_is_charted_against_its_value(tmp_path: Path, monkeypatch) -> None:
+    # summary.png drew a bar per job only: a cache share or a bandwidth swept was not an x-axis,
+    # and a second setting swept (cache=lru,lfu) was not a line of its own
+    from neo_core.errors import PlanningError
+    from neo_core.training import plots
+
+    drawn, real = [], plots.sweep_lines
+
+    def spy(*args, **kwargs):  # what summary.png is drawn from
+        drawn.append(real(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(plots, "sweep_lines", spy)
+    steps = {("lru", "0.05"): 5.8, ("lru", "0.1"): 5.9, ("lru", "0.2"): 6.0, ("lfu", "0.05"): 5.4, ("lfu", "0.1"): 5.7}
+    sweep = SweepFailures(lambda ms: {"predicted step": (ms, ".3f", "ms"), "ranks": (8, "")})
+    for num, (policy, share) in enumerate((p, s) for p in ("lru", "lfu") for s in ("0.1", "0.05", "0.2")):
+        def job(key=(policy, share)):
+            if key not in steps:
+                raise PlanningError("the cache does not fit")
+            return steps[key]
+
+        (tmp_path / str(num)).mkdir()
+        sweep.job(job, tmp_path / str(num), num, f"+topology=zionex cache={policy} cache.load_factor={share}")
+    sweep.summary()
+    chart = drawn[-1]
+    assert (chart.x, chart.by, chart.log_x) == ("cache.load_factor", ["cache"], False)  # 0.05 to 0.2: 4x
+    assert chart.columns == ["predicted step"]  # the ranks, the same in every job, are no result
+    assert chart.lines == {"cache=lru": {"predicted step": [(0.05, 5.8), (0.1, 5.9), (0.2, 6.0)]},
+                           "cache=lfu": {"predicted step": [(0.05, 5.4), (0.1, 5.7)]}}
+    assert chart.missing == {"cache=lru": [], "cache=lfu": [(0.2, "failed")]}  # marked at its x
+    assert (tmp_path / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def lines(*settings: dict, rows=None, statuses=None):
+        jobs = [(f"#{n}", {"step": (float(n + 1), ".1f")} if rows is None else rows[n]) for n in range(len(settings))]
+        return plots.sweep_lines(jobs, list(settings), statuses)
+
+    # a bandwidth from 25 to 1.5 GB/s spans more than 10x: a log axis; nothing else varies: one line
+    bandwidths = lines(*({"topology.inter_node_bw_gbps": v, "model": "mlperf_dcnv2"} for v in ("25", "12", "6", "3", "1.5")))
+    assert (bandwidths.x, bandwidths.by, bandwidths.log_x) == ("topology.inter_node_bw_gbps", [], True)
+    assert bandwidths.lines == {"": {"step": [(1.5, 5.0), (3.0, 4.0), (6.0, 3.0), (12.0, 2.0), (25.0, 1.0)]}}
+    # two numeric settings: the one of more values is the x-axis, a line per value of the other
+    grid = [{"topology.num_nodes": n, "cache.load_factor": f} for f in ("0.1", "0.2") for n in ("1", "2", "4")]
+    both = lines(*grid, rows=[None, *({"step": (float(i), ".1f")} for i in range(1, 6))],
+                 statuses=["stopped", *[""] * 5])
+    assert (both.x, both.by) == ("topology.num_nodes", ["cache.load_factor"])
+    assert both.lines["cache.load_factor=0.1"] == {"step": [(2.0, 1.0), (4.0, 2.0)]}
+    assert both.missing["cache.load_factor=0.1"] == [(1.0, "stopped")]
+    # no numeric setting varied (a seed is a name, not a quantity): a bar per job
+    assert lines({"sharding": "neo"}, {"sharding": "torchrec"}) is None
+    assert lines({"seed": "1"}, {"seed": "2"}, {"seed": "3"}) is None
+    assert plots.plot_sweep([("#0 sharding=neo", {"step": (1.0, ".1f")}), ("#1 sharding=torchrec", None)],
+                            tmp_path / "bars.png", "t", [{"sharding": "neo"}, {"sharding": "torchrec"}])
+
+
 def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None:
     # a training run writes plan.json and plan.txt but no chart; a kept plan could not be drawn again
     import json

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +58,184 @@ def is_context(column: str, names: Any) -> bool:
     return column in CONTEXT or (column.endswith(CAPACITY) and column[: -len(CAPACITY)] in names)
 
 
-def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: Path, title: str) -> bool:
-    """A sweep's results side by side: one panel per numeric result (a job's bar, its value
-    written beside it), one row per job, labelled by what sets it apart. ``jobs``: (label,
-    {column: (value, format[, unit])}), or (label, None) for a job that failed (its row says
-    so). A result's ``<column> p10``/``p90`` are drawn as whiskers on its bar; results of
-    :data:`CONTEXT` only where jobs differ in them. False where there is nothing to draw (no
-    numeric result)."""
-    import math
+Row = dict[str, tuple[Any, ...]]  # a job's results: {column: (value, format[, unit])}
 
-    rows = [row for _, row in jobs if row is not None]
 
-    def numeric(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
+
+def _number(row: Row | None, column: str) -> float:
+    """A job's result as a number to draw; NaN where it has none, or it is infinite."""
+    value = (row or {}).get(column, (math.nan,))[0]
+    return float(value) if _numeric(value) and math.isfinite(value) else math.nan
+
+
+def drawn_columns(rows: list[Row]) -> list[str]:
+    """The results a sweep's chart has a panel for: the numeric ones, but a spread (drawn on
+    its result) and a context result (:func:`is_context`) where jobs do not differ in it."""
     names = list(dict.fromkeys(c for row in rows for c in row))
     spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
-    columns = [c for c in names
-               if c not in spread and any(numeric(row.get(c, ("",))[0]) for row in rows)
-               and not (is_context(c, names) and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
+    return [c for c in names
+            if c not in spread and any(_numeric(row.get(c, ("",))[0]) for row in rows)
+            and not (is_context(c, names) and len({repr(row.get(c, ("",))[0]) for row in rows}) < 2)]
+
+
+@dataclass
+class SweepLines:
+    """What summary.png draws for a sweep over a numeric setting: each result against its value."""
+
+    x: str  # the numeric setting along the x-axis (topology.inter_node_bw_gbps)
+    by: list[str]  # the sweep's other varied settings: a line per combination of their values
+    log_x: bool  # the values span more than 10x
+    columns: list[str]  # a panel each
+    # per line ("cache=lru"; "" where nothing else varies), per column: (x, value), by x; a job
+    # without the result (n/a) has no point
+    lines: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
+    # per line, per column: (x, 10th, 90th percentile) of a per-step result
+    spread: dict[str, dict[str, list[tuple[float, float, float]]]] = field(default_factory=dict)
+    # per line: (x, "failed" | "stopped" | "not run") of the jobs without results, marked at their x
+    missing: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+
+
+def _as_number(value: str | None) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+# at most this many lines to a panel; a sweep of more combinations is drawn as bars
+MAX_LINES = 8
+
+
+def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str]],
+                statuses: list[str] | None = None) -> SweepLines | None:
+    """The lines a sweep's chart draws where the sweep varies a numeric setting (``settings``:
+    each job's overrides, key to value): every result against that setting's value, a line
+    per value of the other varied settings. Of several numeric settings the one with the most
+    values is the x-axis (a tie: the first given); a seed is a name, not a quantity. None where
+    the sweep varies none (``sharding=neo,torchrec``), no job has results, the lines would be
+    over :data:`MAX_LINES`, or none has two points: the chart is a bar per job. ``statuses``:
+    each job's word where it has no results (by default "failed")."""
+    rows = [row for _, row in jobs if row is not None]
+    if len(jobs) < 2 or len(settings) != len(jobs) or not rows:
+        return None
+    keys = list(dict.fromkeys(k for s in settings for k in s))
+    varied = [k for k in keys if len({s.get(k) for s in settings}) > 1]
+    numeric = [k for k in varied if k.rsplit(".", 1)[-1] != "seed"
+               and all(_as_number(s.get(k)) is not None for s in settings)]
+    if not numeric:
+        return None
+    x = max(numeric, key=lambda k: (len({_as_number(s[k]) for s in settings}), -numeric.index(k)))
+    by = [k for k in varied if k != x]
+    names = [" ".join(f"{k}={s.get(k, '-')}" for k in by) for s in settings]
+    labels = list(dict.fromkeys(names))
+    if len(labels) > MAX_LINES or all(names.count(label) < 2 for label in labels):
+        return None
+    xs = [_as_number(s[x]) or 0.0 for s in settings]
+    chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn_columns(rows))
+    for label in labels:
+        chart.lines[label] = {c: [] for c in chart.columns}
+        chart.spread[label] = {}
+        chart.missing[label] = []
+    for i, ((_, row), label, at) in enumerate(zip(jobs, names, xs)):
+        if row is None:
+            chart.missing[label].append((at, statuses[i] if statuses else "failed"))
+            continue
+        for c in chart.columns:
+            if not math.isnan(value := _number(row, c)):
+                chart.lines[label][c].append((at, value))
+            low, high = _number(row, c + SPREAD[0]), _number(row, c + SPREAD[1])
+            if not (math.isnan(low) or math.isnan(high)):
+                chart.spread[label].setdefault(c, []).append((at, low, high))
+    for label in labels:
+        for points in (*chart.lines[label].values(), *chart.spread[label].values(), chart.missing[label]):
+            points.sort(key=lambda p: p[0])
+    return chart
+
+
+def plot_sweep(jobs: list[tuple[str, Row | None]], path: Path, title: str,
+               settings: list[dict[str, str]] | None = None, statuses: list[str] | None = None) -> bool:
+    """A sweep's results, one panel per numeric result (:func:`drawn_columns`). Where the
+    sweep varies a numeric setting (``settings``: each job's overrides, key to value), each
+    result against that setting's value (:func:`sweep_lines`), else a bar per job.
+    ``jobs``: (label, {column: (value, format[, unit])}), or (label, None) for a job without
+    results (``statuses``: why, by default "failed"), marked as such. False where there is
+    nothing to draw (no numeric result)."""
+    chart = sweep_lines(jobs, settings, statuses) if settings else None
+    if chart is not None and chart.columns:
+        _plot_lines(chart, [row for _, row in jobs if row is not None], path, title)
+        return True
+    return _plot_bars(jobs, path, title, statuses)
+
+
+def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> None:
+    """:func:`sweep_lines`' chart: a panel per result, a line with markers per line of the chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import NullLocator
+    from matplotlib.transforms import blended_transform_factory
+
+    wide = min(3, len(chart.columns))
+    high = -(-len(chart.columns) // wide)
+    fig, axes = plt.subplots(high, wide, figsize=(4.2 * wide, 2.8 * high + 1.0), squeeze=False)
+    values = sorted({p[0] for line in chart.lines.values() for pts in line.values() for p in pts}
+                    | {p[0] for pts in chart.missing.values() for p in pts})
+    for i, ax in enumerate(axes.flat):
+        if i >= len(chart.columns):
+            ax.axis("off")
+            continue
+        column = chart.columns[i]
+        marked: dict[float, int] = {}  # jobs without results marked at each x so far: stacked, not drawn over
+        for n, (label, line) in enumerate(chart.lines.items()):
+            color = f"C{n}"
+            points = line[column]
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=4, lw=1.2,
+                    color=color, label=label or None)
+            if spread := chart.spread[label].get(column):  # the per-step spread, 10th to 90th percentile
+                ax.vlines([p[0] for p in spread], [p[1] for p in spread], [p[2] for p in spread], color=color, lw=1)
+            # a job without results, at its x along the panel's foot: a gap in the line is not a result
+            at_foot = blended_transform_factory(ax.transData, ax.transAxes)
+            for where, why in chart.missing[label]:
+                height = 0.04 + 0.12 * marked.get(where, 0)
+                marked[where] = marked.get(where, 0) + 1
+                ax.plot([where], [height], marker="x", markersize=7, color=color, transform=at_foot, clip_on=False)
+                ax.text(where, height + 0.045, why, transform=at_foot, ha="center", fontsize=6, color=color)
+        if chart.log_x:
+            ax.set_xscale("log")
+        if len(values) <= 12:  # the values swept, as given, not the scale's round numbers
+            ax.set_xticks(values, [f"{v:g}" for v in values])
+            ax.xaxis.set_minor_locator(NullLocator())
+        if all(p[1] >= 0 for line in chart.lines.values() for p in line[column]):
+            ax.set_ylim(bottom=0)  # a change read against the whole, as the bars do
+        unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
+        spread_said = ", per-step 10th-90th percentile" if any(chart.spread[k].get(column) for k in chart.spread) else ""
+        ax.set_title(f"{column}{f' ({unit})' if unit else ''}{spread_said}", fontsize=9 if not spread_said else 8)
+        ax.set_xlabel(chart.x, fontsize=8)
+        ax.tick_params(labelsize=7)
+    handles = [Line2D([], [], marker="o", color=f"C{n}", label=label) for n, label in enumerate(chart.lines) if label]
+    if any(chart.missing.values()):
+        handles.append(Line2D([], [], marker="x", ls="", color="gray", label="no results (failed, stopped or not run)"))
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statuses: list[str] | None = None) -> bool:
+    """A bar per job (a row each, labelled by what sets it apart) in a panel per result, its
+    value written beside it; a result's ``<column> p10``/``p90`` as whiskers on its bar."""
+    rows = [row for _, row in jobs if row is not None]
+    names = list(dict.fromkeys(c for row in rows for c in row))
+    spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
+    columns = drawn_columns(rows)
     if not rows or not columns:
         return False
     import matplotlib
@@ -88,28 +249,25 @@ def plot_sweep(jobs: list[tuple[str, dict[str, tuple[Any, ...]] | None]], path: 
     # bars coloured by a text result that sets jobs apart in a few values (whose model gave a
     # plan's times, which are not on one scale; the sharding types; a setting not used)
     texts = {c: [str(row[c][0]) for row in rows if c in row] for c in names if c not in columns and c not in spread
-             and not any(numeric(row.get(c, ("",))[0]) for row in rows)}
+             and not any(_numeric(row.get(c, ("",))[0]) for row in rows)}
     keyed = sorted((len(set(v)), c) for c, v in texts.items() if 1 < len(set(v)) <= 6 and len(v) == len(rows))
     key = keyed[0][1] if keyed else None
     kinds = list(dict.fromkeys(str(row[key][0]) for row in rows)) if key else []
     colors = [f"C{kinds.index(str(row[key][0]))}" if key and row is not None else "C0" for _, row in jobs]
 
-    def number(row: dict[str, tuple[Any, ...]] | None, column: str) -> float:
-        value = (row or {}).get(column, (math.nan,))[0]
-        return float(value) if numeric(value) and math.isfinite(value) else math.nan  # n/a, or infinite
-
     for ax, column in zip(axes[0], columns):
-        numbers = [number(row, column) for _, row in jobs]
+        numbers = [_number(row, column) for _, row in jobs]
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
-        low, high = ([number(row, column + end) for _, row in jobs] for end in SPREAD)
+        low, high = ([_number(row, column + end) for _, row in jobs] for end in SPREAD)
         whiskers = [(yi, lo, hi) for yi, lo, hi in zip(y, low, high) if not (math.isnan(lo) or math.isnan(hi))]
         if whiskers:  # the per-step spread, 10th to 90th percentile
             ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],
                       color="black", linewidth=1)
         top = max([n for n in numbers + [w[2] for w in whiskers] if not math.isnan(n)], default=1.0) or 1.0
-        for (_, row), yi, n in zip(jobs, y, numbers):
+        for j, ((_, row), yi, n) in enumerate(zip(jobs, y, numbers)):
             # the value as the row gives it: a count stays a whole number ("2", not "2.0")
-            said = " failed" if row is None else " n/a" if math.isnan(n) else f" {format(row[column][0], row[column][1])}"
+            missing = f" {statuses[j] if statuses else 'failed'}"
+            said = missing if row is None else " n/a" if math.isnan(n) else f" {format(row[column][0], row[column][1])}"
             ax.text(0 if math.isnan(n) else n, yi, said, va="center", fontsize=7)
         ax.set_xlim(0, top * 1.45)
         unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
