@@ -293,7 +293,7 @@ def table_specs(
             where[config.name] = here
             specs.append(TableSpec(
                 config.name, config.num_embeddings, config.embedding_dim,
-                float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
+                (pooling_factors or {}).get(config.name, 1.0), tuple(config.feature_names),  # TableSpec checks it
                 (hot_fractions or {}).get(config.name)))
     if not specs:
         raise ConfigError(
@@ -323,9 +323,10 @@ def plan_model(
     """Plan every table of ``model`` (:func:`table_specs`) and build what TorchRec's
     ``DistributedModelParallel`` executes: ``result.torchrec_plan`` (its ``plan=``) and
     ``result.torchrec_sharders`` (its ``sharders=``), the report beside them as
-    :func:`plan_tables` gives it. Call it in every rank (the plan is deterministic). Within a
-    process group, the plan is checked against its ranks (:func:`check_ranks`), and the
-    ``local`` topology has as many ranks as the group."""
+    :func:`plan_tables` gives it. Call it in every rank. Within a process group every rank runs
+    rank 0's plan (a search its time budget cut short may plan otherwise in another rank), the
+    plan is checked against the group's ranks (:func:`check_ranks`), and the ``local``
+    topology has as many ranks as the group."""
     given = {"topology": topology, "kernel": kernel, "compressor": compressor, "cache": cache}
     if batch_size_per_rank is None:
         _check_planner_params(params, planner, given, "plan_model")
@@ -334,10 +335,35 @@ def plan_model(
     topology = _local_as_the_group(topology)
     chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params,
                                 "plan_model")
-    result = chosen.plan_module(model, tables, context)
+    result = _rank0s_plan(chosen.plan_module(model, tables, context), chosen, model, context)
     result.torchrec_sharders = checked_sharders(chosen, context)
     check_ranks(result)
     return result
+
+
+def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: PlanningContext) -> PlanResult:
+    """Within a process group, rank 0's plan in every rank: a plan is the same for the same input,
+    but a search cut short by its wall-clock safety stop (``time_budget_s``), or a plugin that
+    reads the rank or the time, plans otherwise in some rank, and DMP then shards tables
+    differently per rank (a table held twice, another by no rank) without a word."""
+    import sys
+
+    import torch.distributed as dist
+
+    from neo_core.training.module import agree_on_plan
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return result
+    agreed, differ = agree_on_plan(result)
+    if not differ:
+        return result
+    if dist.get_rank() == 0:
+        print(f"warning: rank(s) {', '.join(map(str, differ))} planned otherwise than rank 0 (a search cut short "
+              "by sharding's time_budget_s, or a plugin whose result depends on the rank or the time); every rank "
+              "runs rank 0's plan", file=sys.stderr, flush=True)
+    if agreed is not result:  # sent by rank 0: TorchRec's plan for this rank's model, built anew
+        agreed.torchrec_plan = planner.to_torchrec_plan(model, agreed, context)
+    return agreed
 
 
 def _local_as_the_group(topology: Any) -> Any:
@@ -359,8 +385,6 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
     group's backend drives (NCCL: CUDA, gloo: CPU), or nodes of another size than the machines'
     ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
     sharding). TorchRec failed deep inside on each, with an IndexError or a shard's device."""
-    import os
-
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -382,13 +406,16 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
             f"compute_device={runs_on!r}, e.g. {{'name': 'local', 'compute_device': {runs_on!r}}}), or start "
             f"the group with {'nccl' if device == 'cuda' else 'gloo'}."
         )
+    from torchrec.distributed.comm import get_local_size
+
     per_node = result.devices_per_node()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = get_local_size(world)  # as TorchRec forms the nodes: LOCAL_WORLD_SIZE or an MPI launcher's
     nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
     if nodal and local != per_node:
         raise ConfigError(
             f"The plan splits {', '.join(repr(n) for n in nodal[:3])}{' and more' if len(nodal) > 3 else ''} over "
-            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here (LOCAL_WORLD_SIZE), and "
+            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here (LOCAL_WORLD_SIZE, or an MPI "
+            "launcher's local size), and "
             f"TorchRec forms the nodes of table-row-wise and grid sharding from that: start {per_node} rank(s) a "
             f"machine (torchrun --nproc_per_node={per_node}), or plan without them (sharding_types=[...] "
             "without 'TWRW' and 'GRID')."

@@ -825,8 +825,9 @@ def hold_jobs_before_hydra_writes() -> None:
     ``.hydra/`` records into its folder before the job runs, and so before the job holds its
     folder (:func:`hold_job_folder`): a job whose folder another run held wrote its records
     over that run's. Each job's folder is now held as Hydra names it, just before Hydra writes
-    there; where another run holds it, Hydra writes no records for the job
-    (``hydra.output_subdir`` unset for it), and the job is refused as it starts, as before."""
+    there, until the job ends; where another run holds it, Hydra writes no records for the job
+    (``hydra.output_subdir`` unset for it), no transcript is opened there, and a job that writes
+    there (its ``output_dir``, by default) is refused as it starts, as before."""
     import hydra.core.utils
     from hydra._internal.core_plugins import basic_launcher
 
@@ -835,9 +836,16 @@ def hold_jobs_before_hydra_writes() -> None:
         return
 
     def run_job(*, config: Any, job_dir_key: str, job_subdir_key: str | None, **kwargs: Any) -> Any:
+        from neo_core.folder_lock import release_folder
+
+        held = None
         if job_subdir_key is not None:  # a sweep's job (a single run's folder is held already)
-            _hold_job_first(config, job_dir_key, job_subdir_key)
-        return launched(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+            held = _hold_job_first(config, job_dir_key, job_subdir_key)
+        try:
+            return launched(config=config, job_dir_key=job_dir_key, job_subdir_key=job_subdir_key, **kwargs)
+        finally:  # the job lets go of its folder as it ends (SweepFailures.job does of its output_dir,
+            if held is not None:  # which a job may set elsewhere: a sweep held every job's folder till it ended)
+                release_folder(held)
 
     run_job.neo_holds = True  # type: ignore[attr-defined]
     # Hydra's plugin scan loads its launcher's module anew, which takes run_job from hydra.core.utils
@@ -845,27 +853,32 @@ def hold_jobs_before_hydra_writes() -> None:
     basic_launcher.run_job = run_job  # type: ignore[attr-defined]
 
 
-def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> None:
+def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> str | None:
     """Hold a sweep job's folder as Hydra will name it (:func:`hold_jobs_before_hydra_writes`);
-    where another run holds it, the job's config asks Hydra to write no records there."""
+    where another run holds it, the job's config asks Hydra to write no records there. The
+    folder this call took hold of (None: held already, refused, or not resolved)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf, open_dict, read_write
 
-    from neo_core.folder_lock import hold_folder
+    from neo_core.folder_lock import hold_folder, is_held
 
     kept = HydraConfig.instance().cfg
     try:
         HydraConfig.instance().set_config(config)  # as Hydra sets it to resolve the folder
         folder = os.path.join(str(OmegaConf.select(config, dir_key)), str(OmegaConf.select(config, subdir_key)))
     except Exception:  # noqa: BLE001 - Hydra's own resolution says what is wrong
-        return
+        return None
     finally:
         HydraConfig.instance().cfg = kept
+    if is_held(folder):
+        return None
     try:
         hold_folder(folder, "hydra.sweep.dir")
-    except NeoError:  # the job says so as it starts (hold_job_folder)
+    except NeoError:  # the job says so as it starts where it writes there (hold_job_folder)
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.output_subdir = None
+        return None
+    return folder
 
 
 def use_fresh_run_dirs() -> None:

@@ -29,6 +29,7 @@ from neo_core.errors import ConfigError
 
 LOCK_NAME = ".neo-running"
 _HELD: dict[str, tuple[Path, int, int]] = {}  # folder -> its lock file, the open locked fd, the pid that locked it
+_REFUSED: set[str] = set()  # folders this process was last refused (another run holds them)
 
 
 def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
@@ -57,6 +58,7 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
             os.close(fd)
             if gone:
                 continue
+            _REFUSED.add(str(where))
             raise _refusal(where, _holder(lock), key) from None
         except OSError:  # a file system without locks: the folder is not held
             os.close(fd)
@@ -67,6 +69,7 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         other = _said(os.pread(fd, 1 << 16, 0))
         if other.get("host", me["host"]) != me["host"]:  # another machine's run: its lock may not reach here
             os.close(fd)
+            _REFUSED.add(str(where))
             raise _refusal(where, other, key)
         if not mine:  # left by another user's run that ended: made anew, this run's
             try:
@@ -79,8 +82,21 @@ def hold_folder(folder: str | os.PathLike[str], key: str = "hydra.run.dir") -> N
         os.ftruncate(fd, 0)  # a run that was killed left it: this run's now
         os.pwrite(fd, json.dumps(me).encode(), 0)
         _HELD[str(where)] = (lock, fd, me["pid"])
+        _REFUSED.discard(str(where))
         return
     raise ConfigError(f"{where} is held and released over and over by other runs; choose another folder ({key}=...).")
+
+
+def is_held(folder: str | os.PathLike[str]) -> bool:
+    """Whether this process holds ``folder``."""
+    return os.path.abspath(folder) in _HELD
+
+
+def was_refused(folder: str | os.PathLike[str]) -> bool:
+    """Whether this process's last try to hold ``folder`` found another run holding it (a
+    sweep's job, whose folder is tried before Hydra writes there: its transcript is then not
+    opened there, where it wrote into the other run's and cut it back)."""
+    return os.path.abspath(folder) in _REFUSED
 
 
 def release_folder(folder: str | os.PathLike[str]) -> None:

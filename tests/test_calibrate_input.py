@@ -130,6 +130,13 @@ def test_a_figure_no_cpu_gives_is_warned_of_with_its_plausible_range(tmp_path, c
     with pytest.raises(ConfigError, match=r"gives device_memory_bw=11.5, under 1 MB/s: its bandwidths are bytes/s"):
         local_topology(compute_device="cpu", calibration=str(path))
     assert "warning" not in capsys.readouterr().err
+    # over 1 PB/s (a fit of a busy machine's timings that came out flat): refused naming the file,
+    # where Topology's own refusal named none, and every run on the machine reads this file
+    path.write_text('{"device_memory_bw": 2e15}')
+    with pytest.raises(ConfigError, match=rf"^Calibration file {path} gives device_memory_bw=2e\+15 bytes/s, over "
+                                          r"1 PB/s, .*re-run `neo calibrate` on a quiet machine, or delete the file\.$"):
+        local_topology(compute_device="cpu", calibration=str(path))
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:

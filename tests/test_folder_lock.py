@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -146,6 +147,45 @@ def test_a_sweeps_job_whose_folder_is_held_is_not_run_and_the_sweep_goes_on(tmp_
     assert f"error: job #1 (+topology=zionex topology.num_nodes=1 compression=fp16): another run is writing in " \
            f"{sweep / '1'} (pid {proc.pid} on " in run.stderr
     assert (sweep / "summary.csv").is_file()
+
+
+def test_a_refused_sweep_job_leaves_the_live_runs_transcript_untouched(tmp_path: Path) -> None:
+    # the job opened its transcript in the held folder before it was refused, wrote into the
+    # live run's plan.log, then cut it back to its size before: lines the live run wrote
+    # meanwhile were lost
+    sweep = tmp_path / "sweep"
+    proc = holder(sweep / "1")
+    log = sweep / "1" / "plan.log"
+    log.write_text("the live run's lines\n")
+    os.utime(log, ns=(10**18, 10**18))  # any write or truncation moves it
+    try:
+        run = forked.run(ROOT / "recipes" / "plan.py", "-m", "+topology=zionex", "topology.num_nodes=1",
+                         "compression=none,fp16", f"hydra.sweep.dir={sweep}", env=subprocess_env())
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run.returncode == 2 and "  #1 compression=fp16: not run (its folder is another run's)" in run.stdout, \
+        run.stderr[-2000:]
+    assert log.read_text() == "the live run's lines\n" and log.stat().st_mtime_ns == 10**18
+
+
+def test_a_sweep_whose_jobs_write_elsewhere_lets_go_of_each_jobs_folder_as_it_ends(tmp_path: Path) -> None:
+    # with output_dir set per job, each job's Hydra folder stayed held until the sweep ended
+    # (a thousand jobs, a thousand open files)
+    wrapper = tmp_path / "held_at_exit.py"
+    wrapper.write_text(textwrap.dedent(f"""
+        import atexit, runpy, sys
+        from neo_core import folder_lock
+        atexit.register(lambda: print("held at exit:", sorted(folder_lock._HELD)))
+        sys.argv = [{str(ROOT / "recipes" / "plan.py")!r}, *sys.argv[1:]]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """))
+    sweep = tmp_path / "sweep"
+    run = forked.run(wrapper, "-m", "+topology=zionex", "topology.num_nodes=1", "compression=none,fp16",
+                     f"output_dir={tmp_path}/out/${{hydra:job.num}}", f"hydra.sweep.dir={sweep}", env=subprocess_env())
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "out" / "1" / "plan.json").is_file() and (sweep / "1" / ".hydra").is_dir()
+    assert f"held at exit: [{str(sweep)!r}]" in run.stdout, run.stdout[-1000:]  # the sweep's own folder only
 
 
 def test_commands_that_only_show_the_config_claim_and_hold_nothing(tmp_path: Path) -> None:

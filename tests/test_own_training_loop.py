@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -60,6 +61,8 @@ def test_table_specs_reads_the_models_tables_and_names_a_bad_name() -> None:
         table_specs(model)
     with pytest.raises(ConfigError, match=r"^Linear holds no TorchRec EmbeddingBagCollection"):
         table_specs(nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=r"^Table 'user_id' has pooling_factor 'x'; it must be a number\.$"):
+        table_specs(ebc(("user_id", 10, 8)), pooling_factors={"user_id": "x"})  # not float()'s ValueError
 
 
 def test_a_plan_made_for_other_tables_ranks_or_optimizer_is_refused_for_this_model() -> None:
@@ -94,8 +97,9 @@ def test_a_plan_made_for_other_tables_ranks_or_optimizer_is_refused_for_this_mod
     assert neo.to_torchrec_plan(model, saved, ctx) is not None
 
 
-def _check_ranks_refusals(rank: int, world: int) -> list[str]:
-    """In a 2-rank gloo group: plans its ranks cannot execute, each refused by plan_model."""
+def _check_ranks_refusals(rank: int, world: int) -> list[Any]:
+    """In a 2-rank gloo group: plans its ranks cannot execute, each refused by plan_model; the
+    local size an MPI launcher gives; and a rank that plans otherwise than rank 0."""
     import os
 
     from neo_core.api import check_ranks
@@ -122,19 +126,48 @@ def _check_ranks_refusals(rank: int, world: int) -> list[str]:
         said.append(str(exc))
     os.environ["LOCAL_WORLD_SIZE"] = "2"
     check_ranks(nodal)
+    # an MPI launcher says its local size otherwise, and TorchRec reads that too
+    del os.environ["LOCAL_WORLD_SIZE"]
+    os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "1"
+    single = PlanResult("neo", [TableAssignment("user_id", "table_row_wise", "fused", [0])],
+                        [RankReport(0), RankReport(1)], 64, {"devices_per_node": 1, "compute_device": "cpu"})
+    check_ranks(single)
     said.append(str(len(plan_model(model, "local", 64).ranks)))  # local: the group's ranks
+    # a rank that plans otherwise (a search its time budget cut short) runs rank 0's plan
+    neo = resolve("sharding", "neo", {"table_sharding_types": {"user_id": ["TW"], "item_id": ["TW"]}})
+    twins = ebc(("user_id", 1000, 16), ("item_id", 1000, 16))
+    planned = neo.plan
+    own: list[list[int]] = []
+
+    def by_rank(tables: Any, context: Any) -> Any:
+        result = planned(tables, context)
+        first, second = result.tables
+        if rank == 1:
+            first.ranks, second.ranks = second.ranks, first.ranks
+        own.extend([first.ranks, second.ranks])
+        return result
+
+    neo.plan = by_rank  # type: ignore[method-assign]
+    result = plan_model(twins, "local", 64, planner=neo)
+    ran = [a.ranks for a in result.tables]
+    built = [ps.ranks for ps in result.torchrec_plan.plan[""].values()]
+    said.append((own, ran, built))
     return said
 
 
-def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute() -> None:
+def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_runs_rank_0s() -> None:
     # TorchRec failed inside on each: an IndexError, a shard's device, a node group of ranks
     # that LOCAL_WORLD_SIZE does not give
-    said = MultiProcessRunner().run(_check_ranks_refusals, 2)[0]
+    every = MultiProcessRunner().run(_check_ranks_refusals, 2)
+    said = every[0]
     assert said[0].startswith("The plan is for 4 rank(s) (local: 1 node(s) x 4 cpu rank(s);") and \
         said[0].endswith("but the process group has 2: plan for 2 ranks (e.g. topology={'name': 'local', "
                          "'world_size': 2}), or start 4."), said[0]
     assert said[1].startswith("The plan is for cuda ranks (zionex: 1 node(s) x 2 cuda rank(s);") and \
         "but the process group's backend (gloo) runs on cpu: plan for cpu ranks" in said[1], said[1]
     assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
-                              "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
+                              "here (LOCAL_WORLD_SIZE, or an MPI launcher's local size)") and "torchrun --nproc_per_node=2" in said[2], said[2]
     assert said[3] == "2"
+    (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
+    assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise
+    assert ran0 == ran1 == own0 and built0 == built1 == own0, (ran0, ran1, built0, built1)  # rank 0's, in both

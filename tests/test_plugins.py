@@ -911,6 +911,8 @@ def test_the_topology_line_gives_small_bandwidths_as_the_plans_line_does() -> No
     assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s*"
     line = zionex_topology(inter_node_bw_gbps=0.004, intra_node_bw_gbps=0.04).describe().splitlines()[2]
     assert line.endswith("intra-node 0.04 GB/s*, inter-node 0.004 GB/s*"), line
+    line = zionex_topology(device_memory_bw_gbps=999.7).describe().splitlines()[2]  # not 1e+03
+    assert line.startswith("  bandwidth/rank: device mem 1,000 GB/s*"), line
 
 
 def test_a_zionex_nic_faster_than_any_made_is_taken_with_a_warning_in_bits(capsys) -> None:

@@ -3,7 +3,7 @@ with TorchRec's DistributedModelParallel, and train it with your own loop.
 
     torchrun --nproc_per_node 2 docs/examples/own_training_loop.py
 
-Each rank plans (the plan is deterministic, so every rank gets the same one), checks the
+Each rank plans (and runs rank 0's plan, should its own differ), checks the
 sharded model's output against the same model unsharded, and trains 40 steps on a label that
 the ``country`` table can learn.
 """

@@ -121,8 +121,14 @@ def console_log(
     a run refused before then (a checkpoint it may not write over, a bad key) leaves the
     earlier transcript, its own lines after it. An interrupt leaving the job is recorded as
     ``interrupted(exc)`` says (the line the recipe prints once Hydra has let go of it). Where
-    ``path`` cannot be written, the job runs without a transcript: its own checks name the folder."""
+    ``path`` cannot be written, or its folder is another run's (:func:`neo_core.folder_lock.was_refused`),
+    the job runs without a transcript: its own checks name the folder."""
+    from neo_core.folder_lock import was_refused
+
     path = Path(path)
+    if was_refused(path.parent):  # another run writes there (a sweep's job, refused as it starts)
+        yield
+        return
     out, err, before = sys.stdout, sys.stderr, os.environ.get(CONSOLE_LOG_ENV)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from neo_core.errors import ConfigError
-from neo_core.topology import GB, MIN_BW, Topology
+from neo_core.topology import GB, MAX_BW, MIN_BW, Topology
 
 CALIBRATED_KEYS = (
     "device_memory_bw",
@@ -94,8 +94,8 @@ def implausible(data: dict[str, Any]) -> list[str]:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value:
             continue  # 0 or null: not measured
-        if key.endswith("_bw") and 0 < value < MIN_BW:
-            continue  # refused as a slip of units (Topology), which that error says: not warned of first
+        if key.endswith("_bw") and not MIN_BW <= value <= MAX_BW:
+            continue  # refused (as a slip of units, or as no memory's), which that error says: not warned of first
         if not low <= value <= high:
             out.append(f"{key}={_in_units(key, value)} (plausible: {_in_units(key, low)} to {_in_units(key, high)})")
     return out
@@ -255,6 +255,15 @@ def local_topology(
             f"Calibration file {calibration or calibration_path()} gives {k}={measured[k]!r}, under 1 MB/s: its "
             f"bandwidths are bytes/s (for {measured[k]:g} GB/s write {measured[k] * GB:.3g}); mend it, or re-run "
             "`neo calibrate`."
+        )
+    # over 1 PB/s: no memory's or link's (a fit of a busy machine's timings that came out flat);
+    # Topology would refuse it as a slip of units, naming no file, and every run reads this one
+    if slips := [k for k, v in measured.items() if k.endswith("_bw") and v > MAX_BW]:
+        k = slips[0]
+        raise ConfigError(
+            f"Calibration file {calibration or calibration_path()} gives {k}={measured[k]:.3g} bytes/s, over 1 PB/s, "
+            "which no memory or link gives (a measurement of a busy machine?): re-run `neo calibrate` on a quiet "
+            "machine, or delete the file."
         )
     return Topology(
         name="local",

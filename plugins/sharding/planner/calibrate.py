@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from neo_core.errors import CalibrationError
+from neo_core.topology import MAX_BW
 
 
 def _best(fn: Any, repeat: int = 5) -> float:
@@ -120,7 +121,9 @@ def lookup_costs(
     design[:k, 0], design[k:, 0] = fbytes, bbytes
     design[:k, 1], design[k:, 2] = 1.0, 1.0
     (slope, fwd_id, bwd_id), *_ = np.linalg.lstsq(design, np.array(fwd + bwd), rcond=None)
-    if slope <= 0:  # noisy machine: fall back to bytes alone
+    # a noisy machine: fall back to bytes alone, where the fit's slope is not positive, or so
+    # nearly flat that its bandwidth (over 1 PB/s) is no memory's and the topology refuses it
+    if slope <= 1.0 / MAX_BW:
         slope, fwd_id, bwd_id = sum(fwd + bwd) / sum(fbytes + bbytes), 0.0, 0.0
     return {
         "device_memory_bw": float(1.0 / slope),

@@ -542,7 +542,9 @@ class NeoPlanner(Planner):
         if first_unplaced:
             result.notes.append(
                 "the first greedy left a table that fits no rank; the memory-priced runs (which weigh "
-                "each option's memory) placed every table, each run refined: the load above starts from theirs"
+                "each option's memory) placed every table"
+                + (", each run refined: the load above starts from theirs" if self.refine else
+                   ": the load above is theirs")
             )
         if search.clock_stops:
             result.notes.append(
