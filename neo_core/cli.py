@@ -877,6 +877,15 @@ def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> str | None:
     except NeoError:  # the job says so as it starts where it writes there (hold_job_folder)
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.output_subdir = None
+            # nor its log: Hydra's file handler appends to <folder>/<job name>.log, the other
+            # run's transcript (plan.log, train.log)
+            logging_cfg = config.hydra.get("job_logging") or {}
+            files = [n for n, h in (logging_cfg.get("handlers") or {}).items() if "filename" in (h or {})]
+            for name in files:
+                del logging_cfg.handlers[name]
+            root = logging_cfg.get("root") or {}
+            if files and root.get("handlers"):
+                root.handlers = [h for h in root.handlers if h not in files]
         return None
     return folder
 
