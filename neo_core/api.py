@@ -146,9 +146,12 @@ def _check_planner_params(params: Mapping[str, Any], planner: Any, given: Mappin
         from neo_core.plugins import get_plugins
 
         try:
-            takes = get_plugins().registry("sharding").get(planner).parameters()
+            entry = get_plugins().registry("sharding").get(planner)
         except Exception:  # noqa: BLE001 - an unknown planner is named by resolve below
-            takes = ()
+            entry = None
+        if entry is not None and entry.accepts_any_keyword():  # its factory takes every keyword
+            return
+        takes = entry.parameters() if entry is not None else ()
     stray = [k for k in params if k not in takes]
     for key in stray:
         meant = _MEANT.get(key) or next(iter(difflib.get_close_matches(key, own, n=1, cutoff=0.8)), None)
@@ -193,6 +196,12 @@ def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[
         value = given.get(param)  # a name, a mapping with one, an object with one, or None
         named = value.get("name") if isinstance(value, Mapping) else value if isinstance(value, str) else None
         named = named or getattr(value, "name", None)
+        if group == "topology" and value is not None and (named not in owners or isinstance(value, Topology)):
+            # the cluster given takes no such key: an example of another plugin's would plan another cluster
+            which = "the Topology given" if isinstance(value, Topology) else f"topology {named!r}"
+            made = "; a Topology's fields are set where it is made" if isinstance(value, Topology) else ""
+            return (f"{key} is not a key of {which} (it is of {owners[0]!r}: topology={{'name': {owners[0]!r}, "
+                    f"{key!r}: {stray[key]!r}}} plans for that cluster instead){made}")
         name = next((n for n in (named, _USUAL.get(group)) if n in owners), owners[0])
         node = dict(value) if isinstance(value, Mapping) and value.get("name") == name else {}
         keys = registry.get(name).parameters()
@@ -293,8 +302,8 @@ def table_specs(
             where[config.name] = here
             specs.append(TableSpec(
                 config.name, config.num_embeddings, config.embedding_dim,
-                (pooling_factors or {}).get(config.name, 1.0), tuple(config.feature_names),  # TableSpec checks it
-                (hot_fractions or {}).get(config.name)))
+                _as_float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
+                _as_float((hot_fractions or {}).get(config.name))))
     if not specs:
         raise ConfigError(
             f"{type(model).__name__} holds no TorchRec EmbeddingBagCollection: plan_model plans the tables of "
@@ -306,6 +315,17 @@ def table_specs(
             hint = f" (did you mean {close[0]!r}?)" if close else f"; its tables: {', '.join(sorted(where)[:10])}"
             raise ConfigError(f"{what} names {unknown[0]!r}, which is no table of the model{hint}.")
     return specs
+
+
+def _as_float(value: Any) -> Any:
+    """A number as a float (numpy's and a 0-d tensor too: plan.json writes floats); anything
+    else as given, for TableSpec to name (a string, a bool, None where not given)."""
+    if value is None or isinstance(value, (bool, str, bytes)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
 
 
 def plan_model(
@@ -385,6 +405,8 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
     group's backend drives (NCCL: CUDA, gloo: CPU), or nodes of another size than the machines'
     ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
     sharding). TorchRec failed deep inside on each, with an IndexError or a shard's device."""
+    import os
+
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -406,16 +428,20 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
             f"compute_device={runs_on!r}, e.g. {{'name': 'local', 'compute_device': {runs_on!r}}}), or start "
             f"the group with {'nccl' if device == 'cuda' else 'gloo'}."
         )
+    nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
+    if not nodal:  # (TorchRec's reading of the local size warns where no variable gives it)
+        return
     from torchrec.distributed.comm import get_local_size
 
     per_node = result.devices_per_node()
     local = get_local_size(world)  # as TorchRec forms the nodes: LOCAL_WORLD_SIZE or an MPI launcher's
-    nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
-    if nodal and local != per_node:
+    said = next((v for v in ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                             "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
+    source = said or "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it"
+    if local != per_node:
         raise ConfigError(
             f"The plan splits {', '.join(repr(n) for n in nodal[:3])}{' and more' if len(nodal) > 3 else ''} over "
-            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here (LOCAL_WORLD_SIZE, or an MPI "
-            "launcher's local size), and "
+            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here ({source}), and "
             f"TorchRec forms the nodes of table-row-wise and grid sharding from that: start {per_node} rank(s) a "
             f"machine (torchrun --nproc_per_node={per_node}), or plan without them (sharding_types=[...] "
             "without 'TWRW' and 'GRID')."

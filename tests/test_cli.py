@@ -720,6 +720,11 @@ def test_a_sweep_over_a_numeric_setting_is_charted_against_its_value(tmp_path: P
     bandwidths = lines(*({"topology.inter_node_bw_gbps": v, "model": "mlperf_dcnv2"} for v in ("25", "12", "6", "3", "1.5")))
     assert (bandwidths.x, bandwidths.by, bandwidths.log_x) == ("topology.inter_node_bw_gbps", [], True)
     assert bandwidths.lines == {"": {"step": [(1.5, 5.0), (3.0, 4.0), (6.0, 3.0), (12.0, 2.0), (25.0, 1.0)]}}
+    # a result no job has a number for (TorchRec's plans give no bytes) gets no empty panel
+    nan = float("nan")
+    bytes_none = lines(*({"topology.inter_node_bw_gbps": v} for v in ("25", "12")),
+                       rows=[{"step": (1.0, ".1f"), "bytes": (nan, ".1f")}, {"step": (2.0, ".1f"), "bytes": (nan, ".1f")}])
+    assert bytes_none.columns == ["step"]
     # two numeric settings: the one of more values is the x-axis, a line per value of the other
     grid = [{"topology.num_nodes": n, "cache.load_factor": f} for f in ("0.1", "0.2") for n in ("1", "2", "4")]
     both = lines(*grid, rows=[None, *({"step": (float(i), ".1f")} for i in range(1, 6))],

@@ -63,6 +63,13 @@ def test_table_specs_reads_the_models_tables_and_names_a_bad_name() -> None:
         table_specs(nn.Linear(2, 2))
     with pytest.raises(ConfigError, match=r"^Table 'user_id' has pooling_factor 'x'; it must be a number\.$"):
         table_specs(ebc(("user_id", 10, 8)), pooling_factors={"user_id": "x"})  # not float()'s ValueError
+    # a number of numpy's or a 0-d tensor is a float, as plan.json writes it
+    import numpy as np
+
+    [spec] = table_specs(ebc(("user_id", 10, 8)), pooling_factors={"user_id": np.float32(2.0)},
+                         hot_fractions={"user_id": torch.tensor([0.2, 0.4]).mean()})
+    assert type(spec.pooling_factor) is float and spec.pooling_factor == 2.0
+    assert type(spec.hot_fraction) is float and abs(spec.hot_fraction - 0.3) < 1e-6
 
 
 def test_a_plan_made_for_other_tables_ranks_or_optimizer_is_refused_for_this_model() -> None:
@@ -166,7 +173,7 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     assert said[1].startswith("The plan is for cuda ranks (zionex: 1 node(s) x 2 cuda rank(s);") and \
         "but the process group's backend (gloo) runs on cpu: plan for cpu ranks" in said[1], said[1]
     assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
-                              "here (LOCAL_WORLD_SIZE, or an MPI launcher's local size)") and "torchrun --nproc_per_node=2" in said[2], said[2]
+                              "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
     assert said[3] == "2"
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
     assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise

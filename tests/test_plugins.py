@@ -907,12 +907,16 @@ def test_the_topology_line_gives_small_bandwidths_as_the_plans_line_does() -> No
     # one of 0.004 read 0.0
     from neo_plugins.topology.zionex import zionex_topology
 
+    # (a figure given is the user's, not marked assumed: a what-if sweep's every value was)
     line = zionex_topology(inter_node_bw_gbps=0.25).describe().splitlines()[2]
-    assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s*"
+    assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s"
     line = zionex_topology(inter_node_bw_gbps=0.004, intra_node_bw_gbps=0.04).describe().splitlines()[2]
-    assert line.endswith("intra-node 0.04 GB/s*, inter-node 0.004 GB/s*"), line
+    assert line.endswith("intra-node 0.04 GB/s, inter-node 0.004 GB/s"), line
     line = zionex_topology(device_memory_bw_gbps=999.7).describe().splitlines()[2]  # not 1e+03
-    assert line.startswith("  bandwidth/rank: device mem 1,000 GB/s*"), line
+    assert line.startswith("  bandwidth/rank: device mem 1,000 GB/s, "), line
+    given = zionex_topology(inter_node_bw_gbps=2.5)
+    assert "inter_node_bw" not in given.assumed and "intra_node_bw" in given.assumed
+    assert given.sources["inter_node_bw"] == "given: topology.inter_node_bw_gbps=2.5"
 
 
 def test_a_zionex_nic_faster_than_any_made_is_taken_with_a_warning_in_bits(capsys) -> None:

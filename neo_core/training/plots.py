@@ -135,7 +135,9 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
     if len(labels) > MAX_LINES or all(names.count(label) < 2 for label in labels):
         return None
     xs = [_as_number(s[x]) or 0.0 for s in settings]
-    chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn_columns(rows))
+    # a result no job has a number for (TorchRec's plans give no bytes: NaN) has no line to draw
+    drawn = [c for c in drawn_columns(rows) if any(math.isfinite(_number(row, c)) for row in rows)]
+    chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn)
     for label in labels:
         chart.lines[label] = {c: [] for c in chart.columns}
         chart.spread[label] = {}

@@ -20,6 +20,18 @@ PAPER = "Mudigere et al., ISCA'22 (arXiv 2104.05158), abstract"
 INFOQ = "InfoQ, May 2021: ZionEX node = 4-socket CPUs, 8 GPUs, one RoCE NIC per GPU"
 
 
+# each figure's setting and the Topology field it gives
+FIELDS = {
+    "device_memory_gib": "device_memory",
+    "device_memory_bw_gbps": "device_memory_bw",
+    "intra_node_bw_gbps": "intra_node_bw",
+    "inter_node_bw_gbps": "inter_node_bw",
+    "host_memory_gib_per_node": "host_memory",
+    "host_memory_bw_gbps_per_node": "host_memory_bw",
+    "host_to_device_bw_gbps": "host_to_device_bw",
+}
+
+
 def zionex_topology(
     num_nodes: int = 16,
     devices_per_node: int = 8,
@@ -87,14 +99,11 @@ def zionex_topology(
             "host_memory": "1.5 TiB DDR per node assumed",
             "host_memory_bw": "4 sockets x ~100 GB/s per node assumed",
             "host_to_device_bw": "PCIe Gen4 x16, 32 GB/s assumed (TorchRec's default is 32 GiB/s, 7% more)",
-        },
-        assumed=(
-            "device_memory",
-            "device_memory_bw",
-            "intra_node_bw",
-            "inter_node_bw",
-            "host_memory",
-            "host_memory_bw",
-            "host_to_device_bw",
-        ),
+        } | {FIELDS[key]: f"given: topology.{key}={value:g}" for key, value in given.items() if value != DEFAULTS[key]},
+        # a figure given other than the default is the user's, not an assumption (a what-if of
+        # inter_node_bw_gbps=2.5 was marked "* assumed, not verified against a primary source")
+        assumed=tuple(field for key, field in FIELDS.items() if given[key] == DEFAULTS[key]),
     )
+
+
+DEFAULTS = {k: v.default for k, v in __import__("inspect").signature(zionex_topology).parameters.items()}

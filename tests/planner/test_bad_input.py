@@ -741,6 +741,39 @@ def test_the_api_gives_the_python_fix_for_another_groups_key() -> None:
         assert str(err.value) == head + said
     # a key the planner takes is the planner's, whoever else takes it
     assert plan_tables(one, "local", 64, time_budget_s=5.0)
+    # a key the cluster given does not take: the example of another plugin's is said to be another cluster
+    with pytest.raises(ConfigError) as err:
+        plan_tables(one, "zionex", 64, world_size=4)
+    assert str(err.value) == head + ("world_size is not a key of topology 'zionex' (it is of 'local': topology="
+                                     "{'name': 'local', 'world_size': 4} plans for that cluster instead).")
+    from neo_core.topology import GiB, Topology
+
+    two = Topology("two_nodes", 2, 2, "cpu", 4 * GiB, 4 * GiB, 1e10, 1e10, 1e10, 1e10, 1e9)
+    with pytest.raises(ConfigError, match=r"device_memory_gib is not a key of the Topology given \(it is of 'zionex'.*"
+                                          r"; a Topology's fields are set where it is made\.$"):
+        plan_tables(one, two, 64, device_memory_gib=3)
+
+
+def test_a_planner_plugin_that_takes_any_keyword_gets_them_all(register_plugin) -> None:
+    # a factory with **kwargs was refused learning_rate as the kernel's and seed as the data's
+    from neo_core import hookimpl
+
+    seen: dict = {}
+
+    def any_keyword(**params) -> NeoPlanner:
+        seen.update(params)
+        return NeoPlanner()
+
+    class AnyKeyword:
+        __name__ = "any_keyword_planner"
+
+        @hookimpl
+        def neo_register_sharders(self, registry) -> None:
+            registry.register("any_keyword", any_keyword)
+
+    register_plugin(AnyKeyword())
+    plan_tables([TableSpec("user_id", 1000, 16)], "local", 64, planner="any_keyword", learning_rate=0.1, seed=3)
+    assert seen == {"learning_rate": 0.1, "seed": 3}
 
 
 def test_a_planner_plugin_that_takes_such_a_keyword_gets_it(register_plugin) -> None:
