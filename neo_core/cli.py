@@ -322,6 +322,12 @@ class SweepFailures:
         if stopped is not None and stopped not in self.done and stopped not in failed and stopped in self.started:
             failed[stopped] = (self.started[stopped], "stopped")
             halted.add(stopped)
+        unreached = set()  # the jobs after it, which the Ctrl-C left unlaunched
+        if stopped is not None:
+            for num, overrides in SWEEP_JOBS.items():
+                if num > stopped and num not in self.started and num not in self.done and num not in failed:
+                    failed[num] = (overrides, "not run: the sweep was stopped before it")
+                    unreached.add(num)
         nums = sorted(set(self.done) | set(failed))
         words = {num: (self.done.get(num) or failed[num])[0].split() for num in nums}
         # what tells the jobs apart: against one another, or (one job so far) the sweep's axes
@@ -342,6 +348,8 @@ class SweepFailures:
                 said = ", ".join(_said({c: v for c, v in self.done[num][1].items() if c not in self.unsaid}))
             elif num in halted:
                 said = f"stopped by the Ctrl-C ({self.stopped_note})"
+            elif num in unreached:
+                said = "not run (the sweep was stopped before it)"
             else:
                 said = "not run (its folder is another run's)" if num in self.refused else "failed (error.txt)"
             print(f"  #{num} {label}: {said}")
@@ -364,7 +372,7 @@ class SweepFailures:
                     # a failed job's reason beside its empty results (the whole of it is in its error.txt)
                     error = "" if num in self.done or num in halted else str(failed[num][1]).strip().splitlines()[0:1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
-                                    "done" if num in self.done else "not run" if num in self.refused
+                                    "done" if num in self.done else "not run" if num in set(self.refused) | unreached
                                     else "stopped" if num in halted else "failed",
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns),
                                     error[0] if error else ""])
@@ -374,7 +382,8 @@ class SweepFailures:
             from neo_core.training.plots import plot_sweep
 
             settings = [dict(w.lstrip("+~").split("=", 1) for w in words[num] if "=" in w) for num in nums]
-            statuses = ["not run" if num in self.refused else "stopped" if num in halted else "failed" for num in nums]
+            statuses = ["not run" if num in set(self.refused) | unreached else "stopped" if num in halted else "failed"
+                        for num in nums]
             if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1] if num in self.done else None) for num in nums],
                           where / "summary.png", f"sweep results ({where})", settings, statuses):
                 print(f"chart: {where / 'summary.png'}")
@@ -516,6 +525,10 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
     if not first and isinstance(batches, list) and batches and batches[0] == batch:
         batch = [job for jobs in batches for job in jobs]
         sweeper.neo_checked_all = True
+    from hydra.core.utils import filter_overrides as _shown
+
+    for num, overrides in enumerate(batch, start=first):  # a Ctrl-C's summary names the jobs not reached
+        SWEEP_JOBS[num] = " ".join(as_typed(o) for o in _shown(list(overrides)))
     if os.environ.get("NEO_SKIP_SWEEP_CHECK") or type(getattr(sweeper, "launcher", None)).__name__ != "BasicLauncher":
         return
     loader = sweeper.hydra_context.config_loader
@@ -558,6 +571,9 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
         raise SystemExit(2)
 
 
+# a sweep's jobs as Hydra will launch them, number -> overrides as typed (_check_batch): a sweep
+# a Ctrl-C stops lists those it never reached as not run, where it left them out
+SWEEP_JOBS: dict[int, str] = {}
 # folders check_run_dirs made for this launch (they were not there before): a sweep refused
 # before its first job may remove the one it was given
 _MADE_DIRS: dict[str, Path] = {}  # a folder -> the outermost of those made for it

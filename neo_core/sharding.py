@@ -363,6 +363,8 @@ class PlanResult:
         """The cluster the plan is for, in one line ("" where the plan does not say): plans of
         several what-if clusters side by side are told apart by it. Assumed figures are marked
         '*', as :meth:`Topology.describe` marks them (:meth:`assumed_note` is the key)."""
+        from neo_core.topology import gbps
+
         t = self.topology
         assumed = self._assumed_shown()
 
@@ -374,8 +376,8 @@ class PlanResult:
                      f"{t.get('compute_device', '')} rank(s)").replace("  ", " ")
             memory = (f"device memory {float(t['device_memory']) / 2**30:.1f} GiB{mark('device_memory')}, host "
                       f"{float(t['host_memory']) / 2**30:.1f} GiB{mark('host_memory')} per rank")
-            links = (f"intra-node {float(t['intra_node_bw']) / 1e9:.3g} GB/s{mark('intra_node_bw')}, inter-node "
-                     f"{float(t['inter_node_bw']) / 1e9:.3g} GB/s{mark('inter_node_bw')} per rank")
+            links = (f"intra-node {gbps(float(t['intra_node_bw']))} GB/s{mark('intra_node_bw')}, inter-node "
+                     f"{gbps(float(t['inter_node_bw']))} GB/s{mark('inter_node_bw')} per rank")
         except (KeyError, TypeError, ValueError):
             return ""
         emulated = f", emulating {t['emulated_from']}" if t.get("emulated_from") else ""

@@ -30,7 +30,9 @@ def gbps(bytes_per_s: float) -> str:
     """A bandwidth in GB/s to three figures, as the plan's own line gives it (0.25, 12.5, 2,039):
     rounded to 0.1 GB/s, a what-if of 0.25 GB/s read 0.2 and one of 0.004 read 0.0."""
     value = bytes_per_s / GB
-    return f"{value:,.0f}" if value >= 999.5 else f"{value:.3g}"  # 999.7 to three figures is 1e+03
+    if value >= 999.5:  # 999.7 to three figures is 1e+03, and 1234.5 1.23e+03
+        return f"{value:,.0f}"
+    return f"{value:.3g}" if value >= 1e-4 else f"{value:.1e}"
 
 
 def assumed_note(name: str, compute_device: str) -> str:

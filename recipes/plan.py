@@ -98,15 +98,23 @@ def compression_said(plan: Any) -> str:
 
 
 def memory_columns(plan: Any) -> dict[str, tuple[Any, ...]]:
-    """GiB the fullest rank holds in device memory against its device's, and where any table is
+    """GiB the fullest rank holds in device memory against what the plan may fill of its device
+    (the reserve, ``sharding.reserve_fraction``, left out of both), and where any table is
     in host memory, the fullest node's against its own (a node's ranks share it): a cache or
     rank-count sweep is explained by them (a larger cache leaves less device memory, so tables
     move to slower kernels)."""
     if not plan.ranks:
         return {}
-    fullest = plan.fullest_rank()
-    columns = {"fullest rank device memory": (fullest.memory_total / 2**30, ",.2f", "GiB"),
-               "fullest rank device memory capacity": (fullest.memory_capacity / 2**30, ",.2f", "GiB")}
+
+    def usable(rank: Any) -> tuple[float, float]:  # what the plan holds, of what it may fill
+        # the reserve left out of both: a share of the device, it grew with the capacity, so one
+        # plan swept over device sizes read as more memory used on larger devices
+        reserve = float(rank.memory.get("reserve", 0.0))
+        return rank.memory_total - reserve, rank.memory_capacity - reserve
+
+    used, cap = max((usable(r) for r in plan.ranks), key=lambda uc: (uc[0] / uc[1] if uc[1] > 0 else 0.0, uc[0]))
+    columns = {"fullest rank device memory": (used / 2**30, ",.2f", "GiB"),
+               "fullest rank device memory capacity": (cap / 2**30, ",.2f", "GiB")}
     if plan.holds_host_memory:
         _, used, cap = plan.fullest_node()
         columns.update({"fullest node host memory": (used / 2**30, ",.2f", "GiB"),

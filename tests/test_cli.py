@@ -725,6 +725,15 @@ def test_a_sweep_over_a_numeric_setting_is_charted_against_its_value(tmp_path: P
     bytes_none = lines(*({"topology.inter_node_bw_gbps": v} for v in ("25", "12")),
                        rows=[{"step": (1.0, ".1f"), "bytes": (nan, ".1f")}, {"step": (2.0, ".1f"), "bytes": (nan, ".1f")}])
     assert bytes_none.columns == ["step"]
+    # a capacity is drawn dashed in its result's panel, not in a panel of its own repeating the
+    # device size swept
+    sizes = lines(*({"topology.device_memory_gib": v} for v in ("16", "40")),
+                  rows=[{"mem": (12.2, ".2f"), "mem capacity": (13.6, ".2f")},
+                        {"mem": (19.3, ".2f"), "mem capacity": (34.0, ".2f")}])
+    assert sizes.columns == ["mem"] and sizes.capacity == {"": {"mem": [(16.0, 13.6), (40.0, 34.0)]}}
+    assert plots.plot_sweep([("#0", {"mem": (12.2, ".2f"), "mem capacity": (13.6, ".2f")}),
+                             ("#1", {"mem": (19.3, ".2f"), "mem capacity": (34.0, ".2f")})], tmp_path / "mem.png", "t",
+                            [{"topology.device_memory_gib": "16"}, {"topology.device_memory_gib": "40"}])
     # two numeric settings: the one of more values is the x-axis, a line per value of the other
     grid = [{"topology.num_nodes": n, "cache.load_factor": f} for f in ("0.1", "0.2") for n in ("1", "2", "4")]
     both = lines(*grid, rows=[None, *({"step": (float(i), ".1f")} for i in range(1, 6))],

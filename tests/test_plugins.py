@@ -914,6 +914,12 @@ def test_the_topology_line_gives_small_bandwidths_as_the_plans_line_does() -> No
     assert line.endswith("intra-node 0.04 GB/s, inter-node 0.004 GB/s"), line
     line = zionex_topology(device_memory_bw_gbps=999.7).describe().splitlines()[2]  # not 1e+03
     assert line.startswith("  bandwidth/rank: device mem 1,000 GB/s, "), line
+    # and the plan's own header alike (it gave 1.23e+03 GB/s beside the topology line's 1,234)
+    from neo_core.api import plan_tables
+    from neo_core.sharding import TableSpec
+
+    plan = plan_tables([TableSpec("t", 1000, 16)], {"name": "zionex", "num_nodes": 2, "intra_node_bw_gbps": 1234.5}, 64)
+    assert "intra-node 1,234 GB/s, inter-node 25 GB/s* per rank" in plan.topology_summary(), plan.topology_summary()
     given = zionex_topology(inter_node_bw_gbps=2.5)
     assert "inter_node_bw" not in given.assumed and "intra_node_bw" in given.assumed
     assert given.sources["inter_node_bw"] == "given: topology.inter_node_bw_gbps=2.5"

@@ -96,6 +96,9 @@ class SweepLines:
     spread: dict[str, dict[str, list[tuple[float, float, float]]]] = field(default_factory=dict)
     # per line: (x, "failed" | "stopped" | "not run") of the jobs without results, marked at their x
     missing: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    # per line, per column: (x, capacity) of a result held against one (memory against the
+    # device's), drawn dashed in the result's panel, not in a panel of its own
+    capacity: dict[str, dict[str, list[tuple[float, float]]]] = field(default_factory=dict)
 
 
 def _as_number(value: str | None) -> float | None:
@@ -137,11 +140,15 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
     xs = [_as_number(s[x]) or 0.0 for s in settings]
     # a result no job has a number for (TorchRec's plans give no bytes: NaN) has no line to draw
     drawn = [c for c in drawn_columns(rows) if any(math.isfinite(_number(row, c)) for row in rows)]
+    # a capacity is drawn in its result's panel: a panel of its own repeated the swept device size
+    drawn = [c for c in drawn if not (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in drawn)]
+    held = [c for c in drawn if any(c + CAPACITY in row for row in rows)]
     chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn)
     for label in labels:
         chart.lines[label] = {c: [] for c in chart.columns}
         chart.spread[label] = {}
         chart.missing[label] = []
+        chart.capacity[label] = {c: [] for c in held}
     for i, ((_, row), label, at) in enumerate(zip(jobs, names, xs)):
         if row is None:
             chart.missing[label].append((at, statuses[i] if statuses else "failed"))
@@ -152,8 +159,12 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
             low, high = _number(row, c + SPREAD[0]), _number(row, c + SPREAD[1])
             if not (math.isnan(low) or math.isnan(high)):
                 chart.spread[label].setdefault(c, []).append((at, low, high))
+        for c in held:
+            if not math.isnan(cap := _number(row, c + CAPACITY)):
+                chart.capacity[label][c].append((at, cap))
     for label in labels:
-        for points in (*chart.lines[label].values(), *chart.spread[label].values(), chart.missing[label]):
+        for points in (*chart.lines[label].values(), *chart.spread[label].values(), chart.missing[label],
+                       *chart.capacity[label].values()):
             points.sort(key=lambda p: p[0])
     return chart
 
@@ -201,6 +212,8 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
                     color=color, label=label or None)
             if spread := chart.spread[label].get(column):  # the per-step spread, 10th to 90th percentile
                 ax.vlines([p[0] for p in spread], [p[1] for p in spread], [p[2] for p in spread], color=color, lw=1)
+            if capacity := chart.capacity[label].get(column):  # what it is held against, dashed
+                ax.plot([p[0] for p in capacity], [p[1] for p in capacity], ls="--", lw=1, color=color, alpha=0.6)
             # a job without results, at its x along the panel's foot: a gap in the line is not a result
             at_foot = blended_transform_factory(ax.transData, ax.transAxes)
             for where, why in chart.missing[label]:
@@ -213,8 +226,12 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
         if len(values) <= 12:  # the values swept, as given, not the scale's round numbers
             ax.set_xticks(values, [f"{v:g}" for v in values])
             ax.xaxis.set_minor_locator(NullLocator())
-        if all(p[1] >= 0 for line in chart.lines.values() for p in line[column]):
-            ax.set_ylim(bottom=0)  # a change read against the whole, as the bars do
+        shown = [p[1] for line in chart.lines.values() for p in line[column]]
+        shown += [p[1] for caps in chart.capacity.values() for p in caps.get(column, [])]
+        if shown and all(v >= 0 for v in shown):
+            # from 0, a change read against the whole, as the bars do; above the highest point,
+            # so that a result at its capacity is not drawn on the panel's frame
+            ax.set_ylim(0, max(shown) * 1.1 or 1.0)
         unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
         spread_said = ", per-step 10th-90th percentile" if any(chart.spread[k].get(column) for k in chart.spread) else ""
         ax.set_title(f"{column}{f' ({unit})' if unit else ''}{spread_said}", fontsize=9 if not spread_said else 8)
@@ -223,6 +240,8 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
     handles = [Line2D([], [], marker="o", color=f"C{n}", label=label) for n, label in enumerate(chart.lines) if label]
     if any(chart.missing.values()):
         handles.append(Line2D([], [], marker="x", ls="", color="gray", label="no results (failed, stopped or not run)"))
+    if any(points for caps in chart.capacity.values() for points in caps.values()):
+        handles.append(Line2D([], [], ls="--", color="gray", label="capacity"))
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
