@@ -731,6 +731,9 @@ def test_a_sweep_over_a_numeric_setting_is_charted_against_its_value(tmp_path: P
                   rows=[{"mem": (12.2, ".2f"), "mem capacity": (13.6, ".2f")},
                         {"mem": (19.3, ".2f"), "mem capacity": (34.0, ".2f")}])
     assert sizes.columns == ["mem"] and sizes.capacity == {"": {"mem": [(16.0, 13.6), (40.0, 34.0)]}}
+    # and in a bar chart, marked on the result's bars
+    assert plots.bar_columns([{"mem": (12.2, ".2f"), "mem capacity": (13.6, ".2f")},
+                              {"mem": (19.3, ".2f"), "mem capacity": (34.0, ".2f")}]) == ["mem"]
     assert plots.plot_sweep([("#0", {"mem": (12.2, ".2f"), "mem capacity": (13.6, ".2f")}),
                              ("#1", {"mem": (19.3, ".2f"), "mem capacity": (34.0, ".2f")})], tmp_path / "mem.png", "t",
                             [{"topology.device_memory_gib": "16"}, {"topology.device_memory_gib": "40"}])

@@ -250,13 +250,20 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
     plt.close(fig)
 
 
+def bar_columns(rows: list[Row]) -> list[str]:
+    """The bar chart's panels (:func:`drawn_columns`); a capacity is marked on its result's bars,
+    not given a panel of its own."""
+    columns = drawn_columns(rows)
+    return [c for c in columns if not (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in columns)]
+
+
 def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statuses: list[str] | None = None) -> bool:
     """A bar per job (a row each, labelled by what sets it apart) in a panel per result, its
     value written beside it; a result's ``<column> p10``/``p90`` as whiskers on its bar."""
     rows = [row for _, row in jobs if row is not None]
     names = list(dict.fromkeys(c for row in rows for c in row))
     spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
-    columns = drawn_columns(rows)
+    columns = bar_columns(rows)
     if not rows or not columns:
         return False
     import matplotlib
@@ -284,7 +291,14 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
         if whiskers:  # the per-step spread, 10th to 90th percentile
             ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],
                       color="black", linewidth=1)
-        top = max([n for n in numbers + [w[2] for w in whiskers] if not math.isnan(n)], default=1.0) or 1.0
+        # a result held against a capacity (memory): the capacity marked on each bar's row, and
+        # the axis to it, so 76 of 1,536 GiB is not drawn as most of the axis
+        caps = [_number(row, column + CAPACITY) for _, row in jobs]
+        held = [(yi, c) for yi, c in zip(y, caps) if not math.isnan(c)]
+        if held:
+            ax.plot([c for _, c in held], [yi for yi, _ in held], marker="|", markersize=12, ls="", color="black")
+        top = max([n for n in numbers + [w[2] for w in whiskers] + [c for _, c in held] if not math.isnan(n)],
+                  default=1.0) or 1.0
         for j, ((_, row), yi, n) in enumerate(zip(jobs, y, numbers)):
             # the value as the row gives it: a count stays a whole number ("2", not "2.0")
             missing = f" {statuses[j] if statuses else 'failed'}"
