@@ -17,6 +17,7 @@ resolved through the plugin manager, so third-party plugins work the same way.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -177,7 +178,9 @@ def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[
 
     fields = [f.name for f in dataclasses.fields(TableSpec)]
     if caller == "plan_model" and key in ("pooling_factor", "hot_fraction"):
-        return f"a table's {key} is given by table name: {key}s={{<table>: {stray[key]!r}}}"
+        value = stray[key]
+        example = value if isinstance(value, Mapping) else {"<table>": value}
+        return f"a table's {key} is given by table name: {key}s={example!r}"
     if caller == "plan_model" and key in fields[1:]:
         return f"{key} is read from each table's EmbeddingBagConfig in the model"
     if key in fields[1:]:
@@ -285,11 +288,22 @@ def table_specs(
     ``pooling_factors`` and ``hot_fractions`` give, by table name, the mean ids per sample of
     each feature reading the table (1.0 where not given: lookups and communication grow with
     it, so give yours) and the share of lookups that hit the hottest 1% of rows."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    import sys
 
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    for given, what in ((pooling_factors, "pooling_factors"), (hot_fractions, "hot_fractions")):
+        if given is not None and not isinstance(given, Mapping):
+            raise ConfigError(f"{what} is given by table name, e.g. {what}={{'user_id': 2.0}}; got a "
+                              f"{type(given).__name__}.")
     specs: list[TableSpec] = []
     where: dict[str, str] = {}
+    features: dict[str, str] = {}  # feature -> the table it reads
     for path, child in model.named_modules():
+        if isinstance(child, EmbeddingCollection) and os.environ.get("RANK", "0") == "0":
+            print(f"warning: module {path or 'the model'!r} is an EmbeddingCollection, which plan_model does not plan "
+                  "(EmbeddingBagCollections only): DMP builds it unplanned, and its memory is not in the plan",
+                  file=sys.stderr)
         if not isinstance(child, EmbeddingBagCollection):
             continue
         here = f"module {path!r}" if path else "the model"
@@ -300,6 +314,7 @@ def table_specs(
                     "once: give the tables names of their own (EmbeddingBagConfig(name=...))."
                 )
             where[config.name] = here
+            features.update((f, config.name) for f in config.feature_names)
             specs.append(TableSpec(
                 config.name, config.num_embeddings, config.embedding_dim,
                 _as_float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
@@ -313,6 +328,9 @@ def table_specs(
         if unknown := sorted(set(given or {}) - set(where)):
             close = difflib.get_close_matches(unknown[0], list(where), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f"; its tables: {', '.join(sorted(where)[:10])}"
+            if unknown[0] in features:  # a feature's name: the table it reads is meant
+                hint = (f": it is a feature, which reads table {features[unknown[0]]!r} (a table read by several "
+                        "features: the mean ids per sample of each)")
             raise ConfigError(f"{what} names {unknown[0]!r}, which is no table of the model{hint}.")
     return specs
 
@@ -338,15 +356,25 @@ def plan_model(
     planner: Planner | str = "neo",
     pooling_factors: Mapping[str, float] | None = None,
     hot_fractions: Mapping[str, float] | None = None,
+    plan: PlanResult | None = None,
     **params: Any,
 ) -> PlanResult:
     """Plan every table of ``model`` (:func:`table_specs`) and build what TorchRec's
     ``DistributedModelParallel`` executes: ``result.torchrec_plan`` (its ``plan=``) and
     ``result.torchrec_sharders`` (its ``sharders=``), the report beside them as
-    :func:`plan_tables` gives it. Call it in every rank. Within a process group every rank runs
-    rank 0's plan (a search its time budget cut short may plan otherwise in another rank), the
-    plan is checked against the group's ranks (:func:`check_ranks`), and the ``local``
-    topology has as many ranks as the group."""
+    :func:`plan_tables` gives it. Call it in every rank (it is collective: a rank that does not
+    call it leaves the others waiting). Within a process group every rank runs rank 0's plan (a
+    search its time budget cut short may plan otherwise in another rank), the plan is checked
+    against the group's ranks (:func:`check_ranks`; under torchrun before the group is formed,
+    against its ``WORLD_SIZE``), and the ``local`` topology has as many ranks as the group.
+    ``plan``: a plan made before (``PlanResult.load_json``), built for ``model`` instead of
+    planning anew, with the same checks (its topology, kernel and cache are still given here:
+    the sharders are built from them)."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"plan_model() takes the model (a torch nn.Module) first, got {type(model).__name__}: "
+                          "plan_model(model, topology, batch_size_per_rank, ...).")
     given = {"topology": topology, "kernel": kernel, "compressor": compressor, "cache": cache}
     if batch_size_per_rank is None:
         _check_planner_params(params, planner, given, "plan_model")
@@ -355,7 +383,13 @@ def plan_model(
     topology = _local_as_the_group(topology)
     chosen, context = _planning(topology, batch_size_per_rank, kernel, compressor, cache, planner, params,
                                 "plan_model")
-    result = _rank0s_plan(chosen.plan_module(model, tables, context), chosen, model, context)
+    if plan is not None:
+        if not isinstance(plan, PlanResult):
+            raise ConfigError(f"plan= takes a PlanResult (PlanResult.load_json('plan.json')), got {type(plan).__name__}.")
+        plan.torchrec_plan = chosen.to_torchrec_plan(model, plan, context)
+        result = plan
+    else:
+        result = _rank0s_plan(chosen.plan_module(model, tables, context), chosen, model, context)
     result.torchrec_sharders = checked_sharders(chosen, context)
     check_ranks(result)
     return result
@@ -386,17 +420,37 @@ def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: Plan
     return agreed
 
 
-def _local_as_the_group(topology: Any) -> Any:
-    """``local`` (by name, without a world size) within a process group: the group's ranks."""
+def _group_size() -> int | None:
+    """The ranks of the process group, or of the launch where the group is not formed yet
+    (torchrun's ``WORLD_SIZE``); None outside both."""
+    import os
+
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    world = os.environ.get("WORLD_SIZE")
+    return int(world) if world and world.isdigit() else None
+
+
+def _local_as_the_group(topology: Any) -> Any:
+    """``local`` (by name, without a world size) within a process group, or a launch: its ranks."""
+    import os
+    import sys
+
+    world = _group_size()
+    if world is None:
         return topology
+    if not (topology == "local" or (isinstance(topology, Mapping) and topology.get("name") == "local")):
+        return topology
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit() and 0 < int(local) < world and os.environ.get("RANK", "0") == "0":
+        print(f"warning: the ranks run on {world // int(local)} machines ({local} each), but topology 'local' is one "
+              f"machine of all {world} ranks (its memory split among them, every link inside it): give a Topology "
+              "of those machines (neo_core.topology.Topology) for a plan of them", file=sys.stderr)
     if topology == "local":
-        return {"name": "local", "world_size": dist.get_world_size()}
-    if isinstance(topology, Mapping) and topology.get("name") == "local" and "world_size" not in topology:
-        return {**topology, "world_size": dist.get_world_size()}
-    return topology
+        return {"name": "local", "world_size": world}
+    return topology if "world_size" in topology else {**topology, "world_size": world}
 
 
 def check_ranks(result: PlanResult, process_group: Any = None) -> None:
@@ -409,16 +463,20 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
 
     import torch.distributed as dist
 
-    if not (dist.is_available() and dist.is_initialized()):
+    formed = dist.is_available() and dist.is_initialized()
+    world = dist.get_world_size(process_group) if formed else _group_size()
+    if world is None:  # outside a process group and a launch: nothing to check against
         return
-    world = dist.get_world_size(process_group)
     planned = len(result.ranks)
     made_for = result.topology_summary() or "its topology"
     if planned and planned != world:
         raise ConfigError(
-            f"The plan is for {planned} rank(s) ({made_for}), but the process group has {world}: plan for "
+            f"The plan is for {planned} rank(s) ({made_for}), but the {'process group' if formed else 'launch (WORLD_SIZE)'} "
+            f"has {world}: plan for "
             f"{world} ranks (e.g. topology={{'name': 'local', 'world_size': {world}}}), or start {planned}."
         )
+    if not formed:  # the rest is the group's
+        return
     device = result.topology.get("compute_device")
     runs_on = {"nccl": "cuda", "gloo": "cpu"}.get(str(dist.get_backend(process_group)))
     if device and runs_on and device != runs_on:
@@ -428,6 +486,11 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
             f"compute_device={runs_on!r}, e.g. {{'name': 'local', 'compute_device': {runs_on!r}}}), or start "
             f"the group with {'nccl' if device == 'cuda' else 'gloo'}."
         )
+    if runs_on == "cpu":  # a kernel FBGEMM has no CPU code for failed inside DMP (Adam: an AssertionError)
+        from neo_core.training.run import cpu_kernel_problem
+
+        if problem := cpu_kernel_problem(result.settings.get("kernel"), result.settings.get("optimizer")):
+            raise ConfigError(f"The plan's kernel cannot run on this group's CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
     nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
     if not nodal:  # (TorchRec's reading of the local size warns where no variable gives it)
         return

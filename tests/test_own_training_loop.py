@@ -46,7 +46,7 @@ def test_the_documented_own_training_loop_runs_on_two_ranks_and_matches_the_unsh
     assert last < first / 2, out
 
 
-def test_table_specs_reads_the_models_tables_and_names_a_bad_name() -> None:
+def test_table_specs_reads_the_models_tables_and_names_a_bad_name(capsys) -> None:
     model = nn.Module()
     model.user, model.item = ebc(("user_id", 1000, 16)), ebc(("item_id", 500, 8))
     specs = table_specs(model, pooling_factors={"item_id": 3.0}, hot_fractions={"user_id": 0.4})
@@ -61,6 +61,24 @@ def test_table_specs_reads_the_models_tables_and_names_a_bad_name() -> None:
         table_specs(model)
     with pytest.raises(ConfigError, match=r"^Linear holds no TorchRec EmbeddingBagCollection"):
         table_specs(nn.Linear(2, 2))
+    # a feature's name, a list, an EmbeddingCollection beside, arguments swapped: each said as such
+    with pytest.raises(ConfigError, match=r"^pooling_factors names 'f_item_id', which is no table of the model: it is "
+                                          r"a feature, which reads table 'item_id'"):
+        table_specs(ebc(("user_id", 10, 8), ("item_id", 10, 8)), pooling_factors={"f_item_id": 2.0})
+    with pytest.raises(ConfigError, match=r"^pooling_factors is given by table name, e\.g\. pooling_factors="
+                                          r"\{'user_id': 2\.0\}; got a list\.$"):
+        table_specs(ebc(("user_id", 10, 8)), pooling_factors=[2.0])
+    with pytest.raises(ConfigError, match=r"^plan_model\(\) takes the model \(a torch nn.Module\) first, got str"):
+        plan_model("local", ebc(("user_id", 10, 8)), 64)
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    both = nn.Module()
+    both.bag = ebc(("user_id", 10, 8))
+    both.seq = EmbeddingCollection(tables=[EmbeddingConfig(name="s", num_embeddings=10, embedding_dim=8,
+                                                           feature_names=["s"])], device=torch.device("meta"))
+    assert [s.name for s in table_specs(both)] == ["user_id"]
+    assert "warning: module 'seq' is an EmbeddingCollection, which plan_model does not plan" in capsys.readouterr().err
     with pytest.raises(ConfigError, match=r"^Table 'user_id' has pooling_factor 'x'; it must be a number\.$"):
         table_specs(ebc(("user_id", 10, 8)), pooling_factors={"user_id": "x"})  # not float()'s ValueError
     # a number of numpy's or a 0-d tensor is a float, as plan.json writes it
@@ -104,6 +122,18 @@ def test_a_plan_made_for_other_tables_ranks_or_optimizer_is_refused_for_this_mod
     assert neo.to_torchrec_plan(model, saved, ctx) is not None
 
 
+def test_plan_model_under_torchrun_before_the_group_is_formed_plans_and_checks_for_its_world(monkeypatch) -> None:
+    # planned before init_process_group, "local" was 2 ranks under a 4-rank torchrun, and DMP
+    # failed with an IndexError inside TorchRec
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    model = ebc(("user_id", 100_000, 32), ("item_id", 500, 16))
+    assert len(plan_model(model, "local", 64).ranks) == 4
+    with pytest.raises(ConfigError, match=r"^The plan is for 2 rank\(s\) .*but the launch \(WORLD_SIZE\) has 4: plan "
+                                          r"for 4 ranks"):
+        plan_model(model, {"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+
+
 def _check_ranks_refusals(rank: int, world: int) -> list[Any]:
     """In a 2-rank gloo group: plans its ranks cannot execute, each refused by plan_model; the
     local size an MPI launcher gives; and a rank that plans otherwise than rank 0."""
@@ -140,6 +170,19 @@ def _check_ranks_refusals(rank: int, world: int) -> list[Any]:
                         [RankReport(0), RankReport(1)], 64, {"devices_per_node": 1, "compute_device": "cpu"})
     check_ranks(single)
     said.append(str(len(plan_model(model, "local", 64).ranks)))  # local: the group's ranks
+    # a kernel FBGEMM has no CPU code for failed inside DMP with an AssertionError
+    try:
+        plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"})
+    except NeoError as exc:
+        said.append(str(exc))
+    # a plan made before, built for the model; one for another rank count refused
+    saved = plan_tables(table_specs(model), {"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    said.append(plan_model(model, "local", 64, plan=saved).torchrec_plan is not None)
+    try:
+        plan_model(model, "local", 64, plan=plan_tables(
+            table_specs(model), {"name": "local", "world_size": 4, "compute_device": "cpu"}, 64))
+    except NeoError as exc:
+        said.append(str(exc))
     # a rank that plans otherwise (a search its time budget cut short) runs rank 0's plan
     neo = resolve("sharding", "neo", {"table_sharding_types": {"user_id": ["TW"], "item_id": ["TW"]}})
     twins = ebc(("user_id", 1000, 16), ("item_id", 1000, 16))
@@ -175,6 +218,9 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
                               "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
     assert said[3] == "2"
+    assert said[4].startswith("The plan's kernel cannot run on this group's CPU ranks: optimizer adam: FBGEMM's fused "
+                              "kernel has no Adam on CPU"), said[4]
+    assert said[5] is True and said[6].startswith("The 'neo' plan is for 4 rank(s)") and "has 2: plan again" in said[6]
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
     assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise
     assert ran0 == ran1 == own0 and built0 == built1 == own0, (ran0, ran1, built0, built1)  # rank 0's, in both
