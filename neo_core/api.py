@@ -391,7 +391,7 @@ def plan_model(
     else:
         result = _rank0s_plan(chosen.plan_module(model, tables, context), chosen, model, context)
     result.torchrec_sharders = checked_sharders(chosen, context)
-    check_ranks(result)
+    check_ranks(result, kernel=context.kernel)  # the sharders' kernel, whatever a saved plan says
     return result
 
 
@@ -453,12 +453,15 @@ def _local_as_the_group(topology: Any) -> Any:
     return topology if "world_size" in topology else {**topology, "world_size": world}
 
 
-def check_ranks(result: PlanResult, process_group: Any = None) -> None:
-    """Refuse a plan that the ranks of ``process_group`` (the default group; nothing is checked
-    outside one) cannot execute: another number of ranks, another kind of device than the
-    group's backend drives (NCCL: CUDA, gloo: CPU), or nodes of another size than the machines'
+def check_ranks(result: PlanResult, process_group: Any = None, kernel: EmbeddingKernel | None = None) -> None:
+    """Refuse a plan that the ranks of ``process_group`` (the default group; before it is
+    formed, the launch's ``WORLD_SIZE``; nothing outside both) cannot execute: another number
+    of ranks, another kind of device than the group's backend drives (NCCL: CUDA, gloo: CPU),
+    a fused kernel FBGEMM has no CPU code for on CPU ranks (``kernel``: the one the sharders
+    are built with; else the plan's settings), or nodes of another size than the machines'
     ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
-    sharding). TorchRec failed deep inside on each, with an IndexError or a shard's device."""
+    sharding). TorchRec failed deep inside on each, with an IndexError, a shard's device or
+    FBGEMM's AssertionError."""
     import os
 
     import torch.distributed as dist
@@ -475,22 +478,24 @@ def check_ranks(result: PlanResult, process_group: Any = None) -> None:
             f"has {world}: plan for "
             f"{world} ranks (e.g. topology={{'name': 'local', 'world_size': {world}}}), or start {planned}."
         )
-    if not formed:  # the rest is the group's
-        return
     device = result.topology.get("compute_device")
-    runs_on = {"nccl": "cuda", "gloo": "cpu"}.get(str(dist.get_backend(process_group)))
-    if device and runs_on and device != runs_on:
+    # the device the ranks compute on: the backend's, or before the group is formed, the plan's
+    runs_on = {"nccl": "cuda", "gloo": "cpu"}.get(str(dist.get_backend(process_group))) if formed else device
+    if formed and device and runs_on and device != runs_on:
         raise ConfigError(
             f"The plan is for {device} ranks ({made_for}), but the process group's backend "
             f"({dist.get_backend(process_group)}) runs on {runs_on}: plan for {runs_on} ranks (topology "
             f"compute_device={runs_on!r}, e.g. {{'name': 'local', 'compute_device': {runs_on!r}}}), or start "
             f"the group with {'nccl' if device == 'cuda' else 'gloo'}."
         )
-    if runs_on == "cpu":  # a kernel FBGEMM has no CPU code for failed inside DMP (Adam: an AssertionError)
+    fused = any(a.compute_kernel.startswith("fused") for a in result.tables)  # data parallel alone: none
+    if runs_on == "cpu" and fused:  # a kernel FBGEMM has no CPU code for failed inside DMP (Adam: an AssertionError)
         from neo_core.training.run import cpu_kernel_problem
 
-        if problem := cpu_kernel_problem(result.settings.get("kernel"), result.settings.get("optimizer")):
-            raise ConfigError(f"The plan's kernel cannot run on this group's CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
+        name, optimizer = ((kernel.name, kernel.optimizer) if kernel is not None
+                           else (result.settings.get("kernel"), result.settings.get("optimizer")))
+        if problem := cpu_kernel_problem(name, optimizer):
+            raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
     nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
     if not nodal:  # (TorchRec's reading of the local size warns where no variable gives it)
         return

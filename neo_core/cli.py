@@ -527,6 +527,8 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
         sweeper.neo_checked_all = True
     from hydra.core.utils import filter_overrides as _shown
 
+    if not first:  # a sweep's first batch: another sweep's jobs in this process are not this one's
+        SWEEP_JOBS.clear()
     for num, overrides in enumerate(batch, start=first):  # a Ctrl-C's summary names the jobs not reached
         SWEEP_JOBS[num] = " ".join(as_typed(o) for o in _shown(list(overrides)))
     if os.environ.get("NEO_SKIP_SWEEP_CHECK") or type(getattr(sweeper, "launcher", None)).__name__ != "BasicLauncher":

@@ -98,26 +98,28 @@ def compression_said(plan: Any) -> str:
 
 
 def memory_columns(plan: Any) -> dict[str, tuple[Any, ...]]:
-    """GiB the fullest rank holds in device memory against what the plan may fill of its device
-    (the reserve, ``sharding.reserve_fraction``, left out of both), and where any table is
+    """GiB the fullest rank holds in device memory, the reserve (``sharding.reserve_fraction``)
+    left out, against its device's, and where any table is
     in host memory, the fullest node's against its own (a node's ranks share it): a cache or
     rank-count sweep is explained by them (a larger cache leaves less device memory, so tables
     move to slower kernels)."""
     if not plan.ranks:
         return {}
 
-    def usable(rank: Any) -> tuple[float, float]:  # what the plan holds, of what it may fill
-        # the reserve left out of both: a share of the device, it grew with the capacity, so one
-        # plan swept over device sizes read as more memory used on larger devices
-        reserve = float(rank.memory.get("reserve", 0.0))
-        return rank.memory_total - reserve, rank.memory_capacity - reserve
+    # what the plan holds, the reserve left out (a share of the device, it grew with the device,
+    # so one plan swept over device sizes read as more memory used on larger devices), against
+    # the whole device: Neo's planner reports its reserve, TorchRec's holds its own back unsaid
+    def used(rank: Any) -> float:
+        return rank.memory_total - float(rank.memory.get("reserve", 0.0))
 
-    used, cap = max((usable(r) for r in plan.ranks), key=lambda uc: (uc[0] / uc[1] if uc[1] > 0 else 0.0, uc[0]))
-    columns = {"fullest rank device memory": (used / 2**30, ",.2f", "GiB"),
-               "fullest rank device memory capacity": (cap / 2**30, ",.2f", "GiB")}
+    fullest = max(plan.ranks, key=lambda r: (used(r) / r.memory_capacity if r.memory_capacity > 0 else 0.0, used(r)))
+    columns = {"fullest rank device memory": (used(fullest) / 2**30, ",.2f", "GiB"),
+               "fullest rank device memory capacity": (fullest.memory_capacity / 2**30, ",.2f", "GiB")}
     if plan.holds_host_memory:
-        _, used, cap = plan.fullest_node()
-        columns.update({"fullest node host memory": (used / 2**30, ",.2f", "GiB"),
+        node, held, cap = plan.fullest_node()
+        per_node = plan.devices_per_node()
+        reserve = sum(float(r.host_memory.get("reserve", 0.0)) for r in plan.ranks if int(r.rank) // per_node == node)
+        columns.update({"fullest node host memory": ((held - reserve) / 2**30, ",.2f", "GiB"),
                         "fullest node host memory capacity": (cap / 2**30, ",.2f", "GiB")})
     return columns
 

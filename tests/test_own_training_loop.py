@@ -132,6 +132,18 @@ def test_plan_model_under_torchrun_before_the_group_is_formed_plans_and_checks_f
     with pytest.raises(ConfigError, match=r"^The plan is for 2 rank\(s\) .*but the launch \(WORLD_SIZE\) has 4: plan "
                                           r"for 4 ranks"):
         plan_model(model, {"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    # what needs no group is checked before it too: the machines' ranks, a kernel on CPU ranks
+    from neo_core.topology import GiB, Topology
+
+    two_by_two = Topology("two_nodes", 2, 2, "cpu", 4 * GiB, 4 * GiB, 1e10, 1e10, 1e10, 1e10, 1e9)
+    with pytest.raises(ConfigError, match=r"^The plan splits 'user_id'.* over nodes of 2 rank\(s\), but 4 rank\(s\) share "
+                                          r"each machine here \(LOCAL_WORLD_SIZE\)"):
+        plan_model(model, two_by_two, 64, table_sharding_types={"user_id": ["TWRW"]})
+    with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
+        plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"})
+    # data parallel alone runs no fused kernel: Adam is no matter there
+    assert plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"},
+                      sharding_types=["DP"]).torchrec_plan is not None
 
 
 def _check_ranks_refusals(rank: int, world: int) -> list[Any]:
@@ -218,7 +230,7 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
                               "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
     assert said[3] == "2"
-    assert said[4].startswith("The plan's kernel cannot run on this group's CPU ranks: optimizer adam: FBGEMM's fused "
+    assert said[4].startswith("The kernel cannot run on these CPU ranks: optimizer adam: FBGEMM's fused "
                               "kernel has no Adam on CPU"), said[4]
     assert said[5] is True and said[6].startswith("The 'neo' plan is for 4 rank(s)") and "has 2: plan again" in said[6]
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)

@@ -228,6 +228,7 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
             ax.xaxis.set_minor_locator(NullLocator())
         shown = [p[1] for line in chart.lines.values() for p in line[column]]
         shown += [p[1] for caps in chart.capacity.values() for p in caps.get(column, [])]
+        shown += [p[2] for spreads in chart.spread.values() for p in spreads.get(column, [])]  # the whiskers' tops
         if shown and all(v >= 0 for v in shown):
             # from 0, a change read against the whole, as the bars do; above the highest point,
             # so that a result at its capacity is not drawn on the panel's frame
