@@ -290,35 +290,26 @@ def table_specs(
     it, so give yours) and the share of lookups that hit the hottest 1% of rows."""
     import sys
 
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+    from torchrec.modules.embedding_modules import EmbeddingCollection
 
     for given, what in ((pooling_factors, "pooling_factors"), (hot_fractions, "hot_fractions")):
         if given is not None and not isinstance(given, Mapping):
             raise ConfigError(f"{what} is given by table name, e.g. {what}={{'user_id': 2.0}}; got a "
                               f"{type(given).__name__}.")
-    specs: list[TableSpec] = []
-    where: dict[str, str] = {}
-    features: dict[str, str] = {}  # feature -> the table it reads
+    from neo_core.torchrec_plan import model_tables
+
     for path, child in model.named_modules():
         if isinstance(child, EmbeddingCollection) and os.environ.get("RANK", "0") == "0":
             print(f"warning: module {path or 'the model'!r} is an EmbeddingCollection, which plan_model does not plan "
                   "(EmbeddingBagCollections only): DMP builds it unplanned, and its memory is not in the plan",
                   file=sys.stderr)
-        if not isinstance(child, EmbeddingBagCollection):
-            continue
-        here = f"module {path!r}" if path else "the model"
-        for config in child.embedding_bag_configs():
-            if config.name in where:
-                raise ConfigError(
-                    f"Table {config.name!r} is in both {where[config.name]} and {here}; a plan names each table "
-                    "once: give the tables names of their own (EmbeddingBagConfig(name=...))."
-                )
-            where[config.name] = here
-            features.update((f, config.name) for f in config.feature_names)
-            specs.append(TableSpec(
-                config.name, config.num_embeddings, config.embedding_dim,
-                _as_float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
-                _as_float((hot_fractions or {}).get(config.name))))
+    tables = model_tables(model, ConfigError, ": give the tables names of their own (EmbeddingBagConfig(name=...)).")
+    where = {config.name: here for here, config in tables}
+    features = {f: config.name for _, config in tables for f in config.feature_names}  # feature -> its table
+    specs = [TableSpec(config.name, config.num_embeddings, config.embedding_dim,
+                       _as_float((pooling_factors or {}).get(config.name, 1.0)), tuple(config.feature_names),
+                       _as_float((hot_fractions or {}).get(config.name)))
+             for _, config in tables]
     if not specs:
         raise ConfigError(
             f"{type(model).__name__} holds no TorchRec EmbeddingBagCollection: plan_model plans the tables of "

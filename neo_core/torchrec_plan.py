@@ -88,13 +88,33 @@ def build_sharding_plan(
     return ShardingPlan(plan)
 
 
+def model_tables(module: nn.Module, error: type[Exception], fix: str) -> list[tuple[str, Any]]:
+    """(where, config) of every table of ``module``'s ``EmbeddingBagCollection``s, in order
+    ("the model", or "module 'tower'" holding it). A plan names each table once, so a name in two
+    collections raises ``error``, naming both, with ``fix``."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    seen: dict[str, str] = {}
+    out = []
+    for path, child in module.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        where = f"module {path!r}" if path else "the model"
+        for config in child.embedding_bag_configs():
+            if config.name in seen:
+                raise error(f"Table {config.name!r} is in both {seen[config.name]} and {where}; a plan names each "
+                            f"table once{fix}")
+            seen[config.name] = where
+            out.append((where, config))
+    return out
+
+
 def check_plan_matches(module: nn.Module, result: PlanResult, context: PlanningContext) -> None:
     """Refuse a plan made for another model, cluster or optimizer than ``module`` and
     ``context`` (a saved plan, or tables described by hand): TorchRec built such a plan
     without a word, with the plan's memory and time figures describing tables or ranks that
     are not these, or failed deep inside with a message about shards. What the plan does not
     record (a plan made by hand) is not checked."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     topology = context.topology
     again = "plan again for this model and context (neo_core.api.plan_model)"
@@ -121,25 +141,16 @@ def check_plan_matches(module: nn.Module, result: PlanResult, context: PlanningC
                 f"kernel here ({context.kernel.name}) has {key} {here!r}: {again}, or train with {key} {made!r}."
             )
     assignments = {a.name: a for a in result.tables}
-    seen: dict[str, str] = {}
-    for path, child in module.named_modules():
-        if not isinstance(child, EmbeddingBagCollection):
-            continue
-        where = f"module {path!r}" if path else "the model"
-        for config in child.embedding_bag_configs():
-            if config.name in seen:
+    tables = model_tables(module, PlanningError, ", so both would get one assignment: give the tables names of their own.")
+    seen = {config.name for _, config in tables}
+    for where, config in tables:
+        spec = assignments[config.name].spec if config.name in assignments else {}
+        for key, has in (("num_embeddings", config.num_embeddings), ("embedding_dim", config.embedding_dim)):
+            if spec.get(key) is not None and int(spec[key]) != int(has):
                 raise PlanningError(
-                    f"Table {config.name!r} is in both {seen[config.name]} and {where}; a plan names each table "
-                    "once, so both would get one assignment: give the tables names of their own."
+                    f"Table {config.name!r} in {where} has {key} {has}, but the {result.planner!r} plan was made "
+                    f"for {key} {int(spec[key])}: {again}, from the model's tables (neo_core.api.table_specs)."
                 )
-            seen[config.name] = where
-            spec = assignments[config.name].spec if config.name in assignments else {}
-            for key, has in (("num_embeddings", config.num_embeddings), ("embedding_dim", config.embedding_dim)):
-                if spec.get(key) is not None and int(spec[key]) != int(has):
-                    raise PlanningError(
-                        f"Table {config.name!r} in {where} has {key} {has}, but the {result.planner!r} plan was made "
-                        f"for {key} {int(spec[key])}: {again}, from the model's tables (neo_core.api.table_specs)."
-                    )
     if seen and (extra := [a.name for a in result.tables if a.name not in seen]):
         listed = ", ".join(repr(n) for n in extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         raise PlanningError(

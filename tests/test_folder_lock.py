@@ -32,6 +32,19 @@ def holder(folder: Path) -> subprocess.Popen:
     return proc
 
 
+def assert_refused_before_writing(script: Path, args: list[str], run: Path, sweep: Path,
+                                  holders: list[subprocess.Popen]) -> None:
+    """``script args`` (a sweep with -m) is refused in one line naming the holder of ``run``
+    (``sweep``), and writes nothing there: no .hydra/, no log."""
+    proc = forked.run(script, *args, env=subprocess_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    folder, key = (sweep, "hydra.sweep.dir") if "-m" in args else (run, "hydra.run.dir")
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: another run is writing in {folder} (pid {holders[folder == sweep].pid} on "), proc.stderr
+    assert f"choose another folder ({key}=...)" in proc.stderr and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]
+
+
 def test_a_folder_another_live_run_holds_is_refused_until_it_ends(tmp_path: Path) -> None:
     proc = holder(tmp_path / "run")
     try:
@@ -76,14 +89,7 @@ def test_recipes_refuse_a_folder_a_live_run_holds_before_writing_there(tmp_path:
                              (ROOT / "recipes" / "train.py", ["trainer=smoke", f"hydra.run.dir={run}"]),
                              (ROOT / "recipes" / "plan.py", ["-m", "+topology=zionex", "compression=none,fp16",
                                                              f"hydra.sweep.dir={sweep}"])):
-            proc = forked.run(script, *args, env=subprocess_env())
-            assert proc.returncode == 2, proc.stderr[-2000:]
-            folder = sweep if "-m" in args else run
-            key = "hydra.sweep.dir" if "-m" in args else "hydra.run.dir"
-            assert proc.stderr.strip().splitlines()[-1].startswith(
-                f"error: another run is writing in {folder} (pid {procs[folder == sweep].pid} on "), proc.stderr
-            assert f"choose another folder ({key}=...)" in proc.stderr and "Traceback" not in proc.stderr
-            assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # no .hydra/, no log
+            assert_refused_before_writing(script, args, run, sweep, procs)
     finally:
         for proc in procs:
             proc.kill()
@@ -110,13 +116,7 @@ def test_a_held_folder_given_as_an_interpolation_or_by_a_config_file_is_refused_
                                                              f"hydra.sweep.dir={tmp_path}/swe${{oc.env:NEO_TEST_UNSET,ep}}"]),
                              (ROOT / "recipes" / "train.py", ["--config-dir", str(tmp_path / "conf"), "experiment=fixed",
                                                               "trainer=smoke"])):
-            proc = forked.run(script, *args, env=subprocess_env())
-            assert proc.returncode == 2, proc.stderr[-2000:]
-            folder, key = (sweep, "hydra.sweep.dir") if "-m" in args else (run, "hydra.run.dir")
-            assert proc.stderr.strip().splitlines()[-1].startswith(
-                f"error: another run is writing in {folder} (pid {procs[folder == sweep].pid} on "), proc.stderr
-            assert f"choose another folder ({key}=...)" in proc.stderr and "Traceback" not in proc.stderr
-            assert sorted(p.name for p in folder.iterdir()) == [LOCK_NAME]  # no .hydra/, no log
+            assert_refused_before_writing(script, args, run, sweep, procs)
     finally:
         for proc in procs:
             proc.kill()
