@@ -414,8 +414,6 @@ def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: Plan
 def _group_size() -> int | None:
     """The ranks of the process group, or of the launch where the group is not formed yet
     (torchrun's ``WORLD_SIZE``); None outside both."""
-    import os
-
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -426,7 +424,6 @@ def _group_size() -> int | None:
 
 def _local_as_the_group(topology: Any) -> Any:
     """``local`` (by name, without a world size) within a process group, or a launch: its ranks."""
-    import os
     import sys
 
     world = _group_size()
@@ -453,8 +450,6 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
     ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
     sharding). TorchRec failed deep inside on each, with an IndexError, a shard's device or
     FBGEMM's AssertionError."""
-    import os
-
     import torch.distributed as dist
 
     formed = dist.is_available() and dist.is_initialized()
