@@ -482,24 +482,23 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
                            else (result.settings.get("kernel"), result.settings.get("optimizer")))
         if problem := cpu_kernel_problem(name, optimizer):
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
-    nodal = [a.name for a in result.tables if a.sharding_type in ("table_row_wise", "grid_shard")]
-    if not nodal:  # (TorchRec's reading of the local size warns where no variable gives it)
-        return
+    if not any(a.sharding_type in ("table_row_wise", "grid_shard") for a in result.tables):
+        return  # (TorchRec's reading of the local size warns where no variable gives it)
     from torchrec.distributed.comm import get_local_size
 
+    from neo_core.training.run import node_size_problem
+
     per_node = result.devices_per_node()
-    local = get_local_size(world)  # as TorchRec forms the nodes: LOCAL_WORLD_SIZE or an MPI launcher's
     said = next((v for v in ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
                              "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
-    source = said or "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it"
-    if local != per_node:
-        raise ConfigError(
-            f"The plan splits {', '.join(repr(n) for n in nodal[:3])}{' and more' if len(nodal) > 3 else ''} over "
-            f"nodes of {per_node} rank(s), but {local} rank(s) share each machine here ({source}), and "
-            f"TorchRec forms the nodes of table-row-wise and grid sharding from that: start {per_node} rank(s) a "
-            f"machine (torchrun --nproc_per_node={per_node}), or plan without them (sharding_types=[...] "
-            "without 'TWRW' and 'GRID')."
-        )
+    # as TorchRec forms the nodes: LOCAL_WORLD_SIZE or an MPI launcher's
+    if problem := node_size_problem(
+        result, per_node, get_local_size(world),
+        said or "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it",
+        f"start {per_node} rank(s) a machine (torchrun --nproc_per_node={per_node})",
+        "plan without them (sharding_types=[...] without 'TWRW' and 'GRID')",
+    ):
+        raise ConfigError(problem)
 
 
 def seeded_table_init(model: Any, seed: int) -> None:

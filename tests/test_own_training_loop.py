@@ -136,7 +136,7 @@ def test_plan_model_under_torchrun_before_the_group_is_formed_plans_and_checks_f
     from neo_core.topology import GiB, Topology
 
     two_by_two = Topology("two_nodes", 2, 2, "cpu", 4 * GiB, 4 * GiB, 1e10, 1e10, 1e10, 1e10, 1e9)
-    with pytest.raises(ConfigError, match=r"^The plan splits 'user_id'.* over nodes of 2 rank\(s\), but 4 rank\(s\) share "
+    with pytest.raises(ConfigError, match=r"^The plan splits user_id \(TWRW\).* over nodes of 2 rank\(s\) .*, but 4 rank\(s\) share "
                                           r"each machine here \(LOCAL_WORLD_SIZE\)"):
         plan_model(model, two_by_two, 64, table_sharding_types={"user_id": ["TWRW"]})
     with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
@@ -227,8 +227,8 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
                          "'world_size': 2}), or start 4."), said[0]
     assert said[1].startswith("The plan is for cuda ranks (zionex: 1 node(s) x 2 cuda rank(s);") and \
         "but the process group's backend (gloo) runs on cpu: plan for cpu ranks" in said[1], said[1]
-    assert said[2].startswith("The plan splits 'user_id' over nodes of 2 rank(s), but 1 rank(s) share each machine "
-                              "here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
+    assert said[2].startswith("The plan splits user_id (TWRW) over nodes of 2 rank(s) (topology.devices_per_node), "
+                              "but 1 rank(s) share each machine here (LOCAL_WORLD_SIZE)") and "torchrun --nproc_per_node=2" in said[2], said[2]
     assert said[3] == "2"
     assert said[4].startswith("The kernel cannot run on these CPU ranks: optimizer adam: FBGEMM's fused "
                               "kernel has no Adam on CPU"), said[4]

@@ -265,14 +265,24 @@ def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> N
         fix = f"plan for this machine's layout (topology.devices_per_node={local})"
     else:
         return
+    if problem := node_size_problem(plan, per_node, local, "LOCAL_WORLD_SIZE", fix,
+                                    "allow other types (sharding.sharding_types without TWRW and GRID)"):
+        raise ConfigError(problem)
+
+
+def node_size_problem(plan: PlanResult, per_node: int, local: int, source: str, fix: str,
+                      other_types: str) -> str | None:
+    """Why the plan's table-row-wise and grid tables, split over nodes of ``per_node`` ranks,
+    cannot run where ``local`` ranks share each machine (read from ``source``), with ``fix`` and
+    ``other_types`` as the ways out; None where they can. TorchRec forms those types' nodes from
+    the ranks a machine has, not from the plan."""
     hit = [t for t in plan.tables if t.sharding_type in ("table_row_wise", "grid_shard")]
     if local == per_node or not hit:
-        return
-    raise ConfigError(
+        return None
+    return (
         f"The plan splits {_some_tables(hit)} over nodes of {per_node} rank(s) (topology.devices_per_node), but "
-        f"{local} rank(s) share each machine here (LOCAL_WORLD_SIZE), and TorchRec forms the nodes of "
-        f"table-row-wise and grid sharding from that: {fix}, or allow other types "
-        "(sharding.sharding_types without TWRW and GRID)."
+        f"{local} rank(s) share each machine here ({source}), and TorchRec forms the nodes of "
+        f"table-row-wise and grid sharding from that: {fix}, or {other_types}."
     )
 
 
