@@ -541,8 +541,7 @@ def _check_batch(sweeper: Any, batch: Sequence[Sequence[str]]) -> None:
                 config = loader.load_sweep_config(sweeper.config, list(overrides))
                 with open_dict(config):  # as Hydra's launcher gives the job its number and folder
                     config.hydra.job.id = config.hydra.job.num = num
-                HydraConfig.instance().set_config(config)
-                out = os.path.abspath(os.path.join(str(config.hydra.sweep.dir), str(config.hydra.sweep.subdir)))
+                out = os.path.abspath(_job_folder(config))
                 with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
                     config.hydra.runtime.output_dir = out
                 HydraConfig.instance().set_config(config)
@@ -642,7 +641,7 @@ def _tell_ranks(refusal: str) -> None:
     """Under torchrun: rank 0 tells the other ranks whether it holds the run's folder (``""``)
     or was refused it (the refusal), in the launch's store."""
     with contextlib.suppress(Exception):  # no store: the ranks do not wait for it
-        store = _launch_store(float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600")))
+        store = _launch_store()
         if store is not None:
             store.set(_launch_key(_HELD_WORD), refusal)
 
@@ -698,9 +697,8 @@ def _wait_for_rank0() -> None:
     """A torchrun rank other than 0: wait for rank 0's word on the run's folder
     (:func:`_tell_ranks`); where rank 0 was refused it, leave (status 2) before Hydra writes
     there. Without the launch's store (another launcher) the rank goes on."""
-    wait = float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600"))
     try:
-        store = _launch_store(wait)
+        store = _launch_store()
         if store is None:
             return
         refusal = store.get(_launch_key(_HELD_WORD)).decode()
@@ -715,13 +713,22 @@ def _wait_for_rank0() -> None:
 _STORE: list[Any] = []  # the launch's store, kept open while the process runs
 
 
-def _launch_store(wait: float) -> Any | None:
+def _launch_store() -> Any | None:
     """The store torchrun's agent keeps for the launch, where ranks pass each other word
     (``TORCHELASTIC_USE_AGENT_STORE``), kept open while the process runs; ``None`` without one
-    (another launcher, or none)."""
+    (another launcher, or none). A rank waits up to ``NEO_RUN_DIR_TIMEOUT_S`` seconds (600) for
+    a word."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return None
     if not _STORE:
+        said = os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600")
+        try:
+            wait = float(said)
+        except ValueError:
+            wait = -1.0
+        if not 0 < wait < float("inf"):
+            raise ConfigError(f"NEO_RUN_DIR_TIMEOUT_S={said!r}: give the seconds a rank waits for rank 0's word "
+                              "on the run's folder, a number above 0 (600 where it is not set).")
         from datetime import timedelta
 
         import torch.distributed as dist
@@ -748,9 +755,8 @@ def _rank0s_name(base: str, name: str) -> str:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return name
     key = _launch_key(base)
-    wait = float(os.environ.get("NEO_RUN_DIR_TIMEOUT_S", "600"))
     try:
-        store = _launch_store(wait)
+        store = _launch_store()
         if rank == 0:
             name = claim_folder(name)
             store.set(key, name)
@@ -871,23 +877,32 @@ def hold_jobs_before_hydra_writes() -> None:
     basic_launcher.run_job = run_job  # type: ignore[attr-defined]
 
 
-def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> str | None:
-    """Hold a sweep job's folder as Hydra will name it (:func:`hold_jobs_before_hydra_writes`);
-    where another run holds it, the job's config asks Hydra to write no records there. The
-    folder this call took hold of (None: held already, refused, or not resolved)."""
+def _job_folder(config: Any, dir_key: str = "hydra.sweep.dir", subdir_key: str = "hydra.sweep.subdir") -> str:
+    """A sweep job's folder as Hydra's launcher names it from the job's ``config`` (its
+    ``hydra.sweep.dir`` and ``subdir``, resolved with the job's own config as Hydra's)."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf, open_dict, read_write
-
-    from neo_core.folder_lock import hold_folder, is_held
+    from omegaconf import OmegaConf
 
     kept = HydraConfig.instance().cfg
     try:
         HydraConfig.instance().set_config(config)  # as Hydra sets it to resolve the folder
-        folder = os.path.join(str(OmegaConf.select(config, dir_key)), str(OmegaConf.select(config, subdir_key)))
-    except Exception:  # noqa: BLE001 - Hydra's own resolution says what is wrong
-        return None
+        return os.path.join(str(OmegaConf.select(config, dir_key)), str(OmegaConf.select(config, subdir_key)))
     finally:
         HydraConfig.instance().cfg = kept
+
+
+def _hold_job_first(config: Any, dir_key: str, subdir_key: str) -> str | None:
+    """Hold a sweep job's folder as Hydra will name it (:func:`hold_jobs_before_hydra_writes`);
+    where another run holds it, the job's config asks Hydra to write no records there. The
+    folder this call took hold of (None: held already, refused, or not resolved)."""
+    from omegaconf import open_dict, read_write
+
+    from neo_core.folder_lock import hold_folder, is_held
+
+    try:
+        folder = _job_folder(config, dir_key, subdir_key)
+    except Exception:  # noqa: BLE001 - Hydra's own resolution says what is wrong
+        return None
     if is_held(folder):
         return None
     try:

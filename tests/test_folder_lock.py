@@ -417,3 +417,17 @@ def test_a_link_in_the_lock_files_place_is_removed_not_written_through(tmp_path:
         assert not lock.is_symlink() and json.loads(lock.read_text())["pid"] == os.getpid()
     finally:
         release_folder(tmp_path / "run")
+
+
+@pytest.mark.parametrize("said", ["ten", "0", "-5", "inf"])
+def test_a_bad_wait_for_rank_0s_word_is_refused_naming_the_variable(monkeypatch, said: str) -> None:
+    # it was read in three places, each with a bare float(): "ten" ended in a ValueError traceback
+    from neo_core import cli
+
+    monkeypatch.setattr(cli, "_STORE", [])
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("NEO_RUN_DIR_TIMEOUT_S", said)
+    with pytest.raises(ConfigError, match=rf"^NEO_RUN_DIR_TIMEOUT_S='{said}': give the seconds a rank waits for rank "
+                                          r"0's word on the run's folder, a number above 0 \(600 where it is not set\)"):
+        cli._launch_store()
