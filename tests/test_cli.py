@@ -751,6 +751,37 @@ def test_a_sweep_over_a_numeric_setting_is_charted_against_its_value(tmp_path: P
                             tmp_path / "bars.png", "t", [{"sharding": "neo"}, {"sharding": "torchrec"}])
 
 
+def test_a_sweeps_chart_draws_its_axis_past_the_top_of_every_whisker(tmp_path: Path, monkeypatch) -> None:
+    # the line chart's y-axis was drawn to the highest mean and capacity only: a per-step 90th
+    # percentile above every mean ran off the top of its panel
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from neo_core.training import plots
+
+    drawn, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))  # the figure, kept to read its axes
+    step = [{"samples/s": (mean, ",.0f"), "samples/s p10": (low, ",.0f"), "samples/s p90": (high, ",.0f")}
+            for mean, low, high in ((100.0, 90.0, 180.0), (120.0, 60.0, 400.0), (150.0, 140.0, 160.0))]
+    assert plots.plot_sweep([(f"#{n}", row) for n, row in enumerate(step)], tmp_path / "lines.png", "t",
+                            [{"topology.num_nodes": n} for n in ("1", "2", "4")])
+    low, top = drawn[-1].axes[0].get_ylim()
+    assert low == 0 and top >= 400.0, (low, top)  # the highest whisker's top, not the highest mean (150)
+    # and a bar chart's axis reaches past the whiskers and the capacities marked on its bars
+    rows = [{"step": (2.0, ".1f", "ms"), "step p10": (1.0, ".1f"), "step p90": (30.0, ".1f"),
+             "mem": (3.0, ".1f", "GiB"), "mem capacity": (16.0, ".1f")},
+            {"step": (4.0, ".1f", "ms"), "mem": (5.0, ".1f", "GiB"), "mem capacity": (40.0, ".1f")}]
+    assert plots.plot_sweep([("#0 sharding=neo", rows[0]), ("#1 sharding=torchrec", rows[1])],
+                            tmp_path / "bars.png", "t", [{"sharding": "neo"}, {"sharding": "torchrec"}])
+    panels = {ax.get_title().split(" (")[0]: ax.get_xlim() for ax in drawn[-1].axes}
+    assert panels["step"][0] == 0 and panels["step"][1] >= 30.0, panels  # the whisker's top, not the bars' 4
+    assert panels["mem"][0] == 0 and panels["mem"][1] >= 40.0, panels  # the larger capacity, not the bars' 5
+    for fig in drawn:
+        close(fig)
+
+
 def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None:
     # a training run writes plan.json and plan.txt but no chart; a kept plan could not be drawn again
     import json
