@@ -1128,6 +1128,41 @@ def test_a_stopped_sweep_lists_the_results_so_far(tmp_path: Path, capsys) -> Non
     assert (first.sweep_dir / "summary.csv").is_file()
 
 
+def test_a_second_sweep_in_one_process_lists_only_its_own_jobs_as_not_run(tmp_path: Path, capsys, monkeypatch) -> None:
+    # the jobs Hydra was about to launch were kept across sweeps: a second sweep in the process
+    # (the recipes called from Python, one after another) stopped by a Ctrl-C listed the first
+    # sweep's later jobs as its own, not run
+    from neo_core import cli
+
+    monkeypatch.setattr(cli, "SWEEP_JOBS", {})
+    monkeypatch.setenv("NEO_SKIP_SWEEP_CHECK", "1")  # the jobs' configs are not composed here
+
+    class Sweeper:  # as Hydra's BasicSweeper holds its batches, each sweep a sweeper of its own
+        def __init__(self, *batches: list[list[str]]) -> None:
+            self.overrides = list(batches)
+
+    first = [[f"seed={n}", "trainer=smoke"] for n in range(4)]
+    cli._check_batch(Sweeper(first), first)
+    assert cli.SWEEP_JOBS == {n: f"seed={n} trainer=smoke" for n in range(4)}
+    second = [["cache=lru", "trainer=smoke"], ["cache=lfu", "trainer=smoke"]]
+    cli._check_batch(Sweeper(second), second)
+    assert cli.SWEEP_JOBS == {0: "cache=lru trainer=smoke", 1: "cache=lfu trainer=smoke"}
+    sweep = SweepFailures(lambda m: {"val AUC": (m, ".4f")})
+    sweep._seen(0, tmp_path / "0")  # the job a Ctrl-C stopped, as it was running
+    sweep.started[0] = "cache=lru trainer=smoke"
+    sweep.summary(stopped=0)
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  #0 cache=lru: stopped by the Ctrl-C (its checkpoint, if any, is in its folder)",
+        "  #1 cache=lfu: not run (the sweep was stopped before it)"]  # not the first sweep's #2 and #3
+    # a later batch of one sweep (a sweeper that makes its batches as it goes) adds to its jobs
+    later = [["cache=lfu", "trainer=smoke", "seed=1"]]
+    sweeper = Sweeper()
+    cli._check_batch(sweeper, second)
+    cli._check_batch(sweeper, later)
+    assert cli.SWEEP_JOBS == {0: "cache=lru trainer=smoke", 1: "cache=lfu trainer=smoke",
+                              2: "cache=lfu trainer=smoke seed=1"}
+
+
 def test_a_setting_given_twice_is_noted_with_the_value_used() -> None:
     from neo_core.cli import repeated_settings
 
