@@ -981,6 +981,27 @@ def test_why_on_the_slowest_rank_says_what_put_it_there(refine):
     assert line.why.endswith(f"it is on the slowest rank ({slowest}), where {where}"), line.why
 
 
+def test_a_plan_made_without_refinement_says_so_in_its_search_note_and_why_lines():
+    # with sharding.refine=false the search note read "greedy X -> refined Y ms (0 moves, ...)":
+    # a refinement that never ran, reported as one that gained nothing
+    rng = np.random.default_rng(91)  # the tables of the test above: 23 of them, with a table on the slowest rank
+    tables = [TableSpec(f"t{i}", int(rng.integers(1000, 5_000_000)), int(rng.choice([16, 32, 64, 128])),
+                        float(rng.uniform(1, 60))) for i in range(int(rng.integers(4, 30)))]
+    topology = {"name": "zionex", "num_nodes": 2, "devices_per_node": 4}
+    plans = {refine: plan_tables(tables, topology, 2048, refine=refine) for refine in (True, False)}
+    [note] = [n for n in plans[False].notes if "slowest rank's load:" in n]
+    assert re.search(r"slowest rank's load: greedy [\d.]+ ms -> [\d.]+ ms, not refined \(sharding\.refine=false; "
+                     r"\d+ restarts\); load lower bound", note), note
+    assert "moves" not in note and "-> refined" not in note, note
+    [note] = [n for n in plans[True].notes if "slowest rank's load:" in n]
+    assert re.search(r"slowest rank's load: greedy [\d.]+ ms -> refined [\d.]+ ms \(\d+ moves, \d+ restarts\)",
+                     note) and "not refined" not in note, note
+    # a table on the slowest rank whose cheaper option lost: the greedy put it there, not refinement
+    whys = {refine: [a.why for a in plan.tables if "on the slowest rank" in a.why] for refine, plan in plans.items()}
+    assert whys[False] and all(w.endswith("where the greedy put it (sharding.refine=false)") for w in whys[False]), whys
+    assert whys[True] and all(w.endswith("where refinement left it") for w in whys[True]), whys
+
+
 def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
     # 16 tables of 1.43 GiB on 8 ranks of 2 GiB: half of them go to host memory behind the cache
     import re
