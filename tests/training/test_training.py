@@ -1250,6 +1250,48 @@ def test_tables_start_from_the_same_weights_whatever_the_plan() -> None:
     assert not torch.equal(again, whole)
 
 
+def test_a_plan_of_a_gib_or_more_is_announced_before_its_shards_are_built(monkeypatch, capsys) -> None:
+    # DMP took seconds to build 30M-row tables with nothing on screen; a TorchRec plan, which has
+    # no memory kinds of Neo's, was said nothing of (its tables' weights are counted from the model)
+    import dataclasses
+
+    import torch
+    import torchrec.distributed.model_parallel as model_parallel
+
+    from neo_core.api import plan_tables
+    from neo_core.sharding import TableSpec
+    from neo_core.training.module import NeoModule
+    from neo_plugins.models import DLRMBuilder
+
+    built: list[tuple[str, dict[str, Any]]] = []
+
+    def dmp(model: Any, **kwargs: Any) -> Any:  # what was on screen as DMP started, and what it got
+        built.append((capsys.readouterr().out, kwargs))
+        return model
+
+    monkeypatch.setattr(model_parallel, "DistributedModelParallel", dmp)
+    topology = {"name": "zionex", "num_nodes": 1, "devices_per_node": 2}
+
+    def shard(tables: list[TableSpec], plan: Any = None) -> str:
+        model = DLRMBuilder(embedding_dim=16, dense_arch=[16], over_arch=[8, 1]).build(tables, 4, device="meta")
+        plan = plan or plan_tables(tables, topology, 512)
+        module = NeoModule(model, planner_fn=lambda m: plan, sharders_fn=list, kernel=None,  # type: ignore[arg-type]
+                           trainer_cfg=None, global_batch_size=1024)  # type: ignore[arg-type]
+        module.shard(torch.device("cpu"))
+        assert module.model is model and built[-1][1]["plan"] is plan.torchrec_plan
+        return built[-1][0]
+
+    # 20M rows of 16 fp32 (1.19 GiB) and their row-wise Adagrad state (0.07 GiB), in the plan's figures
+    big = [TableSpec("big", 20_000_000, 16, 1.0), TableSpec("small", 1000, 16, 1.0)]
+    assert shard(big) == "building the tables' shards: 1.3 GiB of weights and optimizer state over 2 rank(s) ...\n"
+    # a plan without Neo's memory kinds (TorchRec's): the weights, from the model's tables
+    plan = plan_tables(big, topology, 512)
+    bare = dataclasses.replace(plan, ranks=[dataclasses.replace(r, memory={}) for r in plan.ranks])
+    assert shard(big, bare) == "building the tables' shards: 1.2 GiB of weights over 2 rank(s) ...\n"
+    # under a GiB: built without a word
+    assert shard([TableSpec("t", 1_000_000, 16, 1.0), TableSpec("u", 1000, 16, 1.0)]) == ""
+
+
 @pytest.mark.parametrize(("checkpoint", "every", "val_batches", "expected"), [
     (True, 0, 2, "the ranks finish their step, then save a checkpoint (Ctrl-C again to stop at once)"),
     (False, 0, 2, "the ranks finish their step, validate and end, saving no checkpoint at the stop "
