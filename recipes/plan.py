@@ -34,7 +34,6 @@ from neo_core.cli import (
     as_typed,
     check_command_line,
     check_group_options,
-    check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
     check_yaml_files,
@@ -44,18 +43,21 @@ from neo_core.cli import (
     flags_first,
     force_add_overrides,
     help_groups,
-    hold_given_dirs,
-    hold_job_folder,
-    hold_jobs_before_hydra_writes,
-    hold_run_folders,
     launch_lines_as_typed,
     repeated_settings,
     select_by_name,
     task_overrides,
-    use_fresh_run_dirs,
     user_errors,
 )
 from neo_core.config import register_plugin_options
+from neo_core.run_folders import (
+    check_run_dirs,
+    hold_given_dirs,
+    hold_job_folder,
+    hold_jobs_before_hydra_writes,
+    hold_run_folders,
+    use_fresh_run_dirs,
+)
 from neo_core.training.console import console_log, discard_transcript, replace_earlier_transcript
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

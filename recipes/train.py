@@ -28,7 +28,6 @@ from neo_core.cli import (
     check_command_line,
     check_group_options,
     check_not_a_sweep_under_torchrun,
-    check_run_dirs,
     check_sweep_jobs,
     check_sweep_values,
     check_yaml_files,
@@ -38,10 +37,6 @@ from neo_core.cli import (
     flags_first,
     force_add_overrides,
     help_groups,
-    hold_given_dirs,
-    hold_job_folder,
-    hold_jobs_before_hydra_writes,
-    hold_run_folders,
     launch_lines_as_typed,
     option_names,
     plugin_env_prefix,
@@ -49,11 +44,18 @@ from neo_core.cli import (
     script_command,
     select_by_name,
     task_overrides,
-    use_fresh_run_dirs,
     user_errors,
 )
 from neo_core.config import register_plugin_options
 from neo_core.errors import RunInterrupted
+from neo_core.run_folders import (
+    check_run_dirs,
+    hold_given_dirs,
+    hold_job_folder,
+    hold_jobs_before_hydra_writes,
+    hold_run_folders,
+    use_fresh_run_dirs,
+)
 from neo_core.training.console import console_log
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")

@@ -16,8 +16,6 @@ from neo_core.cache import CachePolicy
 from neo_core.cli import (
     SweepFailures,
     check_group_options,
-    check_run_dirs,
-    claim_folder,
     config_groups,
     force_add_overrides,
     list_plugins,
@@ -26,6 +24,7 @@ from neo_core.cli import (
     user_errors,
 )
 from neo_core.errors import ConfigError
+from neo_core.run_folders import check_run_dirs, claim_folder
 from tests.conftest import ROOT, subprocess_env
 
 NEO_SCRIPT = Path(sys.executable).parent / "neo"
@@ -424,7 +423,7 @@ def test_a_claimed_folder_is_this_process_alone(tmp_path: Path) -> None:
     assert (Path(name) / "plan.json").read_text() == "{}"
     # processes claiming one name at once each get their own
     racing = str(tmp_path / "race" / "12-00-00")
-    code = ("import sys, time; from neo_core.cli import claim_folder\n"
+    code = ("import sys, time; from neo_core.run_folders import claim_folder\n"
             "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); print(claim_folder(sys.argv[1]))")
     start = f"{time.time() + 3:.3f}"
     procs = [subprocess.Popen([sys.executable, "-c", code, racing, start], stdout=subprocess.PIPE, text=True,
@@ -440,19 +439,19 @@ def test_a_claimed_folder_is_this_process_alone(tmp_path: Path) -> None:
 def test_a_launchers_ranks_without_torchruns_store_name_hydras_folder_unclaimed(tmp_path: Path, monkeypatch) -> None:
     # every rank must name the same folder, and a claim would give each its own; under torchrun
     # rank 0's claim is shared through its store (tests/training: test_torchruns_ranks_share_...)
-    from neo_core import cli
+    from neo_core import run_folders
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "_FRESH_DIRS", {})
+    monkeypatch.setattr(run_folders, "_FRESH_DIRS", {})
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("NEO_SPAWNED", raising=False)
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    name = cli.fresh_run_dir("outputs")
+    name = run_folders.fresh_run_dir("outputs")
     assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d", name) and not (tmp_path / "outputs").exists()
     monkeypatch.delenv("RANK")
-    assert cli.fresh_run_dir("outputs") == name  # once per process and base
-    fresh = cli.fresh_run_dir("multirun")
+    assert run_folders.fresh_run_dir("outputs") == name  # once per process and base
+    fresh = run_folders.fresh_run_dir("multirun")
     assert fresh.startswith("multirun/") and (tmp_path / fresh).is_dir()
 
 

@@ -392,7 +392,8 @@ def test_another_users_run_is_refused_and_its_lock_file_left_behind_taken() -> N
 def test_a_sweeps_jobs_let_go_of_their_folders_as_each_ends(tmp_path: Path) -> None:
     # each job's lock stayed held (an open file) until the sweep's process exited: a sweep of a
     # thousand jobs ran out of open files, and later folders went silently unheld
-    from neo_core.cli import SweepFailures, hold_job_folder
+    from neo_core.cli import SweepFailures
+    from neo_core.run_folders import hold_job_folder
 
     sweep = SweepFailures()
     fds = len(os.listdir("/proc/self/fd"))
@@ -422,12 +423,12 @@ def test_a_link_in_the_lock_files_place_is_removed_not_written_through(tmp_path:
 @pytest.mark.parametrize("said", ["ten", "0", "-5", "inf"])
 def test_a_bad_wait_for_rank_0s_word_is_refused_naming_the_variable(monkeypatch, said: str) -> None:
     # it was read in three places, each with a bare float(): "ten" ended in a ValueError traceback
-    from neo_core import cli
+    from neo_core import run_folders
 
-    monkeypatch.setattr(cli, "_STORE", [])
+    monkeypatch.setattr(run_folders, "_STORE", [])
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("NEO_RUN_DIR_TIMEOUT_S", said)
     with pytest.raises(ConfigError, match=rf"^NEO_RUN_DIR_TIMEOUT_S='{said}': give the seconds a rank waits for rank "
                                           r"0's word on the run's folder, a number above 0 \(600 where it is not set\)"):
-        cli._launch_store()
+        run_folders._launch_store()
