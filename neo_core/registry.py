@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import inspect
 import os
@@ -110,6 +111,7 @@ class Entry(Generic[T]):
 
 FASTEST_NIC = 100e9  # bytes/s: an 800 Gb/s NIC, the fastest scale-out NIC sold today
 _DOUBTED: set[tuple[float, float, int, int]] = set()  # the figures of topologies warned of in this process
+_RENAMED: set[tuple[str, str]] = set()  # (registered name, its object's own name) said in this process
 
 
 def _unlike_defaults(group: str, entry: Any, params: Mapping[str, Any]) -> str:
@@ -131,14 +133,15 @@ def _unlike_defaults(group: str, entry: Any, params: Mapping[str, Any]) -> str:
 
 @contextlib.contextmanager
 def doubts_unsaid() -> Iterator[None]:
-    """Bandwidth warnings given inside are not remembered as given: a check whose output is
-    hidden (a sweep's pre-check of plan.py's jobs) leaves them to the job it checks, which
-    otherwise never gave them."""
-    kept = set(_DOUBTED)
+    """Bandwidth warnings (and notes of a plugin's renamed object) given inside are not
+    remembered as given: a check whose output is hidden (a sweep's pre-check of plan.py's jobs)
+    leaves them to the job it checks, which otherwise never gave them."""
+    kept, renamed = set(_DOUBTED), set(_RENAMED)
     try:
         yield
     finally:
         _DOUBTED.intersection_update(kept)
+        _RENAMED.intersection_update(renamed)
 
 
 def doubt_bandwidths(topology: Any, who: str, nic: bool = True) -> None:
@@ -398,6 +401,7 @@ class Registry(Generic[T]):
                 f"{self.kind} plugin {name!r} ({entry.provider}) returned {type(made).__name__}, not "
                 f"{expected}: its factory must return one (README, 'Writing a plugin')."
             )
+        made = _as_registered(made, name, f"{self.kind} plugin {name!r} ({entry.provider})")
         if self.kind == "topology":
             doubt_bandwidths(made, f"{self.group}={name} ({entry.provider})", nic=entry.provider != BUILTIN)
         return made
@@ -412,6 +416,26 @@ class Registry(Generic[T]):
         for n in gone:
             del self._entries[n]
         return gone
+
+
+def _as_registered(made: Any, name: str, who: str) -> Any:
+    """``made`` under the name it is registered and selected by: an object whose ``name`` is
+    another's (a copy of lru registered as lru_clone, calling itself lru) was reported as that
+    other, so plans and summaries could not tell the two apart. A copy is renamed (a factory may
+    hand out one shared object); a name that cannot be set (a property) is left."""
+    own = getattr(made, "name", None)
+    if not isinstance(own, str) or own == name:
+        return made
+    try:
+        renamed = copy.copy(made)
+        object.__setattr__(renamed, "name", name)  # frozen dataclasses too: the name is for people
+    except Exception:  # noqa: BLE001 - a read-only name: reports keep the object's own
+        return made
+    if (name, own) not in _RENAMED and os.environ.get("RANK", "0") == "0":
+        _RENAMED.add((name, own))
+        print(f"note: {who} calls its {type(made).__name__} {own!r}; Neo's reports name it {name!r}, the name it "
+              "is selected by.", file=sys.stderr)
+    return renamed
 
 
 def _is_default(value: Any, default: Any) -> bool:

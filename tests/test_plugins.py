@@ -1204,3 +1204,57 @@ def test_an_unannotated_parameter_given_a_value_unlike_its_default_is_named_when
     with pytest.raises(ConfigError, match=r"cache=loose \(NEO_PLUGINS my_loose\): can't multiply sequence .*; given "
                                           r"a value unlike its default: cache.share='fast' \(its default: 0.2\)"):
         plugins.create("cache", "loose", {"share": "fast"})
+
+
+def test_a_plugin_whose_object_calls_itself_by_another_name_is_named_as_registered(register_plugin, capsys) -> None:
+    # a copy of lru registered as lru_clone, its policy calling itself lru: plans and sweep
+    # summaries said "cache lru", and the user could not tell their plugin from the built-in
+    from neo_core.compression import Compressor
+    from neo_core.kernels import EmbeddingKernel, SparseOptimizer
+    from neo_plugins.models import dlrm
+    from neo_plugins.sharding.planner import NeoPlanner
+    from neo_plugins.topology.zionex import zionex_topology
+
+    shared = CachePolicy("lru", load_factor=0.3)  # one object its factory hands out each time
+    module = types.ModuleType("neo_clones")
+
+    @hookimpl
+    def neo_register_cache_policies(registry):
+        registry.register("lru_clone", lambda: shared)
+
+    @hookimpl
+    def neo_register_compressors(registry):
+        registry.register("fp16_clone", lambda: Compressor("fp16", "fp16", "fp16"))
+
+    @hookimpl
+    def neo_register_kernels(registry):
+        registry.register("fused_clone", lambda: EmbeddingKernel("fused", "fused", SparseOptimizer.ROWWISE_ADAGRAD))
+
+    @hookimpl
+    def neo_register_topologies(registry):
+        registry.register("zionex_clone", zionex_topology)
+
+    @hookimpl
+    def neo_register_sharders(registry):
+        registry.register("neo_clone", NeoPlanner)
+
+    @hookimpl
+    def neo_register_models(registry):
+        registry.register("dlrm_clone", dlrm)
+
+    for hook in (neo_register_cache_policies, neo_register_compressors, neo_register_kernels,
+                 neo_register_topologies, neo_register_sharders, neo_register_models):
+        setattr(module, hook.__name__, hook)
+    plugins = register_plugin(module)
+    for group, name in (("cache", "lru_clone"), ("compression", "fp16_clone"), ("kernel", "fused_clone"),
+                        ("topology", "zionex_clone"), ("sharding", "neo_clone"), ("model", "dlrm_clone")):
+        assert plugins.create(group, name).name == name
+    policy = plugins.create("cache", "lru_clone")
+    assert (policy.algorithm, policy.load_factor) == ("lru", 0.3)
+    assert shared.name == "lru"  # a copy is renamed, not the object the plugin keeps
+    assert plugins.create("cache", "lru").name == "lru"
+    err = capsys.readouterr().err
+    # said once per plugin, naming it, its object's own name and the name reports use
+    assert err.count("note: cache policy plugin 'lru_clone' (neo_clones) calls its CachePolicy 'lru'; Neo's "
+                     "reports name it 'lru_clone', the name it is selected by.") == 1, err
+    assert "kernel plugin 'fused_clone' (neo_clones) calls its EmbeddingKernel 'fused'" in err

@@ -435,6 +435,35 @@ def test_a_plugin_cache_options_own_share_wins_over_the_table_sets(plugin_site, 
             "table set is sized for, not its own 0.2; cache.load_factor=<share> sets another") in proc.stderr
 
 
+def test_a_plan_names_a_plugin_by_its_registered_name_not_its_objects_own(tmp_path: Path) -> None:
+    # lru_clone's policy calls itself lru: plan.txt, plan.json (and so a sweep's summary.csv,
+    # read from it) said "cache lru", which the user could not tell from the built-in
+    (tmp_path / "lru_clone_plugin.py").write_text(textwrap.dedent("""
+        from neo_core import hookimpl
+        from neo_core.cache import CachePolicy
+
+
+        def lru_clone(load_factor: float = 0.3) -> CachePolicy:
+            return CachePolicy(name="lru", load_factor=load_factor)
+
+
+        @hookimpl
+        def neo_register_cache_policies(registry):
+            registry.register("lru_clone", lru_clone)
+    """))
+    env = subprocess_env(tmp_path, NEO_PLUGINS="lru_clone_plugin")
+    out = tmp_path / "plan"
+    proc = forked.run(PLAN_RECIPE, "+topology=zionex", "topology.num_nodes=2", "cache=lru_clone",
+                      f"hydra.run.dir={out}", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cache lru_clone (LRU eviction, load factor 0.3)" in (out / "plan.txt").read_text()
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["settings"]["cache"]["name"] == "lru_clone"
+    assert any(n.startswith("kernel fused (") and "cache lru_clone (" in n for n in plan["notes"]), plan["notes"]
+    assert ("note: cache policy plugin 'lru_clone' (NEO_PLUGINS lru_clone_plugin) calls its CachePolicy 'lru'; "
+            "Neo's reports name it 'lru_clone', the name it is selected by.") in proc.stderr
+
+
 def test_both_recipes_help_lists_an_installed_plugins_options(plugin_site) -> None:
     # a plugin's options are selected like conf/'s; --help listed conf/'s YAML files only
     env = subprocess_env(plugin_site["neo_example_plugin"])
