@@ -240,6 +240,30 @@ def test_torchrec_planning_counts_its_seconds_on_a_terminal() -> None:
     assert brief.getvalue() == ""
 
 
+def test_torchrec_planning_off_a_terminal_says_every_so_often_that_it_is_still_planning(monkeypatch, capsys) -> None:
+    # a log file, CI or `| tee` showed nothing for the minutes TorchRec's planner takes on
+    # hundreds of tables; here a slow fake of it, and a line every 0.1 s instead of 30 s
+    import re
+    import time
+
+    from neo_core.sharding import TableSpec
+    from neo_plugins.sharding import torchrec_planner
+
+    class SlowPlanner(torchrec_planner.EmbeddingShardingPlanner):
+        def plan(self, *args, **kwargs):
+            time.sleep(0.55)
+            return super().plan(*args, **kwargs)
+
+    monkeypatch.setattr(torchrec_planner, "EmbeddingShardingPlanner", SlowPlanner)
+    monkeypatch.setattr(torchrec_planner, "OFF_TERMINAL_EVERY_S", 0.1, raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    specs = [TableSpec(f"t{i}", 1000, 64, pooling_factor=2.0) for i in range(3)]
+    torchrec_planner.TorchRecPlanner().plan(specs, cpu_context(1, 2))
+    err = capsys.readouterr().err  # captured: not a terminal
+    said = re.findall(r"^TorchRec's planner on 3 tables: still planning, \d+ s so far$", err, re.M)
+    assert len(said) >= 3 and "\r" not in err, err
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad", "adagrad"])  # FBGEMM has no Adam on CPU
 def test_fbgemm_builds_the_optimizer_the_planner_budgets(optimizer: str) -> None:
     # the kernel's fused settings, as the sharders pass them, make FBGEMM's table batch: its

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -56,23 +57,44 @@ def _quiet_planner() -> Iterator[None]:
             logger.removeFilter(drop)
 
 
+# off a terminal (a log file, CI, ``| tee``), where a line redrawn in place cannot show, a plain
+# line says how long the planner has taken, this often (seconds)
+OFF_TERMINAL_EVERY_S = 30.0
+
+
+def _on_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 @contextlib.contextmanager
 def elapsed_bar(desc: str, file: Any = None, tick_s: float = 1.0, delay_s: float = 2.0,
-                disable: bool | None = None) -> Iterator[None]:
+                disable: bool | None = None, every_s: float | None = None) -> Iterator[None]:
     """A line that counts the seconds of work that reports no progress of its own (TorchRec's
     planner: minutes on hundreds of tables), shown on a terminal after ``delay_s``, from rank 0
-    only, and cleared when the work ends."""
+    only, and cleared when the work ends. Off a terminal (``disable`` None) a plain line,
+    ``<desc>: still planning, 60 s so far``, is printed every ``every_s`` seconds instead
+    (:data:`OFF_TERMINAL_EVERY_S`): nothing showed there until the plan was done."""
     from tqdm import tqdm
 
+    stream = file or sys.stderr
     if disable is None and os.environ.get("RANK", "0") != "0":
         disable = True
-    bar = tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed} so far", leave=False,
-               file=file or sys.stderr, disable=disable, delay=delay_s)
+    plain = disable is None and not _on_terminal(stream)
+    every = OFF_TERMINAL_EVERY_S if every_s is None else every_s
+    bar = None if plain else tqdm(total=None, desc=desc, bar_format="{desc}: {elapsed} so far", leave=False,
+                                  file=stream, disable=disable, delay=delay_s)
     stop = threading.Event()
+    start = time.monotonic()
 
     def tick() -> None:
-        while not stop.wait(tick_s):
-            bar.update(0)  # keeps to the delay, and lets close() clear what was shown
+        while not stop.wait(every if bar is None else tick_s):
+            if bar is None:
+                print(f"{desc}: still planning, {time.monotonic() - start:.0f} s so far", file=stream, flush=True)
+            else:
+                bar.update(0)  # keeps to the delay, and lets close() clear what was shown
 
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
@@ -81,7 +103,8 @@ def elapsed_bar(desc: str, file: Any = None, tick_s: float = 1.0, delay_s: float
     finally:
         stop.set()
         ticker.join()
-        bar.close()
+        if bar is not None:
+            bar.close()
 
 
 class TorchRecPlanner(Planner):
