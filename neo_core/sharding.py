@@ -800,8 +800,10 @@ _ROW_SPLIT = ("row_wise", "table_row_wise", "grid_shard")  # reduce-scatter thei
 
 
 def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
-    """What of the run's cache and compressor the plan cannot use, whichever planner made it."""
-    notes = []
+    """What of the run's cache and compressor the plan cannot use, whichever planner made it,
+    after what its topology says of its figures (``Topology.notes``: a calibration figure no CPU
+    gives, which the console's warning alone left out of plan.txt)."""
+    notes = list(context.topology.notes)
     compressor, cache = context.compressor, context.cache
     compressed = {compressor.forward_precision, compressor.backward_precision} != {"fp32"}
     unused = [f"cache {cache.name}"] if cache.load_factor is not None else []

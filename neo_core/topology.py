@@ -81,6 +81,9 @@ class Topology:
     reduce_scatter_bw: float | None = None  # bytes/s a rank sends in a reduce-scatter (None: intra)
     all_gather_bw: float | None = None  # bytes/s a rank sends in an all-gather (None: intra)
     allreduce_bw: float | None = None  # bytes/s of an all-reduce, 2 S (L-1)/L per second (None: intra)
+    # what a plan for this cluster should say of its figures (a calibration figure outside the
+    # range a CPU gives, taken as given): the plan's notes, whichever planner made it
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("num_nodes", "devices_per_node"):
@@ -141,6 +144,9 @@ class Topology:
                     f"topology.{key} must be a finite number, {need}, got {value!r} "
                     "(from the topology's settings or its calibration file)."
                 )
+        if isinstance(self.notes, str) or not all(isinstance(n, str) for n in self.notes):
+            raise ConfigError(f"topology {self.name!r}: notes must be a tuple of texts, got {self.notes!r}.")
+        object.__setattr__(self, "notes", tuple(self.notes))  # a list given: kept as a tuple
         if self.compute_device not in ("cpu", "cuda"):
             raise ConfigError(
                 f"topology.compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}."
@@ -269,7 +275,8 @@ class Topology:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        del d["memory_fix"], d["config_keys"], d["config_limits"]  # advice for messages, not figures of the cluster
+        # advice for messages (the notes are the plan's own), not figures of the cluster
+        del d["memory_fix"], d["config_keys"], d["config_limits"], d["notes"]
         d["world_size"] = self.world_size
         d["assumed"] = list(self.assumed)
         return d

@@ -139,6 +139,27 @@ def test_a_figure_no_cpu_gives_is_warned_of_with_its_plausible_range(tmp_path, c
     assert "warning" not in capsys.readouterr().err
 
 
+def test_a_figure_no_cpu_gives_is_in_the_plans_notes_as_well_as_on_the_console(tmp_path) -> None:
+    # the warning went to the console and plan.log only: plan.txt and plan.json, kept and
+    # shared, gave the plan without a word of the figure it was made with
+    import json
+
+    from tests.conftest import ROOT
+
+    path = tmp_path / "calibration.json"
+    path.write_text('{"device_memory_bw": 2e11, "intra_node_bw": 2e9, "inter_node_bw": 2e9}')  # 200 GB/s
+    out = tmp_path / "plan"
+    proc = forked.run(ROOT / "recipes" / "plan.py", "topology.compute_device=cpu", f"topology.calibration={path}",
+                      "model=production_like", "plan_model.params.num_tables=10", f"hydra.run.dir={out}",
+                      env=subprocess_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = f"calibration file {path}: device_memory_bw=200 GB/s (plausible: 0.5 GB/s to 80 GB/s)"
+    assert f"warning: {said}" in proc.stderr, proc.stderr
+    assert f"  note: {said}" in (out / "plan.txt").read_text()
+    notes = json.loads((out / "plan.json").read_text())["notes"]
+    assert sum(n.startswith(said) for n in notes) == 1, notes
+
+
 def test_a_calibration_file_that_is_not_an_object_is_named(tmp_path) -> None:
     from neo_plugins.topology.local import local_topology
 

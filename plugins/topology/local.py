@@ -101,6 +101,13 @@ def implausible(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def doubted(path: Path | str, odd: list[str]) -> str:
+    """The warning of a calibration file's figures outside their plausible ranges (``odd``, as
+    :func:`implausible` gives them); the plan's notes say it too (``Topology.notes``)."""
+    return (f"calibration file {path}: {'; '.join(odd)}. Figures are bytes/s and seconds; re-run "
+            "`neo calibrate` on an otherwise idle machine if these are not this machine's.")
+
+
 def calibration_path() -> Path:
     env = os.environ.get("NEO_CALIBRATION")
     return Path(env) if env else Path.home() / ".cache" / "neo" / "calibration.json"
@@ -143,11 +150,7 @@ def load_calibration(path: Path | None = None, record: dict[str, Any] | None = N
         )
     odd = implausible(data)
     if odd:  # planned with as given (the machine may be unusual), but not without a word
-        print(
-            f"warning: calibration file {path}: {'; '.join(odd)}. Figures are bytes/s and seconds; "
-            "re-run `neo calibrate` on an otherwise idle machine if these are not this machine's.",
-            file=sys.stderr,
-        )
+        print(f"warning: {doubted(path, odd)}", file=sys.stderr)
     if record is not None:
         record.update({k: data[k] for k in CALIBRATION_RECORDS if k in data})
     # 0 or null: not measured (a fit clamped at zero), so the model's default stands
@@ -265,6 +268,7 @@ def local_topology(
             "which no memory or link gives (a measurement of a busy machine?): re-run `neo calibrate` on a quiet "
             "machine, or delete the file."
         )
+    odd = implausible({**record, **measured})  # the figures load_calibration warned of
     return Topology(
         name="local",
         num_nodes=1,
@@ -280,5 +284,6 @@ def local_topology(
             "cluster you plan for: recipes/plan.py +topology=zionex)"),
         config_keys={"device_memory": ("topology.memory_fraction", per_fraction)},
         config_limits={"device_memory": 1.0},
+        notes=(doubted(calibration or calibration_path(), odd),) if odd else (),
         **figures,
     )
