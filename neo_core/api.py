@@ -478,9 +478,9 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
     if runs_on == "cpu" and fused:  # a kernel FBGEMM has no CPU code for failed inside DMP (Adam: an AssertionError)
         from neo_core.training.run import cpu_kernel_problem
 
-        name, optimizer = ((kernel.name, kernel.optimizer) if kernel is not None
+        used, optimizer = ((kernel, kernel.optimizer) if kernel is not None
                            else (result.settings.get("kernel"), result.settings.get("optimizer")))
-        if problem := cpu_kernel_problem(name, optimizer):
+        if problem := cpu_kernel_problem(used, optimizer):
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
     if not any(a.sharding_type in ("table_row_wise", "grid_shard") for a in result.tables):
         return  # (TorchRec's reading of the local size warns where no variable gives it)

@@ -467,7 +467,7 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
         from neo_core.training.run import cpu_kernel_problem, gloo_compression_problem
 
-        problems = [("", cpu_kernel_problem(context.kernel.name, context.kernel.optimizer))]
+        problems = [("", cpu_kernel_problem(context.kernel, context.kernel.optimizer))]
         if topology.world_size > 1:  # CPU ranks train over gloo
             problems.append((" (gloo)", gloo_compression_problem(result, context.compressor, planner)))
         for over, problem in problems:

@@ -1258,3 +1258,13 @@ def test_a_plugin_whose_object_calls_itself_by_another_name_is_named_as_register
     assert err.count("note: cache policy plugin 'lru_clone' (neo_clones) calls its CachePolicy 'lru'; Neo's "
                      "reports name it 'lru_clone', the name it is selected by.") == 1, err
     assert "kernel plugin 'fused_clone' (neo_clones) calls its EmbeddingKernel 'fused'" in err
+    # what Neo checks of a kernel reads its compute kernel, not its name: the renamed fused
+    # kernel with Adam is still refused on CPU ranks (FBGEMM failed inside with an AssertionError)
+    import dataclasses
+
+    from neo_core.training.run import cpu_kernel_problem
+
+    clone = dataclasses.replace(plugins.create("kernel", "fused_clone"), optimizer=SparseOptimizer.ADAM)
+    assert clone.name == "fused_clone" and "no Adam on CPU" in (cpu_kernel_problem(clone, clone.optimizer) or "")
+    dense = EmbeddingKernel("fused", "dense", SparseOptimizer.ADAM)  # a dense kernel named fused: no such problem
+    assert cpu_kernel_problem(dense, dense.optimizer) is None

@@ -132,8 +132,11 @@ def resolve_launch(run: RunConfig) -> Launch:
 
 def cpu_kernel_problem(kernel: Any, optimizer: Any) -> str | None:
     """Why the kernel cannot train on CPU ranks, with the fix; None where it can
-    (``recipes/plan.py`` says it as a note on CPU topologies)."""
-    if kernel == "fused" and str(getattr(optimizer, "value", optimizer)).lower() == "adam":
+    (``recipes/plan.py`` says it as a note on CPU topologies). ``kernel``: an
+    :class:`EmbeddingKernel` (read by its TorchRec compute kernel, whatever a plugin names it),
+    or before one is built, the kernel's name."""
+    fused = kernel.compute_kernel == "fused" if hasattr(kernel, "compute_kernel") else kernel == "fused"
+    if fused and str(getattr(optimizer, "value", optimizer)).lower() == "adam":
         return ("kernel.optimizer=adam: FBGEMM's fused kernel has no Adam on CPU; use rowwise_adagrad, "
                 "adagrad or sgd, or kernel=dense.")
     return None
@@ -163,6 +166,8 @@ def build_parts(run: RunConfig, launch: Launch) -> RunParts:
         )
     planner: Planner = instantiate("sharding", run.sharding, plugins)
     kernel: EmbeddingKernel = instantiate("kernel", run.kernel, plugins)
+    if launch.device_type == "cpu" and (problem := cpu_kernel_problem(kernel, kernel.optimizer)):
+        raise ConfigError(problem)  # a plugin's fused kernel, which the launch's check knew only by its name
     cache: CachePolicy = instantiate("cache", run.cache, plugins)
     compressor: Compressor = instantiate("compression", run.compression, plugins)
     model_builder: ModelBuilder = instantiate("model", run.model, plugins)
