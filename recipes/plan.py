@@ -50,6 +50,7 @@ from neo_core.cli import (
     user_errors,
 )
 from neo_core.config import register_plugin_options
+from neo_core.errors import PlanningError
 from neo_core.run_folders import (
     check_run_dirs,
     hold_given_dirs,
@@ -454,7 +455,11 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     tables, topology, context, planner = prepare(cfg, cache_share_set, no_cache)
     print(topology.describe())
     print(f"{len(tables)} tables, {sum(t.num_parameters for t in tables):,} parameters, batch {context.batch_size_per_rank}/rank")
-    result = check_plan(planner.plan(tables, context), tables, topology.world_size, cfg["sharding"]["name"], context)
+    try:
+        planned = planner.plan(tables, context)
+    except PlanningError as exc:
+        raise more_than_this_machine(exc, tables, context, table_set) from None
+    result = check_plan(planned, tables, topology.world_size, cfg["sharding"]["name"], context)
     if table_set:  # plan.json and plan.txt say which model they are the plan of
         result.notes.insert(0, f"table set: model={table_set} ({len(tables)} tables, "
                                f"{sum(t.num_parameters for t in tables):,} parameters)")
@@ -481,6 +486,28 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
         raise
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return result
+
+
+def more_than_this_machine(exc: PlanningError, tables: list[Any], context: Any, table_set: str | None) -> PlanningError:
+    """``exc``, led by what to do where the tables' weights alone are more than the local
+    topology's ranks could hold (with all of the machine's memory): plan.py plans for this machine unless ``+topology=`` names a cluster
+    (a bare ``recipes/plan.py`` planned MLPerf's 97 GiB on two CPU ranks, and the way out was
+    one clause of a long capacity message)."""
+    topology = context.topology
+    weights = sum(t.num_parameters for t in tables) * context.kernel.weight_bytes
+    per_rank = topology.device_memory
+    if "device_memory" in topology.config_keys and "device_memory" in topology.config_limits:
+        per_rank = topology.config_keys["device_memory"][1] * topology.config_limits["device_memory"]  # all of it
+    room = per_rank * topology.world_size
+    if topology.name != "local" or weights <= room:
+        return exc
+    model = f" model={table_set}" if table_set else ""
+    return PlanningError(
+        f"The tables{model and ' of' + model} hold {weights / 2**30:,.1f} GiB of weights, more than this "
+        f"machine's {topology.world_size} {topology.compute_device} rank(s) hold ({room / 2**30:,.1f} GiB): "
+        "without +topology=, plan.py plans for this machine; dry-run the cluster you plan for, e.g. "
+        f"recipes/plan.py +topology=zionex{model}. The planner's reason: {exc}"
+    )
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="plan")

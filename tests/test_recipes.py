@@ -258,6 +258,22 @@ def test_plan_recipe_says_when_a_cpu_plan_cannot_train_with_its_kernel(tmp_path:
     assert "note: cache lru not used: cpu ranks have no device memory" in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_bare_plan_of_a_cluster_scale_table_set_leads_with_plan_py_planning_for_this_machine(tmp_path: Path) -> None:
+    # `python recipes/plan.py` with its defaults (MLPerf's tables, no +topology=) planned 97 GiB
+    # on two CPU ranks, and the way out (+topology=zionex) was one clause of a long message
+    proc = run_plan(f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 2
+    said = proc.stderr.strip().splitlines()[-1]
+    assert said.startswith("error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than this "
+                           "machine's 2 cpu rank(s) hold (") and \
+        "without +topology=, plan.py plans for this machine; dry-run the cluster you plan for, e.g. recipes/plan.py " \
+        "+topology=zionex model=mlperf_dcnv2. The planner's reason: Table 'cat_20'" in said, said
+    # where the weights fit the machine, the planner's own message stands
+    proc = run_plan("model=production_like", "plan_model.params.num_tables=20", "sharding.sharding_types=[TW]",
+                    "topology.memory_fraction=0.001", f"hydra.run.dir={tmp_path / 'small'}")
+    assert proc.returncode == 2 and "without +topology=" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_a_group_selected_with_a_plus_is_selected(tmp_path: Path) -> None:
     # "+cache=lru" failed inside Hydra ("Multiple values for cache"); +topology= is the written form
     proc = run_plan("+topology=zionex", "topology.num_nodes=2", "+cache=lfu", "+compression=FP16",
