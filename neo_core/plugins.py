@@ -21,6 +21,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -195,6 +196,28 @@ def _reported_elsewhere() -> bool:
     return bool(os.environ.get(QUIET_ENV)) or os.environ.get("RANK", "0") != "0"
 
 
+_MIXED: list[str] = []  # the warning of built-ins from another checkout, once per process
+
+
+def _check_one_checkout() -> None:
+    """Warn where a built-in plugin module comes from another checkout than ``neo_core``: an
+    editable install maps ``neo_plugins`` to the checkout it was installed from, so a second
+    checkout run with the first one's environment ran its own core with the other's planner
+    and topologies, and failed (or planned) by code that was not there."""
+    import neo_core
+    import neo_plugins
+
+    core = Path(neo_core.__file__).resolve().parent.parent
+    home = Path(neo_plugins.__file__).resolve().parent.parent
+    if home == core or _MIXED or os.environ.get("RANK", "0") != "0":
+        return
+    _MIXED.append(str(home))
+    print(f"warning: Neo's core comes from {core} but its built-in plugins (neo_plugins) from {home}: two "
+          "checkouts mixed, as an environment installed editable from the other one gives. Use this checkout's "
+          f"own environment (make setup here), or install it into this one (pip install -e {core}).",
+          file=sys.stderr)
+
+
 def load_plugins(
     extra: Iterable[Any] = (),
     *,
@@ -229,6 +252,7 @@ def load_plugins(
             continue
         module = importlib.import_module(module_name)
         _register_module(pm, module, module_name, BUILTIN_DISTRIBUTION, providers)
+    _check_one_checkout()
     for plugin in extra:
         name = getattr(plugin, "__name__", None) or type(plugin).__name__
         _register_module(pm, plugin, name, getattr(plugin, "__neo_provider__", name), providers)

@@ -1268,3 +1268,23 @@ def test_a_plugin_whose_object_calls_itself_by_another_name_is_named_as_register
     assert clone.name == "fused_clone" and "no Adam on CPU" in (cpu_kernel_problem(clone, clone.optimizer) or "")
     dense = EmbeddingKernel("fused", "dense", SparseOptimizer.ADAM)  # a dense kernel named fused: no such problem
     assert cpu_kernel_problem(dense, dense.optimizer) is None
+
+
+def test_built_in_plugins_from_another_checkout_than_the_core_are_warned_of(monkeypatch, capsys, tmp_path: Path) -> None:
+    # a second checkout run with the first one's environment (installed editable from the first)
+    # took its core from the one and neo_plugins from the other, and a sweep failed with a
+    # TypeError from code that was not in the checkout being run
+    import neo_core
+    from neo_core import plugins
+
+    monkeypatch.setattr(plugins, "_MIXED", [])
+    load_plugins(autoload=False)
+    assert "two checkouts mixed" not in capsys.readouterr().err  # one checkout: nothing said
+    monkeypatch.setattr(neo_core, "__file__", str(tmp_path / "other" / "neo_core" / "__init__.py"))
+    load_plugins(autoload=False)
+    load_plugins(autoload=False)
+    err = capsys.readouterr().err
+    home = Path(plugins.__file__).resolve().parent.parent
+    assert err.count(f"warning: Neo's core comes from {tmp_path / 'other'} but its built-in plugins (neo_plugins) "
+                     f"from {home}: two checkouts mixed") == 1, err  # once per process
+    assert f"(pip install -e {tmp_path / 'other'})" in err
