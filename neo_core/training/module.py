@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -131,7 +132,9 @@ def seeded_table_init(model: nn.Module, seed: int) -> None:
         digest = hashlib.blake2b(f"{seed}/{table}/{block}".encode(), digest_size=8).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # TorchRec's shards are ShardedTensors, whose every use warns of their deprecation
+        warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)
         for key, value in model.state_dict().items():
             if "embedding_bags" not in key or not key.endswith(".weight"):
                 continue
