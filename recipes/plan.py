@@ -18,7 +18,6 @@ import difflib
 import io
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -463,7 +462,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     if table_set:  # plan.json and plan.txt say which model they are the plan of
         result.notes.insert(0, f"table set: model={table_set} ({len(tables)} tables, "
                                f"{sum(t.num_parameters for t in tables):,} parameters)")
-    cores = os.cpu_count() or 1
+    from neo_core.training.run import usable_cores
+
+    cores = usable_cores()
     if topology.name == "local" and topology.compute_device == "cpu" and topology.world_size > cores:
         # a what-if of more ranks on this machine read as twice the samples/s at twice the ranks
         result.notes.append(f"{topology.world_size} ranks on this machine's {cores} core(s): the cost model gives each "

@@ -511,7 +511,9 @@ def test_recipe_trains_with_installed_plugin_on_emulated_zionex(plugin_site, tmp
     assert metrics["emulated_from"] == "zionex (16x8)"  # planned for the cluster, run on these ranks
     # the cores split between the machine's 2 ranks: Lightning gave each of them every core, as a
     # node of one rank (the emulated 2 nodes x 1) would have, and samples/s fell 10-25x
-    assert metrics["threads_per_rank"] == max(1, (os.cpu_count() or 1) // 2)
+    from neo_core.training.run import usable_cores
+
+    assert metrics["threads_per_rank"] == max(1, usable_cores() // 2)
     # selected as an option: the plugin's own defaults, not the replaced option's keys
     assert json.loads((tmp_path / "config.json").read_text())["cache"] == {
         "name": "my_policy", "load_factor": None, "algorithm": "lfu"}
@@ -677,7 +679,9 @@ def test_a_plan_sweeps_summary_gives_the_batch_and_the_fullest_memory(tmp_path: 
 
 def test_a_plan_of_more_local_ranks_than_cores_says_they_share_them(tmp_path: Path) -> None:
     # a what-if of 4 ranks on a 2-core machine predicted twice the samples/s of 2 ranks; measured, fewer
-    cores = os.cpu_count() or 1
+    from neo_core.training.run import usable_cores
+
+    cores = usable_cores()
     common = ["model=production_like", "plan_model.params.num_tables=20"]
     proc = run_plan(*common, f"topology.world_size={cores + 2}", f"hydra.run.dir={tmp_path / 'more'}")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -130,6 +130,16 @@ def resolve_launch(run: RunConfig) -> Launch:
     return Launch(world, device_type, backend, external)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system says it (a
+    container or ``taskset`` given 2 of a host's 64 cores: ``os.cpu_count()`` says 64, and 32
+    threads per rank would wait on 2 cores), else the machine's."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this system (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def cpu_kernel_problem(kernel: Any, optimizer: Any) -> str | None:
     """Why the kernel cannot train on CPU ranks, with the fix; None where it can
     (``recipes/plan.py`` says it as a note on CPU topologies). ``kernel``: an
@@ -668,7 +678,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
     check_node_layout(plan, launch, parts.topology)
     if rank0:  # the run's notes (parts.notes) are the plan's first ones, printed with it
         replace_earlier_transcript()  # the run starts: its files replace an earlier run's from here
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         if launch.device_type == "cpu" and not launch.external and launch.world_size > cores:
             print(f"note: {launch.world_size} ranks on {cores} core(s): ranks share cores, so steps are slower "
                   "than on a machine with a core per rank")
@@ -884,7 +894,7 @@ def rank_main(
     run = RunConfig(**payload)
     cfg = run.trainer
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size))
-    threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // local_world)
+    threads = cfg.threads_per_rank or max(1, usable_cores() // local_world)
     torch.set_num_threads(threads)
     # Lightning's strategy sets torch's threads again, to the cores over the ranks of one node,
     # unless OMP_NUM_THREADS is set: on an emulated topology of one rank per node that gave each

@@ -1393,3 +1393,17 @@ def test_metrics_json_says_a_cache_chosen_on_cpu_ranks_held_no_table(tmp_path: P
     assert metrics["cache"] == "lru" and metrics["cached_tables"] == 0 and metrics["not_used"] == ["cache lru"]
     assert metrics["predicted_by"] == "Neo's cost model" and metrics["predicted_step_time_s"] > 0
     assert metrics["topology"] == "local" and metrics["emulated_from"] is None
+
+
+def test_a_ranks_threads_are_the_cores_the_process_may_use_not_the_hosts(monkeypatch) -> None:
+    # in a container given 2 of a host's 64 cores os.cpu_count() says 64: 32 threads per rank of
+    # 2 ranks then waited on 2 cores
+    import os
+
+    from neo_core.training import run
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 7}, raising=False)
+    assert run.usable_cores() == 2
+    monkeypatch.delattr(os, "sched_getaffinity")  # a system that does not say (macOS)
+    assert run.usable_cores() == 64
