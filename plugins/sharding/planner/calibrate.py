@@ -407,9 +407,10 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
             os.nice(-args.nice)  # inherited by the spawned ranks
         except PermissionError:
             parser.error(f"--nice {args.nice} needs root (raising priority); run without --nice")
-    # about 15 s with nothing to show until the figures: say what runs
+    # about 15 s with nothing to show until the figures: say what runs, and that a busy machine
+    # takes longer (61 s, said as 15 s)
     print(f"measuring this machine's memory bandwidth, lookup rate and gloo collectives on {args.ranks} ranks "
-          "(about 15 s) ...", file=sys.stderr, flush=True)
+          "(about 15 s on an idle machine, longer on a busy one) ...", file=sys.stderr, flush=True)
     data = calibrate(args.ranks)
     try:  # a path that passed the check can still refuse the write (/proc, a full disk)
         path.write_text(json.dumps(data, indent=2) + "\n")
