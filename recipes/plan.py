@@ -58,7 +58,12 @@ from neo_core.run_folders import (
     hold_run_folders,
     use_fresh_run_dirs,
 )
-from neo_core.training.console import console_log, discard_transcript, replace_earlier_transcript
+from neo_core.training.console import (
+    console_log,
+    discard_transcript,
+    replace_earlier_transcript,
+    transcript_path,
+)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 # the jobs of a -m sweep: their plans' figures side by side, the failed ones' messages
@@ -485,7 +490,8 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
         for written in PLAN_FILES:  # (a sweep's summary and the line said "no plan written" beside two)
             (out / written).unlink(missing_ok=True)
         raise
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    log = transcript_path()  # what it printed, as README says it writes
+    print("wrote " + ", ".join(str(p) for p in [*paths.values(), *([log] if log is not None else [])]))
     return result
 
 

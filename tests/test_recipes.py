@@ -321,6 +321,15 @@ def test_plan_recipe_plans_a_model_by_its_alias(tmp_path: Path) -> None:
     assert (tmp_path / "plan.log").read_text() == again.stdout  # the earlier plan's transcript went with it
 
 
+def test_plan_recipes_last_line_names_every_file_it_wrote_its_plan_log_too(tmp_path: Path) -> None:
+    # the line named plan.json, plan.txt and plan.png, not the plan.log README says it writes
+    proc = run_plan("+topology=zionex", "topology.num_nodes=1", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == "wrote " + ", ".join(
+        str(tmp_path / n) for n in ("plan.json", "plan.txt", "plan.png", "plan.log")), proc.stdout[-2000:]
+    assert (tmp_path / "plan.log").read_text() == proc.stdout  # the line in it too
+
+
 def test_plan_recipe_names_an_output_folder_it_cannot_write(tmp_path: Path) -> None:
     (tmp_path / "plan.json").mkdir()
     proc = run_plan("+topology=zionex", f"hydra.run.dir={tmp_path}")

@@ -191,6 +191,11 @@ def replace_earlier_transcript() -> None:
 _CURRENT: list[tuple[_LineFile, Path, int]] = []
 
 
+def transcript_path() -> Path | None:
+    """The file the run's transcript (:func:`console_log`) is kept in; None outside one."""
+    return _CURRENT[-1][1] if _CURRENT else None
+
+
 def discard_transcript() -> None:
     """The run is refused before it starts, in a folder that is another run's: its transcript
     is not kept there (the file is removed, or an earlier one is left as it was); the console
