@@ -1133,6 +1133,20 @@ def _listing(plugins: Any, conf_dir: str | os.PathLike[str] | None, clash: bool 
     return "\n".join(lines), bool(clashes)
 
 
+def _no_plan_in(folder: Path, given: str) -> str:
+    """Why ``neo chart <folder>`` has no plan to draw; of a sweep's folder (multirun/<date>/<time>),
+    where its jobs' plans and its own chart are."""
+    jobs = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit() and (p / "plan.json").is_file())
+    if not jobs and not (folder / "summary.csv").is_file():
+        return f"{given} is a folder without a plan.json; give a run's folder or its plan.json."
+    first = os.path.join(given, str(jobs[0])) if jobs else None
+    said = (f"each job's plan is in its numbered folder (neo chart {first})" if first
+            else "no job of it wrote a plan.json (summary.csv says why)")
+    chart = (f"; the sweep's own chart is {os.path.join(given, 'summary.png')}"
+             if (folder / "summary.png").is_file() else "")
+    return f"{given} is a sweep's folder, without a plan.json of its own: {said}{chart}."
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="neo", description="Neo: sharded DLRM training on TorchRec.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1163,7 +1177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             given = Path(args.plan)
             if given.is_dir():  # a run's folder: its plan
                 if not (given / "plan.json").is_file():
-                    raise ConfigError(f"{args.plan} is a folder without a plan.json; give a run's folder or its plan.json.")
+                    raise ConfigError(_no_plan_in(given, args.plan))
                 given = given / "plan.json"
             plan = PlanResult.load_json(given)
             for problem in plan.run_problems():  # an edited or a plugin's plan: drawn, but said

@@ -827,6 +827,32 @@ def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None
         assert capsys.readouterr().out.endswith(f"wrote {tmp_path / written}\n") and (tmp_path / written).is_file()
 
 
+def test_neo_chart_of_a_sweeps_folder_points_to_its_jobs_plans_and_the_sweeps_chart(tmp_path: Path, capsys) -> None:
+    # `neo chart multirun/<sweep>` said only "a folder without a plan.json"
+    from neo_core.cli import main as neo_main
+
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)  # a job that failed: no plan
+    (sweep / "0" / "error.txt").write_text("the job's error\n")
+    (sweep / "summary.csv").write_text("job,overrides,folder,status\n")
+
+    def said() -> str:
+        with pytest.raises(SystemExit):
+            neo_main(["chart", str(sweep)])
+        return capsys.readouterr().err
+
+    assert (f"{sweep} is a sweep's folder, without a plan.json of its own: no job of it wrote a plan.json "
+            "(summary.csv says why).") in said()
+    for job in ("2", "10"):  # the first job with a plan named, by number
+        (sweep / job).mkdir()
+        (sweep / job / "plan.json").write_text("{}")
+    assert (f"{sweep} is a sweep's folder, without a plan.json of its own: each job's plan is in its numbered "
+            f"folder (neo chart {sweep / '2'}).") in said()
+    (sweep / "summary.png").write_bytes(b"")
+    assert (f"{sweep} is a sweep's folder, without a plan.json of its own: each job's plan is in its numbered "
+            f"folder (neo chart {sweep / '2'}); the sweep's own chart is {sweep / 'summary.png'}.") in said()
+
+
 @pytest.mark.parametrize(
     ("edit", "said"),
     [
