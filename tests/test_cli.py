@@ -781,6 +781,32 @@ def test_a_sweeps_chart_draws_its_axis_past_the_top_of_every_whisker(tmp_path: P
         close(fig)
 
 
+def test_a_sweeps_bar_chart_of_many_results_wraps_its_panels_into_rows(tmp_path: Path, monkeypatch) -> None:
+    # `sharding=neo,torchrec` drew its seven panels in one row: a strip 2060 px wide and 224 high
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from neo_core.training import plots
+
+    drawn, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))  # the figure, kept to read its panels
+    results = [f"result {n}" for n in range(7)]
+    jobs = [(f"#{j} sharding={name}", {c: (float(n + j + 1), ".1f", "ms") for n, c in enumerate(results)})
+            for j, name in enumerate(("neo", "torchrec"))]
+    assert plots.plot_sweep(jobs, tmp_path / "bars.png", "t", [{"sharding": "neo"}, {"sharding": "torchrec"}])
+    fig = drawn[-1]
+    panels = {ax.get_title().split(" (")[0]: ax.get_subplotspec() for ax in fig.axes if ax.get_title()}
+    assert sorted(panels) == results  # every result drawn once, the grid's spare cells left blank
+    rows = sorted({spec.rowspan.start for spec in panels.values()})
+    assert len(rows) > 1 and max(spec.colspan.start for spec in panels.values()) < plots.BAR_PANELS, panels
+    width, height = fig.get_size_inches()
+    assert width / height < 4, (width, height)  # was 20.6 by 2.2 inches
+    for fig in drawn:
+        close(fig)
+
+
 def test_neo_chart_prints_and_draws_a_saved_plan(tmp_path: Path, capsys) -> None:
     # a training run writes plan.json and plan.txt but no chart; a kept plan could not be drawn again
     import json

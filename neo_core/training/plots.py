@@ -251,6 +251,10 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
     plt.close(fig)
 
 
+# at most this many panels to a row of the bar chart; more wrap onto the next row
+BAR_PANELS = 4
+
+
 def bar_columns(rows: list[Row]) -> list[str]:
     """The bar chart's panels (:func:`drawn_columns`); a capacity is marked on its result's bars,
     not given a panel of its own."""
@@ -260,7 +264,8 @@ def bar_columns(rows: list[Row]) -> list[str]:
 
 def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statuses: list[str] | None = None) -> bool:
     """A bar per job (a row each, labelled by what sets it apart) in a panel per result, its
-    value written beside it; a result's ``<column> p10``/``p90`` as whiskers on its bar."""
+    value written beside it; a result's ``<column> p10``/``p90`` as whiskers on its bar. The
+    panels wrap onto rows of :data:`BAR_PANELS`."""
     rows = [row for _, row in jobs if row is not None]
     names = list(dict.fromkeys(c for row in rows for c in row))
     spread = {c for c in names if c.endswith(SPREAD) and c[: -len(SPREAD[0])] in names}
@@ -272,8 +277,13 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(columns), figsize=(2.6 * len(columns) + 2.4, 0.42 * len(jobs) + 1.4),
+    # at most BAR_PANELS panels to a row: seven side by side were a strip 2060 px wide, 224 high
+    wide = min(BAR_PANELS, len(columns))
+    high = -(-len(columns) // wide)
+    fig, axes = plt.subplots(high, wide, figsize=(2.9 * wide + 2.4, (0.42 * len(jobs) + 1.0) * high + 0.6),
                              sharey=True, squeeze=False)
+    for ax in axes.flat[len(columns):]:
+        ax.axis("off")
     y = list(range(len(jobs)))[::-1]
     # bars coloured by a text result that sets jobs apart in a few values (whose model gave a
     # plan's times, which are not on one scale; the sharding types; a setting not used)
@@ -284,7 +294,7 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
     kinds = list(dict.fromkeys(str(row[key][0]) for row in rows)) if key else []
     colors = [f"C{kinds.index(str(row[key][0]))}" if key and row is not None else "C0" for _, row in jobs]
 
-    for ax, column in zip(axes[0], columns):
+    for ax, column in zip(axes.flat, columns):
         numbers = [_number(row, column) for _, row in jobs]
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
         low, high = ([_number(row, column + end) for _, row in jobs] for end in SPREAD)
@@ -309,8 +319,8 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
         unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
         spread_said = ", per-step 10th-90th percentile" if whiskers else ""
         ax.set_title(f"{column}{f' ({unit})' if unit else ''}{spread_said}", fontsize=9 if not whiskers else 8)
-        ax.tick_params(axis="x", labelsize=7)
-    axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)
+        ax.tick_params(labelsize=7)  # the job labels too, on each row's first panel
+    axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)  # shared: each row's first panel says them
     if key:
         from matplotlib.patches import Patch
 
