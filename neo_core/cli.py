@@ -18,7 +18,7 @@ from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
 from neo_core.run_folders import _job_folder, _remove_made_sweep_dir
-from neo_core.training.plots import CAPACITY, SPREAD
+from neo_core.training.plots import SPREAD, capacity_of, is_capacity
 
 # the recipes' config folder in a checkout (an installed package has none)
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -408,15 +408,15 @@ class SweepFailures:
 
 def _said(row: dict[str, tuple[Any, ...]]) -> list[str]:
     """A finished job's results as the summary prints them: "samples/s 39,955 (per step
-    28,661-64,730)" (the spread folded into its column), "fullest rank device memory 25.28 of
-    40.00 GiB" (the capacity folded into what is used of it), an empty text result left out."""
+    28,661-64,730)" (the spread folded into its column), "fullest rank device memory without the
+    reserve 25.28 of 40.00 GiB" (the capacity folded into what is used of it), an empty text
+    result left out."""
     said = []
     for c, v in row.items():
-        if ((c.endswith(SPREAD) and c[: -len(SPREAD[0])] in row) or (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in row)
-                or (v[1] == "s" and not v[0])):
+        if (c.endswith(SPREAD) and c[: -len(SPREAD[0])] in row) or is_capacity(c, row) or (v[1] == "s" and not v[0]):
             continue
         unit = f" {v[2]}" if len(v) > 2 else ""
-        cap = row.get(c + CAPACITY)
+        cap = row.get(capacity_of(c))
         of = f" of {format(cap[0], cap[1])}" if cap and _measured(cap[0]) else ""
         text = f"{c} {format(v[0], v[1])}{of}{unit}" if _measured(v[0]) else f"{c} n/a"
         low, high = row.get(c + SPREAD[0]), row.get(c + SPREAD[1])

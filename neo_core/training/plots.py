@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,12 +51,25 @@ def plot_training(metrics: dict[str, Any], path: Path) -> None:
 CONTEXT = ("steps", "ranks", "batch/rank", "global batch", "cached tables")  # drawn only where jobs differ in them
 SPREAD = (" p10", " p90")  # a result's per-step spread: "<column> p10", "<column> p90" beside "<column>"
 CAPACITY = " capacity"  # what a result is held against: "<column> capacity" beside "<column>" (memory used)
+# a result that leaves a reserve out ("fullest rank device memory without the reserve") is held
+# against the whole capacity, reserve and all ("fullest rank device memory capacity")
+RESERVE_LEFT_OUT = " without the reserve"
+
+
+def capacity_of(column: str) -> str:
+    """The column ``column`` is held against (:data:`CAPACITY`, :data:`RESERVE_LEFT_OUT`)."""
+    return column.removesuffix(RESERVE_LEFT_OUT) + CAPACITY
+
+
+def is_capacity(column: str, names: Any) -> bool:
+    """Whether ``column`` is what another of ``names`` is held against (drawn on that one)."""
+    return column.endswith(CAPACITY) and any(n != column and capacity_of(n) == column for n in names)
 
 
 def is_context(column: str, names: Any) -> bool:
     """Whether ``column`` says what the results are of (the ranks, a device's size) rather than
     a result: drawn only where jobs differ in it."""
-    return column in CONTEXT or (column.endswith(CAPACITY) and column[: -len(CAPACITY)] in names)
+    return column in CONTEXT or is_capacity(column, names)
 
 
 Row = dict[str, tuple[Any, ...]]  # a job's results: {column: (value, format[, unit])}
@@ -141,8 +155,8 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
     # a result no job has a number for (TorchRec's plans give no bytes: NaN) has no line to draw
     drawn = [c for c in drawn_columns(rows) if any(math.isfinite(_number(row, c)) for row in rows)]
     # a capacity is drawn in its result's panel: a panel of its own repeated the swept device size
-    drawn = [c for c in drawn if not (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in drawn)]
-    held = [c for c in drawn if any(c + CAPACITY in row for row in rows)]
+    drawn = [c for c in drawn if not is_capacity(c, drawn)]
+    held = [c for c in drawn if any(capacity_of(c) in row for row in rows)]
     chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn)
     for label in labels:
         chart.lines[label] = {c: [] for c in chart.columns}
@@ -160,7 +174,7 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
             if not (math.isnan(low) or math.isnan(high)):
                 chart.spread[label].setdefault(c, []).append((at, low, high))
         for c in held:
-            if not math.isnan(cap := _number(row, c + CAPACITY)):
+            if not math.isnan(cap := _number(row, capacity_of(c))):
                 chart.capacity[label][c].append((at, cap))
     for label in labels:
         for points in (*chart.lines[label].values(), *chart.spread[label].values(), chart.missing[label],
@@ -259,7 +273,7 @@ def bar_columns(rows: list[Row]) -> list[str]:
     """The bar chart's panels (:func:`drawn_columns`); a capacity is marked on its result's bars,
     not given a panel of its own."""
     columns = drawn_columns(rows)
-    return [c for c in columns if not (c.endswith(CAPACITY) and c[: -len(CAPACITY)] in columns)]
+    return [c for c in columns if not is_capacity(c, columns)]
 
 
 def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statuses: list[str] | None = None) -> bool:
@@ -304,7 +318,7 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
                       color="black", linewidth=1)
         # a result held against a capacity (memory): the capacity marked on each bar's row, and
         # the axis to it, so 76 of 1,536 GiB is not drawn as most of the axis
-        caps = [_number(row, column + CAPACITY) for _, row in jobs]
+        caps = [_number(row, capacity_of(column)) for _, row in jobs]
         held = [(yi, c) for yi, c in zip(y, caps) if not math.isnan(c)]
         if held:
             ax.plot([c for _, c in held], [yi for yi, _ in held], marker="|", markersize=12, ls="", color="black")
@@ -318,7 +332,9 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
         ax.set_xlim(0, top * 1.45)
         unit = next((row[column][2] for row in rows if column in row and len(row[column]) > 2), "")
         spread_said = ", per-step 10th-90th percentile" if whiskers else ""
-        ax.set_title(f"{column}{f' ({unit})' if unit else ''}{spread_said}", fontsize=9 if not whiskers else 8)
+        # a long title on two lines: "fullest rank device memory without the reserve" ran into the next panel's
+        ax.set_title(textwrap.fill(f"{column}{f' ({unit})' if unit else ''}{spread_said}", 44),
+                     fontsize=9 if not whiskers else 8)
         ax.tick_params(labelsize=7)  # the job labels too, on each row's first panel
     axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)  # shared: each row's first panel says them
     if key:
