@@ -200,22 +200,33 @@ _MIXED: list[str] = []  # the warning of built-ins from another checkout, once p
 
 
 def _check_one_checkout() -> None:
-    """Warn where a built-in plugin module comes from another checkout than ``neo_core``: an
-    editable install maps ``neo_plugins`` to the checkout it was installed from, so a second
-    checkout run with the first one's environment ran its own core with the other's planner
-    and topologies, and failed (or planned) by code that was not there."""
+    """Warn where Neo's code comes from more than one checkout, or from another than the script
+    run (``recipes/train.py`` of a checkout): an editable install maps ``neo_core`` and
+    ``neo_plugins`` to the checkout it was installed from, so a second checkout run with the
+    first one's environment ran the first one's code (all of it from its recipes, its plugins
+    beside its own core under ``python -m`` or ``PYTHONPATH``), with the second one's ``conf/``,
+    and an edit there changed nothing."""
     import neo_core
     import neo_plugins
 
+    if _MIXED or os.environ.get("RANK", "0") != "0":
+        return
     core = Path(neo_core.__file__).resolve().parent.parent
     home = Path(neo_plugins.__file__).resolve().parent.parent
-    if home == core or _MIXED or os.environ.get("RANK", "0") != "0":
+    script = Path(sys.argv[0]).resolve().parent.parent if sys.argv and sys.argv[0] else None
+    if script is not None and not ((script / "neo_core").is_dir() and (script / "conf").is_dir()):
+        script = None  # not a script of a checkout (pytest, a notebook, an installed command)
+    fix = ("Use this checkout's own environment (make setup here), or install it into this one "
+           f"(pip install -e {script or core}).")
+    if home != core:
+        said = f"Neo's core comes from {core} but its built-in plugins (neo_plugins) from {home}"
+    elif script is not None and script != core:
+        said = f"{Path(sys.argv[0]).name} is {script}'s, but Neo's code (neo_core, neo_plugins) comes from {core}"
+    else:
         return
-    _MIXED.append(str(home))
-    print(f"warning: Neo's core comes from {core} but its built-in plugins (neo_plugins) from {home}: two "
-          "checkouts mixed, as an environment installed editable from the other one gives. Use this checkout's "
-          f"own environment (make setup here), or install it into this one (pip install -e {core}).",
-          file=sys.stderr)
+    _MIXED.append(said)
+    print(f"warning: {said}: two checkouts mixed, as an environment installed editable from the other one "
+          f"gives (edits here do not run). {fix}", file=sys.stderr)
 
 
 def load_plugins(

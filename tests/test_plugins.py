@@ -1288,3 +1288,26 @@ def test_built_in_plugins_from_another_checkout_than_the_core_are_warned_of(monk
     assert err.count(f"warning: Neo's core comes from {tmp_path / 'other'} but its built-in plugins (neo_plugins) "
                      f"from {home}: two checkouts mixed") == 1, err  # once per process
     assert f"(pip install -e {tmp_path / 'other'})" in err
+
+
+def test_a_checkouts_recipe_run_with_another_checkouts_code_is_warned_of(monkeypatch, capsys, tmp_path: Path) -> None:
+    # a second checkout's recipes/plan.py, run with the first one's environment, imported all of
+    # Neo from the first (the recipe's folder, not the checkout, is on sys.path): an edit to the
+    # second changed nothing, without a word
+    from neo_core import plugins
+
+    other = tmp_path / "second"
+    for folder in ("neo_core", "conf", "recipes"):
+        (other / folder).mkdir(parents=True)
+    monkeypatch.setattr(plugins, "_MIXED", [])
+    monkeypatch.setattr(sys, "argv", [str(other / "recipes" / "plan.py")])
+    load_plugins(autoload=False)
+    err = capsys.readouterr().err
+    home = Path(plugins.__file__).resolve().parent.parent
+    assert f"warning: plan.py is {other}'s, but Neo's code (neo_core, neo_plugins) comes from {home}: two checkouts " \
+           f"mixed" in err and f"(pip install -e {other})" in err, err
+    # a script outside any checkout (an installed command, a notebook) is no such thing
+    monkeypatch.setattr(plugins, "_MIXED", [])
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "elsewhere" / "run.py")])
+    load_plugins(autoload=False)
+    assert "checkouts mixed" not in capsys.readouterr().err
