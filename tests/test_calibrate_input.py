@@ -72,6 +72,21 @@ def test_a_write_that_fails_after_measuring_keeps_the_figures(monkeypatch, capsy
     assert '"device_memory_bw": 10000000000.0' in capsys.readouterr().out
 
 
+def test_a_per_id_cost_the_fit_clamped_at_zero_is_warned_of_as_it_is_written(monkeypatch, capsys, tmp_path) -> None:
+    # a busy machine's fit put the forward intercept below zero; it was stored as 0 without a word,
+    # and plans with the file priced that per-id work at nothing
+    measured = {"device_memory_bw": 1e10, "lookup_fwd_id_s": 0.0, "lookup_bwd_id_s": 2e-8}
+    monkeypatch.setattr(calibrate, "calibrate", lambda ranks: dict(measured))
+    calibrate.main(str(tmp_path / "cal.json"))
+    err = capsys.readouterr().err
+    assert "warning: lookup_fwd_id_s came out at or below zero in the fit and were stored as 0, as on a busy " \
+           "machine: plans with this file price that per-id work at nothing" in err, err
+    assert "lookup_bwd_id_s came out" not in err
+    measured["lookup_fwd_id_s"] = 3e-8  # both measured: nothing said
+    calibrate.main(str(tmp_path / "cal2.json"))
+    assert "came out at or below zero" not in capsys.readouterr().err
+
+
 def test_neo_calibrate_takes_the_measurements_flags_and_says_how_to_use_its_file(monkeypatch, capsys, tmp_path) -> None:
     # `neo calibrate --ranks 4` was refused as an unknown argument; the file it wrote was not
     # said how to use, and its time was printed as 1.79646e+09

@@ -425,6 +425,13 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
             print(f"{k:>24}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(v))}")
         else:
             print(f"{k:>24}: {v / 1e9:.3f} GB/s" if k.endswith("_bw") else f"{k:>24}: {v:.6g}")
+    # a fit's per-id cost at or below zero is stored as 0, which plans then price at nothing: a
+    # measurement a busy machine spoilt, not this machine's figure
+    clamped = [k for k in ("lookup_fwd_id_s", "lookup_bwd_id_s") if data.get(k) == 0]
+    if clamped:
+        print(f"warning: {' and '.join(clamped)} came out at or below zero in the fit and were stored as 0, as on a "
+              "busy machine: plans with this file price that per-id work at nothing; re-run `neo calibrate` on an "
+              "otherwise idle machine.", file=sys.stderr)
     if path.absolute() == calibration_path().absolute():
         print(f"wrote {path}: the local topology plans with it from now on")
     else:
