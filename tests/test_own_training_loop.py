@@ -30,6 +30,16 @@ def ebc(*tables: tuple[str, int, int], feature: str = "f_") -> EmbeddingBagColle
         device=torch.device("meta"))
 
 
+def test_the_own_training_loop_run_without_torchrun_says_how_to_run_it() -> None:
+    # with plain python, torch's env:// rendezvous failed with a 15-line traceback
+    env = {k: v for k, v in subprocess_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "examples" / "own_training_loop.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip() == (
+        "run it with torchrun, which starts the ranks: torchrun --nproc_per_node 2 docs/examples/own_training_loop.py"
+    ), proc.stderr[-2000:]
+
+
 def test_the_documented_own_training_loop_runs_on_two_ranks_and_matches_the_unsharded_model() -> None:
     # docs/planner.md points here: plan_model's plan and sharders in DMP, as a user writes it
     proc = subprocess.run(
@@ -39,6 +49,8 @@ def test_the_documented_own_training_loop_runs_on_two_ranks_and_matches_the_unsh
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert re.search(r"user_id +RW .*\n *item_id +CW .*\n *category +DP +dense", out), out
+    # seeded_table_init read TorchRec's ShardedTensors, and each read warned of their deprecation
+    assert "Please use DTensor instead" not in proc.stderr, proc.stderr[-3000:]
     diffs = [float(d) for d in re.findall(r"rank \d: the sharded model's output is the unsharded model's "
                                           r"\(max \|difference\| (\S+)\)", out)]
     assert len(diffs) == 2 and max(diffs) <= 1e-5, out

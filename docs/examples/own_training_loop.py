@@ -96,4 +96,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import os
+    import sys
+
+    if "RANK" not in os.environ:  # run with plain python: torch's env:// rendezvous fails with a traceback
+        sys.exit("run it with torchrun, which starts the ranks: torchrun --nproc_per_node 2 "
+                 "docs/examples/own_training_loop.py")
     main()
