@@ -777,6 +777,9 @@ def test_a_sweeps_chart_draws_its_axis_past_the_top_of_every_whisker(tmp_path: P
     panels = {ax.get_title().split(" (")[0]: ax.get_xlim() for ax in drawn[-1].axes}
     assert panels["step"][0] == 0 and panels["step"][1] >= 30.0, panels  # the whisker's top, not the bars' 4
     assert panels["mem"][0] == 0 and panels["mem"][1] >= 40.0, panels  # the larger capacity, not the bars' 5
+    # the capacity's mark is said in the legend, as the line chart's dashed line is
+    said = [t.get_text() for legend in drawn[-1].legends for t in legend.get_texts()]
+    assert "capacity (the whole device or node)" in said, said
     for fig in drawn:
         close(fig)
 

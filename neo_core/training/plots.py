@@ -256,7 +256,7 @@ def _plot_lines(chart: SweepLines, rows: list[Row], path: Path, title: str) -> N
     if any(chart.missing.values()):
         handles.append(Line2D([], [], marker="x", ls="", color="gray", label="no results (failed, stopped or not run)"))
     if any(points for caps in chart.capacity.values() for points in caps.values()):
-        handles.append(Line2D([], [], ls="--", color="gray", label="capacity"))
+        handles.append(Line2D([], [], ls="--", color="gray", label="capacity (the whole device or node)"))
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
@@ -308,6 +308,7 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
     kinds = list(dict.fromkeys(str(row[key][0]) for row in rows)) if key else []
     colors = [f"C{kinds.index(str(row[key][0]))}" if key and row is not None else "C0" for _, row in jobs]
 
+    marked = False  # a capacity marked on some bar (said in the legend)
     for ax, column in zip(axes.flat, columns):
         numbers = [_number(row, column) for _, row in jobs]
         ax.barh(y, [0.0 if math.isnan(n) else n for n in numbers], color=colors)
@@ -322,6 +323,7 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
         held = [(yi, c) for yi, c in zip(y, caps) if not math.isnan(c)]
         if held:
             ax.plot([c for _, c in held], [yi for yi, _ in held], marker="|", markersize=12, ls="", color="black")
+            marked = True
         top = max([n for n in numbers + [w[2] for w in whiskers] + [c for _, c in held] if not math.isnan(n)],
                   default=1.0) or 1.0
         for j, ((_, row), yi, n) in enumerate(zip(jobs, y, numbers)):
@@ -337,13 +339,21 @@ def _plot_bars(jobs: list[tuple[str, Row | None]], path: Path, title: str, statu
                      fontsize=9 if not whiskers else 8)
         ax.tick_params(labelsize=7)  # the job labels too, on each row's first panel
     axes[0][0].set_yticks(y, [label for label, _ in jobs], fontsize=7)  # shared: each row's first panel says them
+    handles, said = [], []
     if key:
         from matplotlib.patches import Patch
 
-        fig.legend([Patch(color=f"C{i}") for i in range(len(kinds))], [f"{key}: {k or '-'}" for k in kinds],
-                   loc="lower center", ncol=len(kinds), fontsize=7, frameon=False)
+        handles += [Patch(color=f"C{i}") for i in range(len(kinds))]
+        said += [f"{key}: {k or '-'}" for k in kinds]
+    if marked:  # an unlabelled tick read as anything
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], marker="|", markersize=10, ls="", color="black"))
+        said.append("capacity (the whole device or node)")
+    if handles:
+        fig.legend(handles, said, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.06 if key else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.06 if handles else 0, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
