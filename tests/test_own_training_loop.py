@@ -82,6 +82,15 @@ def test_table_specs_reads_the_models_tables_and_names_a_bad_name(capsys) -> Non
         table_specs(ebc(("user_id", 10, 8)), pooling_factors=[2.0])
     with pytest.raises(ConfigError, match=r"^plan_model\(\) takes the model \(a torch nn.Module\) first, got str"):
         plan_model("local", ebc(("user_id", 10, 8)), 64)
+    with pytest.raises(ConfigError, match=r"^plan_model\(\) needs batch_size_per_rank: the samples each rank"):
+        plan_model(ebc(("user_id", 10, 8)), "local")
+    with pytest.raises(ConfigError, match=r"^plan= takes a PlanResult \(PlanResult\.load_json\('plan\.json'\)\), "
+                                          r"got str\.$"):
+        plan_model(ebc(("user_id", 10, 8)), "local", 64, plan="plan.json")
+    # a name like none of the tables: the tables named instead
+    with pytest.raises(ConfigError, match=r"^hot_fractions names 'ads', which is no table of the model; its tables: "
+                                          r"item_id, user_id\.$"):
+        table_specs(ebc(("user_id", 10, 8), ("item_id", 10, 8)), hot_fractions={"ads": 0.5})
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -149,7 +158,8 @@ def test_plan_model_under_torchrun_before_the_group_is_formed_plans_and_checks_f
 
     two_by_two = Topology("two_nodes", 2, 2, "cpu", 4 * GiB, 4 * GiB, 1e10, 1e10, 1e10, 1e10, 1e9)
     with pytest.raises(ConfigError, match=r"^The plan splits user_id \(TWRW\).* over nodes of 2 rank\(s\) .*, but 4 rank\(s\) share "
-                                          r"each machine here \(LOCAL_WORLD_SIZE\)"):
+                                          r"each machine here \(LOCAL_WORLD_SIZE\).*: start 2 rank\(s\) a machine "
+                                          r"\(torchrun --nproc_per_node=2\)"):
         plan_model(model, two_by_two, 64, table_sharding_types={"user_id": ["TWRW"]})
     with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
         plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"})
