@@ -258,3 +258,30 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
     assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise
     assert ran0 == ran1 == own0 and built0 == built1 == own0, (ran0, ran1, built0, built1)  # rank 0's, in both
+
+
+def _no_launch(monkeypatch) -> None:
+    for variable in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                     "MV2_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def test_plan_model_gives_local_the_launchs_ranks_and_says_when_they_span_machines(monkeypatch, capsys) -> None:
+    _no_launch(monkeypatch)
+    model = ebc(("user_id", 100_000, 32), ("item_id", 500, 16))
+    # outside a launch the topology is as given: nothing to check it against
+    assert len(plan_model(model, {"name": "local", "world_size": 4, "compute_device": "cpu"}, 64).ranks) == 4
+    monkeypatch.setenv("WORLD_SIZE", "auto")  # no number of ranks: as outside a launch
+    assert len(plan_model(model, {"name": "local", "world_size": 4, "compute_device": "cpu"}, 64).ranks) == 4
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    # 'local' given as a mapping without its world size is the launch's ranks too
+    assert len(plan_model(model, {"name": "local", "compute_device": "cpu"}, 64).ranks) == 4
+    assert "warning" not in capsys.readouterr().err  # one machine of all 4 ranks: 'local' is it
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert len(plan_model(model, "local", 64).ranks) == 4
+    assert "warning: the ranks run on 2 machines (2 each), but topology 'local' is one machine of all 4 ranks" \
+        in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")  # said by rank 0 alone
+    plan_model(model, "local", 64)
+    assert "warning" not in capsys.readouterr().err
