@@ -285,3 +285,42 @@ def test_plan_model_gives_local_the_launchs_ranks_and_says_when_they_span_machin
     monkeypatch.setenv("RANK", "1")  # said by rank 0 alone
     plan_model(model, "local", 64)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_check_ranks_refuses_node_sharding_the_local_size_cannot_give_naming_where_it_was_read(monkeypatch) -> None:
+    # TorchRec forms the nodes of grid sharding as of table-row-wise, and reads an MPI
+    # launcher's local size where LOCAL_WORLD_SIZE is not set
+    from neo_core.api import check_ranks
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    _no_launch(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+    grid = PlanResult("neo", [TableAssignment("user_id", "grid_shard", "fused", [0, 1]),
+                              TableAssignment("item_id", "table_wise", "fused", [0])],
+                      [RankReport(0), RankReport(1)], 64, {"devices_per_node": 2, "compute_device": "cpu"})
+    with pytest.raises(ConfigError, match=r"^The plan splits user_id \(GRID\) over nodes of 2 rank\(s\) .*, but 1 "
+                                          r"rank\(s\) share each machine here \(OMPI_COMM_WORLD_LOCAL_SIZE\).*: start "
+                                          r"2 rank\(s\) a machine \(torchrun --nproc_per_node=2\)"):
+        check_ranks(grid)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    check_ranks(grid)
+    # a plan written by hand without its ranks' reports: its rank count is not known, not 0
+    check_ranks(PlanResult("neo", [TableAssignment("user_id", "table_wise", "fused", [0])], [], 64,
+                           {"compute_device": "cpu"}))
+
+
+def test_a_saved_plan_that_records_no_kernel_is_checked_with_the_kernel_plan_model_builds(monkeypatch) -> None:
+    # the sharders are built with the kernel given here: Adam's fused kernel on CPU ranks failed
+    # inside DMP with FBGEMM's AssertionError
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    _no_launch(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model = ebc(("user_id", 1000, 16), ("item_id", 500, 16))
+    by_hand = PlanResult("neo", [TableAssignment("user_id", "table_wise", "fused", [0]),
+                                 TableAssignment("item_id", "table_wise", "fused", [1])],
+                         [RankReport(0), RankReport(1)], 64, {"compute_device": "cpu"})
+    assert plan_model(model, "local", 64, plan=by_hand).torchrec_plan is not None
+    with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
+        plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"}, plan=by_hand)
