@@ -324,3 +324,48 @@ def test_a_saved_plan_that_records_no_kernel_is_checked_with_the_kernel_plan_mod
     assert plan_model(model, "local", 64, plan=by_hand).torchrec_plan is not None
     with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
         plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"}, plan=by_hand)
+
+
+@pytest.fixture
+def one_rank_group():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_plan_for_another_device_than_the_groups_backend_names_the_backend_to_start(one_rank_group) -> None:
+    from neo_core.api import check_ranks
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    on_cuda = PlanResult("neo", [TableAssignment("user_id", "table_wise", "fused", [0])], [RankReport(0)], 64,
+                         {"compute_device": "cuda"})
+    with pytest.raises(ConfigError, match=r"^The plan is for cuda ranks .*, but the process group's backend \(gloo\) "
+                                          r"runs on cpu: plan for cpu ranks .*, or start the group with nccl\.$"):
+        check_ranks(on_cuda)
+
+
+def test_rank_0_alone_says_which_ranks_planned_otherwise_and_each_runs_rank_0s_plan(one_rank_group, monkeypatch,
+                                                                                   capsys) -> None:
+    from neo_core import api
+    from neo_core.training import module
+
+    model = ebc(("user_id", 1000, 16), ("item_id", 1000, 16))
+    neo = resolve("sharding", "neo")
+    ctx = make_context({"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    own = neo.plan_module(model, table_specs(model), ctx)
+    rank0s = neo.plan_module(model, table_specs(model), ctx)
+    for table in rank0s.tables:
+        table.sharding_type, table.ranks = "table_wise", [1 - table.ranks[0]]
+    rank0s.torchrec_plan = "rank 0's, for rank 0's model"  # what this rank runs is built for its own model
+    monkeypatch.setattr(module, "agree_on_plan", lambda plan: (rank0s, [1]))
+    ran = api._rank0s_plan(own, neo, model, ctx)
+    assert ran is rank0s and [ps.ranks for ps in ran.torchrec_plan.plan[""].values()] == [t.ranks for t in rank0s.tables]
+    assert [t.ranks for t in rank0s.tables] != [t.ranks for t in own.tables]
+    assert "warning: rank(s) 1 planned otherwise than rank 0" in capsys.readouterr().err
+    monkeypatch.setattr(one_rank_group, "get_rank", lambda group=None: 1)
+    api._rank0s_plan(own, neo, model, ctx)
+    assert "warning" not in capsys.readouterr().err
