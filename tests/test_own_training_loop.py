@@ -369,3 +369,40 @@ def test_rank_0_alone_says_which_ranks_planned_otherwise_and_each_runs_rank_0s_p
     monkeypatch.setattr(one_rank_group, "get_rank", lambda group=None: 1)
     api._rank0s_plan(own, neo, model, ctx)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_plan_written_by_hand_is_refused_on_what_it_records_of_ranks_nodes_weights_and_tables() -> None:
+    import dataclasses
+
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    model = ebc(("user_id", 1000, 32), ("item_id", 500, 16))
+    neo = resolve("sharding", "neo")
+    two = make_context({"name": "local", "world_size": 2, "compute_device": "cpu"}, 64)
+    four = make_context({"name": "local", "world_size": 4, "compute_device": "cpu"}, 64)
+    placed = [TableAssignment("user_id", "table_wise", "fused", [0]), TableAssignment("item_id", "table_wise", "fused", [1])]
+    # no rank reports: the ranks are its topology's nodes times their ranks
+    nodes = PlanResult("neo", placed, [], 64, {"num_nodes": 1, "devices_per_node": 4, "compute_device": "cpu"})
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan is for 4 rank\(s\) .*but the topology here \(local\) "
+                                            r"has 2: plan again"):
+        neo.to_torchrec_plan(model, nodes, two)
+    # table-column-wise keeps a table's shards within one node, as the plan's nodes were
+    within = PlanResult("neo", [TableAssignment("user_id", "table_column_wise", "fused", [0, 1]), placed[1]],
+                        [RankReport(r) for r in range(4)], 64,
+                        {"num_nodes": 2, "devices_per_node": 2, "compute_device": "cpu"})
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan splits tables within nodes of 2 rank\(s\), but the "
+                                            r"topology here \(local\) has nodes of 4: plan again"):
+        neo.to_torchrec_plan(model, within, four)
+    # the bytes per weight its memory figures count
+    fp16 = dataclasses.replace(resolve("kernel", "fused"), weight_bytes=2)
+    halves = plan_tables(table_specs(model), {"name": "local", "world_size": 2, "compute_device": "cpu"}, 64,
+                         kernel=fp16)
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan was made for weight_bytes 2, whose memory its figures "
+                                            r"count, but the kernel here \(fused\) has weight_bytes 4"):
+        neo.to_torchrec_plan(model, halves, two)
+    # tables the model lacks: five named, the rest counted
+    extra = [TableAssignment(n, "table_wise", "fused", [0]) for n in "abcdefg"]
+    more = PlanResult("neo", [*placed, *extra], [RankReport(0), RankReport(1)], 64, {"compute_device": "cpu"})
+    with pytest.raises(PlanningError, match=r"^The 'neo' plan places 'a', 'b', 'c', 'd', 'e' and 2 more, which the "
+                                            r"model has no table of"):
+        neo.to_torchrec_plan(model, more, two)
