@@ -181,6 +181,39 @@ def test_node_local_sharding_the_launch_layout_cannot_give_is_refused(monkeypatc
     check_node_layout(twrw, Launch(4, "cpu", "gloo", external=True), topo)  # the layout matches
 
 
+def test_the_node_layout_refusal_names_the_node_local_tables_grid_ones_too(monkeypatch) -> None:
+    # TorchRec forms the nodes of grid sharding as of table-row-wise; a table-wise table is
+    # not split over a node, so it is not named
+    from neo_core.errors import ConfigError
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+    from neo_core.training.run import Launch, check_node_layout
+    from tests.planner import cluster
+
+    topo = cluster(2, 2)
+    reports = [RankReport(r) for r in range(4)]
+    mixed = PlanResult("neo", [TableAssignment("t0", "table_row_wise", "fused", [0, 1]),
+                               TableAssignment("t1", "table_wise", "fused", [2]),
+                               TableAssignment("t2", "grid_shard", "fused", [2, 3])], reports, 64, {})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"^The plan splits t0 \(TWRW\), t2 \(GRID\) over nodes of 2 rank\(s\)"):
+        check_node_layout(mixed, Launch(4, "cpu", "gloo", external=True), topo)
+    grid = PlanResult("neo", [TableAssignment("t2", "grid_shard", "fused", [2, 3])], reports, 64, {})
+    with pytest.raises(ConfigError, match=r"^The plan splits t2 \(GRID\) over nodes of 2 rank\(s\)"):
+        check_node_layout(grid, Launch(4, "cpu", "gloo", external=True), topo)
+    # a launcher that does not say its local size: TorchRec takes all 4 ranks as one machine
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(ConfigError, match=r"but 4 rank\(s\) share each machine here"):
+        check_node_layout(grid, Launch(4, "cpu", "gloo", external=True), topo)
+
+
+def test_the_fused_kernel_with_adam_is_refused_on_cpu_ranks_however_the_optimizer_is_written() -> None:
+    from neo_core.training.run import cpu_kernel_problem
+
+    for adam in ("adam", "Adam", "ADAM"):
+        assert "FBGEMM's fused kernel has no Adam on CPU" in (cpu_kernel_problem("fused", adam) or ""), adam
+    assert cpu_kernel_problem("dense", "adam") is None and cpu_kernel_problem("fused", "sgd") is None
+
+
 def test_the_precision_refusal_names_a_fix_the_planner_takes(tmp_path) -> None:
     from neo_core.api import plan_tables
     from neo_core.compression import Compressor
