@@ -1438,5 +1438,10 @@ def test_a_ranks_threads_are_the_cores_the_process_may_use_not_the_hosts(monkeyp
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 7}, raising=False)
     assert run.usable_cores() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: (_ for _ in ()).throw(OSError("not permitted")),
+                        raising=False)
+    assert run.usable_cores() == 64  # a system that refuses to say
     monkeypatch.delattr(os, "sched_getaffinity")  # a system that does not say (macOS)
     assert run.usable_cores() == 64
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # nor how many cores it has
+    assert run.usable_cores() == 1
