@@ -312,14 +312,14 @@ def test_check_ranks_refuses_node_sharding_the_local_size_cannot_give_naming_whe
 
 def test_a_saved_plan_that_records_no_kernel_is_checked_with_the_kernel_plan_model_builds(monkeypatch) -> None:
     # the sharders are built with the kernel given here: Adam's fused kernel on CPU ranks failed
-    # inside DMP with FBGEMM's AssertionError
+    # inside DMP with FBGEMM's AssertionError (one fused table is enough)
     from neo_core.sharding import PlanResult, RankReport, TableAssignment
 
     _no_launch(monkeypatch)
     monkeypatch.setenv("WORLD_SIZE", "2")
     model = ebc(("user_id", 1000, 16), ("item_id", 500, 16))
     by_hand = PlanResult("neo", [TableAssignment("user_id", "table_wise", "fused", [0]),
-                                 TableAssignment("item_id", "table_wise", "fused", [1])],
+                                 TableAssignment("item_id", "data_parallel", "dense", [0, 1])],
                          [RankReport(0), RankReport(1)], 64, {"compute_device": "cpu"})
     assert plan_model(model, "local", 64, plan=by_hand).torchrec_plan is not None
     with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
