@@ -406,3 +406,6 @@ def test_a_plan_written_by_hand_is_refused_on_what_it_records_of_ranks_nodes_wei
     with pytest.raises(PlanningError, match=r"^The 'neo' plan places 'a', 'b', 'c', 'd', 'e' and 2 more, which the "
                                             r"model has no table of"):
         neo.to_torchrec_plan(model, more, two)
+    # a model whose tables are in no EmbeddingBagCollection (a model plugin's own module): its
+    # tables are not known, so not checked, and TorchRec's plan has nothing to shard
+    assert neo.to_torchrec_plan(nn.Linear(2, 2), more, two).plan == {}
