@@ -212,6 +212,8 @@ def test_the_fused_kernel_with_adam_is_refused_on_cpu_ranks_however_the_optimize
     for adam in ("adam", "Adam", "ADAM"):
         assert "FBGEMM's fused kernel has no Adam on CPU" in (cpu_kernel_problem("fused", adam) or ""), adam
     assert cpu_kernel_problem("dense", "adam") is None and cpu_kernel_problem("fused", "sgd") is None
+    # a plugin's kernel known by name alone is judged once built, by its compute kernel
+    assert cpu_kernel_problem("my_dense", "adam") is None
 
 
 def test_the_precision_refusal_names_a_fix_the_planner_takes(tmp_path) -> None:
