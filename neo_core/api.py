@@ -484,17 +484,11 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
     if not any(a.sharding_type in ("table_row_wise", "grid_shard") for a in result.tables):
         return  # (TorchRec's reading of the local size warns where no variable gives it)
-    from torchrec.distributed.comm import get_local_size
-
-    from neo_core.training.run import node_size_problem
+    from neo_core.training.run import node_size_problem, torchrec_local_size
 
     per_node = result.devices_per_node()
-    said = next((v for v in ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                             "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
-    # as TorchRec forms the nodes: LOCAL_WORLD_SIZE or an MPI launcher's
     if problem := node_size_problem(
-        result, per_node, get_local_size(world),
-        said or "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it",
+        result, per_node, *torchrec_local_size(world),
         f"start {per_node} rank(s) a machine (torchrun --nproc_per_node={per_node})",
         "plan without them (sharding_types=[...] without 'TWRW' and 'GRID')",
     ):

@@ -272,17 +272,32 @@ def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> N
     keep the machine's layout; a plan of other nodes fails inside TorchRec in every rank.
     """
     per_node = topology.devices_per_node
+    if not any(t.sharding_type in ("table_row_wise", "grid_shard") for t in plan.tables):
+        return
     if launch.external:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size))
+        local, source = torchrec_local_size(launch.world_size)
         fix = f"launch {per_node} rank(s) per machine (torchrun --nproc_per_node={per_node})"
     elif launch.device_type == "cuda":
-        local = launch.world_size
+        local, source = launch.world_size, "LOCAL_WORLD_SIZE"
         fix = f"plan for this machine's layout (topology.devices_per_node={local})"
     else:
         return
-    if problem := node_size_problem(plan, per_node, local, "LOCAL_WORLD_SIZE", fix,
+    if problem := node_size_problem(plan, per_node, local, source, fix,
                                     "allow other types (sharding.sharding_types without TWRW and GRID)"):
         raise ConfigError(problem)
+
+
+def torchrec_local_size(world: int) -> tuple[int, str]:
+    """The ranks per machine from which TorchRec forms the nodes of table-row-wise and grid
+    sharding, as it reads them (``LOCAL_WORLD_SIZE``, or an MPI launcher's variable; else 8,
+    or the world where 8 does not divide it), and where that came from, for messages. A launch
+    that sets none of these was taken as one machine of every rank, where TorchRec takes 8."""
+    from torchrec.distributed.comm import get_local_size
+
+    said = next((v for v in ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                             "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
+    return get_local_size(world), said or (
+        "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it")
 
 
 def node_size_problem(plan: PlanResult, per_node: int, local: int, source: str, fix: str,

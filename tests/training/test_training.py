@@ -1447,3 +1447,24 @@ def test_a_ranks_threads_are_the_cores_the_process_may_use_not_the_hosts(monkeyp
     assert run.usable_cores() == 64
     monkeypatch.setattr(os, "cpu_count", lambda: None)  # nor how many cores it has
     assert run.usable_cores() == 1
+
+
+def test_a_launch_that_says_no_local_size_is_checked_as_torchrec_forms_its_nodes(monkeypatch) -> None:
+    # a launcher that sets RANK and WORLD_SIZE but no LOCAL_WORLD_SIZE was taken as one machine of
+    # every rank, where TorchRec forms nodes of 8: a 2 x 8 plan was refused that TorchRec runs, and
+    # a plan of other nodes was held to 16 ranks a machine
+    from neo_core.api import plan_tables
+    from neo_core.errors import ConfigError
+    from neo_core.sharding import TableSpec
+    from neo_core.training.run import Launch, check_node_layout
+    from tests.planner import cluster
+
+    for name in ("LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    tables = [TableSpec(f"t{i}", 100_000, 32, 4.0) for i in range(3)]
+    launch = Launch(16, "cpu", "gloo", external=True)
+    two_by_eight, four_by_four = cluster(2, 8), cluster(4, 4)
+    check_node_layout(plan_tables(tables, two_by_eight, 64, sharding_types=["TWRW"]), launch, two_by_eight)
+    with pytest.raises(ConfigError, match=r"over nodes of 4 rank\(s\) .*, but 8 rank\(s\) share each machine here "
+                                          r"\(TorchRec's default where no LOCAL_WORLD_SIZE is set: 8"):
+        check_node_layout(plan_tables(tables, four_by_four, 64, sharding_types=["TWRW"]), launch, four_by_four)
