@@ -478,8 +478,10 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
     if runs_on == "cpu" and fused:  # a kernel FBGEMM has no CPU code for failed inside DMP (Adam: an AssertionError)
         from neo_core.training.run import cpu_kernel_problem
 
+        # without the kernel, its tables' compute kernel (fused, here): a plan's settings name
+        # the kernel as registered, which a plugin's fused kernel is not called
         used, optimizer = ((kernel, kernel.optimizer) if kernel is not None
-                           else (result.settings.get("kernel"), result.settings.get("optimizer")))
+                           else ("fused", result.settings.get("optimizer")))
         if problem := cpu_kernel_problem(used, optimizer):
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
     if not any(a.sharding_type in ("table_row_wise", "grid_shard") for a in result.tables):

@@ -401,7 +401,8 @@ class Registry(Generic[T]):
                 f"{self.kind} plugin {name!r} ({entry.provider}) returned {type(made).__name__}, not "
                 f"{expected}: its factory must return one (README, 'Writing a plugin')."
             )
-        made = _as_registered(made, name, f"{self.kind} plugin {name!r} ({entry.provider})")
+        if self.kind != "topology":  # a topology's name says which cluster it is ("local": this machine's ranks)
+            made = _as_registered(made, name, f"{self.kind} plugin {name!r} ({entry.provider})")
         if self.kind == "topology":
             doubt_bandwidths(made, f"{self.group}={name} ({entry.provider})", nic=entry.provider != BUILTIN)
         return made

@@ -144,9 +144,13 @@ class Topology:
                     f"topology.{key} must be a finite number, {need}, got {value!r} "
                     "(from the topology's settings or its calibration file)."
                 )
-        if isinstance(self.notes, str) or not all(isinstance(n, str) for n in self.notes):
-            raise ConfigError(f"topology {self.name!r}: notes must be a tuple of texts, got {self.notes!r}.")
-        object.__setattr__(self, "notes", tuple(self.notes))  # a list given: kept as a tuple
+        notes = self.notes
+        if notes is None or isinstance(notes, (str, bytes)) or not hasattr(notes, "__iter__"):
+            raise ConfigError(f"topology {self.name!r}: notes must be a tuple of texts, got {notes!r}.")
+        notes = tuple(notes)  # a list or a generator given: kept as a tuple
+        if not all(isinstance(n, str) for n in notes):
+            raise ConfigError(f"topology {self.name!r}: notes must be a tuple of texts, got {notes!r}.")
+        object.__setattr__(self, "notes", notes)
         if self.compute_device not in ("cpu", "cuda"):
             raise ConfigError(
                 f"topology.compute_device must be 'cpu' or 'cuda', got {self.compute_device!r}."

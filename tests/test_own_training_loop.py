@@ -326,6 +326,25 @@ def test_a_saved_plan_that_records_no_kernel_is_checked_with_the_kernel_plan_mod
         plan_model(model, "local", 64, kernel={"name": "fused", "optimizer": "adam"}, plan=by_hand)
 
 
+def test_check_ranks_without_a_kernel_refuses_adam_on_fused_tables_whatever_the_kernels_registered_name(
+        monkeypatch) -> None:
+    # a plan's settings name its kernel as registered: a plugin's fused kernel ("fused_clone")
+    # with Adam passed check_ranks(result), then failed inside DMP with FBGEMM's AssertionError
+    from neo_core.api import check_ranks
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    _no_launch(monkeypatch)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    settings = {"kernel": "fused_clone", "optimizer": "adam"}
+    fused = PlanResult("neo", [TableAssignment("user_id", "table_wise", "fused", [0])],
+                       [RankReport(0), RankReport(1)], 64, {"compute_device": "cpu"}, settings=settings)
+    with pytest.raises(ConfigError, match=r"^The kernel cannot run on these CPU ranks: optimizer adam"):
+        check_ranks(fused)
+    dense = PlanResult("neo", [TableAssignment("user_id", "data_parallel", "dense", [0, 1])],
+                       [RankReport(0), RankReport(1)], 64, {"compute_device": "cpu"}, settings=settings)
+    check_ranks(dense)  # no fused table: Adam is no matter
+
+
 @pytest.fixture
 def one_rank_group():
     import torch.distributed as dist

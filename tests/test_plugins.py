@@ -1247,8 +1247,11 @@ def test_a_plugin_whose_object_calls_itself_by_another_name_is_named_as_register
         setattr(module, hook.__name__, hook)
     plugins = register_plugin(module)
     for group, name in (("cache", "lru_clone"), ("compression", "fp16_clone"), ("kernel", "fused_clone"),
-                        ("topology", "zionex_clone"), ("sharding", "neo_clone"), ("model", "dlrm_clone")):
+                        ("sharding", "neo_clone"), ("model", "dlrm_clone")):
         assert plugins.create(group, name).name == name
+    # a topology keeps its own: its name says which cluster it is, and "local" (this machine's
+    # ranks) is what the calibration hint, the cores note and the recipes' memory advice read
+    assert plugins.create("topology", "zionex_clone").name == "zionex"
     policy = plugins.create("cache", "lru_clone")
     assert (policy.algorithm, policy.load_factor) == ("lru", 0.3)
     assert shared.name == "lru"  # a copy is renamed, not the object the plugin keeps

@@ -1422,3 +1422,15 @@ def test_of_the_tables_that_fit_nowhere_the_largest_is_named_first():
         plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=1), 1024)
     assert str(err.value).startswith("Table 'huge' (400,000,000 rows x 128) is larger than the whole cluster allows")
     assert "(1 more table also does not fit: 'small_but_first')" in str(err.value)
+
+
+@pytest.mark.parametrize("notes", [None, "one note", ["a", 3]])
+def test_a_topologys_notes_that_are_not_texts_are_refused_naming_the_topology(notes) -> None:
+    # notes=None ended in "TypeError: 'NoneType' object is not iterable"
+    with pytest.raises(ConfigError, match=r"^topology 'test': notes must be a tuple of texts, got "):
+        replace(cluster(), notes=notes)
+
+
+def test_a_topologys_notes_given_as_a_list_or_generator_are_kept_as_a_tuple() -> None:
+    assert replace(cluster(), notes=["a"]).notes == ("a",)
+    assert replace(cluster(), notes=(n for n in ("a", "b"))).notes == ("a", "b")  # a generator was stored as ()
