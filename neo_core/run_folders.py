@@ -67,7 +67,8 @@ def fresh_run_dir(base: str) -> str:
     name = os.path.join(base, now.strftime("%Y-%m-%d"), now.strftime("%H-%M-%S"))
     if not _CLAIMING[0]:  # --cfg hydra --resolve shows the name: nothing is made
         return name
-    _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
+    with _cli().user_errors():  # a bad NEO_RUN_DIR_TIMEOUT_S: one line, not Hydra's traceback
+        _FRESH_DIRS[base] = _rank0s_name(base, name) if started_as_rank() else claim_folder(name)
     if os.environ.get("RANK", "0") == "0" and os.path.isdir(_FRESH_DIRS[base]):
         # this run's until it ends (hold_run_folders). A launcher's rank keeps the clock's name
         # (_rank0s_name), which a live run started in the same second may hold: Hydra reads this
@@ -96,10 +97,14 @@ _HELD_WORD = "held"  # the store's key (:func:`_launch_key`) for rank 0's word o
 def _tell_ranks(refusal: str) -> None:
     """Under torchrun: rank 0 tells the other ranks whether it holds the run's folder (``""``)
     or was refused it (the refusal), in the launch's store."""
-    with contextlib.suppress(Exception):  # no store: the ranks do not wait for it
+    try:
         store = _launch_store()
         if store is not None:
             store.set(_launch_key(_HELD_WORD), refusal)
+    except ConfigError:  # NEO_RUN_DIR_TIMEOUT_S not a number of seconds: said, every rank refuses it
+        raise
+    except Exception:  # noqa: BLE001, S110 - no store: the ranks do not wait for it
+        pass
 
 
 class HoldRunFolder:
@@ -158,6 +163,8 @@ def _wait_for_rank0() -> None:
         if store is None:
             return
         refusal = store.get(_launch_key(_HELD_WORD)).decode()
+    except ConfigError:  # a bad NEO_RUN_DIR_TIMEOUT_S: refused, not heard as rank 0's silence
+        raise
     except Exception as exc:  # noqa: BLE001 - as for the folder's name: said, and the rank goes on
         print(f"warning: rank {os.environ.get('RANK')} heard nothing from rank 0 on the run's folder "
               f"({type(exc).__name__}: {exc}); it goes on", file=sys.stderr)
@@ -218,6 +225,8 @@ def _rank0s_name(base: str, name: str) -> str:
             store.set(key, name)
             return name
         return store.get(key).decode()
+    except ConfigError:  # a bad NEO_RUN_DIR_TIMEOUT_S: refused, not a folder of this rank's own
+        raise
     except Exception as exc:  # noqa: BLE001 - the run goes on in this rank's own folder, said
         print(f"warning: rank {rank} could not learn the run's folder from rank 0 ({type(exc).__name__}: {exc}); "
               f"it writes into {name}, which may not be rank 0's: give every rank one hydra.run.dir=...",

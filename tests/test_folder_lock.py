@@ -432,3 +432,9 @@ def test_a_bad_wait_for_rank_0s_word_is_refused_naming_the_variable(monkeypatch,
     with pytest.raises(ConfigError, match=rf"^NEO_RUN_DIR_TIMEOUT_S='{said}': give the seconds a rank waits for rank "
                                           r"0's word on the run's folder, a number above 0 \(600 where it is not set\)"):
         run_folders._launch_store()
+    # each rank's use of the store refuses it too: the refusal was swallowed as the store's
+    # silence, and the ranks went on in folders of their own
+    for use in (run_folders._wait_for_rank0, lambda: run_folders._tell_ranks(""),
+                lambda: run_folders._rank0s_name("outputs", "outputs/day/time")):
+        with pytest.raises(ConfigError, match=r"^NEO_RUN_DIR_TIMEOUT_S="):
+            use()
