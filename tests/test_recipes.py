@@ -261,7 +261,11 @@ def test_plan_recipe_says_when_a_cpu_plan_cannot_train_with_its_kernel(tmp_path:
 def test_a_bare_plan_of_a_cluster_scale_table_set_leads_with_plan_py_planning_for_this_machine(tmp_path: Path) -> None:
     # `python recipes/plan.py` with its defaults (MLPerf's tables, no +topology=) planned 97 GiB
     # on two CPU ranks, and the way out (+topology=zionex) was one clause of a long message
-    proc = run_plan(f"hydra.run.dir={tmp_path}")
+    from neo_plugins.topology.local import _total_ram
+
+    if _total_ram() >= 97 * 2**30:  # a machine that holds MLPerf's weights plans them (or says the planner's reason)
+        pytest.skip("this machine's memory holds MLPerf's tables")
+    proc = run_plan("topology.compute_device=cpu", f"hydra.run.dir={tmp_path}")  # (a CUDA host's local is its GPUs)
     assert proc.returncode == 2
     said = proc.stderr.strip().splitlines()[-1]
     assert said.startswith("error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than this "
