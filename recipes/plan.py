@@ -499,9 +499,9 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
 
 def more_than_this_machine(exc: PlanningError, tables: list[Any], context: Any, table_set: str | None) -> PlanningError:
     """``exc``, led by what to do where the tables' weights alone are more than the local
-    topology's ranks could hold (with all of the machine's memory): plan.py plans for this machine unless ``+topology=`` names a cluster
-    (a bare ``recipes/plan.py`` planned MLPerf's 97 GiB on two CPU ranks, and the way out was
-    one clause of a long capacity message)."""
+    topology's ranks could hold (with all of the machine's memory): plan.py plans for this
+    machine unless ``+topology=`` names a cluster (a bare ``recipes/plan.py`` planned MLPerf's
+    97 GiB on two CPU ranks, and the way out was one clause of a long capacity message)."""
     topology = context.topology
     weights = sum(t.num_parameters for t in tables) * context.kernel.weight_bytes
     per_rank = topology.device_memory
