@@ -484,9 +484,10 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
                            else ("fused", result.settings.get("optimizer")))
         if problem := cpu_kernel_problem(used, optimizer):
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
-    if not any(a.sharding_type in ("table_row_wise", "grid_shard") for a in result.tables):
+    from neo_core.training.run import node_local_tables, node_size_problem, torchrec_local_size
+
+    if not node_local_tables(result):
         return  # (TorchRec's reading of the local size warns where no variable gives it)
-    from neo_core.training.run import node_size_problem, torchrec_local_size
 
     per_node = result.devices_per_node()
     if problem := node_size_problem(

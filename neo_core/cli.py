@@ -330,6 +330,8 @@ class SweepFailures:
                     failed[num] = (overrides, "not run: the sweep was stopped before it")
                     unreached.add(num)
         nums = sorted(set(self.done) | set(failed))
+        status = {num: "done" if num in self.done else "not run" if num in unreached or num in self.refused
+                  else "stopped" if num in halted else "failed" for num in nums}  # summary.csv's, and the chart's
         words = {num: (self.done.get(num) or failed[num])[0].split() for num in nums}
         # what tells the jobs apart: against one another, or (one job so far) the sweep's axes
         common = set.intersection(*(set(w) for w in words.values())) if len(nums) > 1 else set()
@@ -373,8 +375,7 @@ class SweepFailures:
                     # a failed job's reason beside its empty results (the whole of it is in its error.txt)
                     error = "" if num in self.done or num in halted else str(failed[num][1]).strip().splitlines()[0:1]
                     table.writerow([num, (self.done.get(num) or failed[num])[0], self.folders.get(num, ""),
-                                    "done" if num in self.done else "not run" if num in set(self.refused) | unreached
-                                    else "stopped" if num in halted else "failed",
+                                    status[num],
                                     *(row[c][0] if c in row and _measured(row[c][0]) else "" for c in columns),
                                     error[0] if error else ""])
         except OSError as exc:
@@ -383,8 +384,7 @@ class SweepFailures:
             from neo_core.training.plots import plot_sweep
 
             settings = [dict(w.lstrip("+~").split("=", 1) for w in words[num] if "=" in w) for num in nums]
-            statuses = ["not run" if num in set(self.refused) | unreached else "stopped" if num in halted else "failed"
-                        for num in nums]
+            statuses = [status[num] for num in nums]
             if plot_sweep([(f"#{num} {labels[num]}", self.done[num][1] if num in self.done else None) for num in nums],
                           where / "summary.png", f"sweep results ({where})", settings, statuses):
                 print(f"chart: {where / 'summary.png'}")

@@ -152,10 +152,9 @@ def sweep_lines(jobs: list[tuple[str, Row | None]], settings: list[dict[str, str
     if len(labels) > MAX_LINES or all(names.count(label) < 2 for label in labels):
         return None
     xs = [_as_number(s[x]) or 0.0 for s in settings]
-    # a result no job has a number for (TorchRec's plans give no bytes: NaN) has no line to draw
-    drawn = [c for c in drawn_columns(rows) if any(math.isfinite(_number(row, c)) for row in rows)]
-    # a capacity is drawn in its result's panel: a panel of its own repeated the swept device size
-    drawn = [c for c in drawn if not is_capacity(c, drawn)]
+    # a result no job has a number for (TorchRec's plans give no bytes: NaN) has no line to draw;
+    # a capacity is drawn in its result's panel (a panel of its own repeated the swept device size)
+    drawn = [c for c in bar_columns(rows) if any(math.isfinite(_number(row, c)) for row in rows)]
     held = [c for c in drawn if any(capacity_of(c) in row for row in rows)]
     chart = SweepLines(x=x, by=by, log_x=min(xs) > 0 and max(xs) / min(xs) > 10, columns=drawn)
     for label in labels:
@@ -270,8 +269,8 @@ BAR_PANELS = 4
 
 
 def bar_columns(rows: list[Row]) -> list[str]:
-    """The bar chart's panels (:func:`drawn_columns`); a capacity is marked on its result's bars,
-    not given a panel of its own."""
+    """A sweep chart's panels (:func:`drawn_columns`); a capacity is drawn on its result, on its
+    bars or as a dashed line, not given a panel of its own."""
     columns = drawn_columns(rows)
     return [c for c in columns if not is_capacity(c, columns)]
 

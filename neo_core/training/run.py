@@ -272,7 +272,7 @@ def check_node_layout(plan: PlanResult, launch: Launch, topology: Topology) -> N
     keep the machine's layout; a plan of other nodes fails inside TorchRec in every rank.
     """
     per_node = topology.devices_per_node
-    if not any(t.sharding_type in ("table_row_wise", "grid_shard") for t in plan.tables):
+    if not node_local_tables(plan):
         return
     if launch.external:
         local, source = torchrec_local_size(launch.world_size)
@@ -300,13 +300,18 @@ def torchrec_local_size(world: int) -> tuple[int, str]:
         "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it")
 
 
+def node_local_tables(plan: PlanResult) -> list[Any]:
+    """The plan's tables whose shards TorchRec places by node (table-row-wise and grid)."""
+    return [t for t in plan.tables if t.sharding_type in ("table_row_wise", "grid_shard")]
+
+
 def node_size_problem(plan: PlanResult, per_node: int, local: int, source: str, fix: str,
                       other_types: str) -> str | None:
     """Why the plan's table-row-wise and grid tables, split over nodes of ``per_node`` ranks,
     cannot run where ``local`` ranks share each machine (read from ``source``), with ``fix`` and
     ``other_types`` as the ways out; None where they can. TorchRec forms those types' nodes from
     the ranks a machine has, not from the plan."""
-    hit = [t for t in plan.tables if t.sharding_type in ("table_row_wise", "grid_shard")]
+    hit = node_local_tables(plan)
     if local == per_node or not hit:
         return None
     return (

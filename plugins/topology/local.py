@@ -113,9 +113,12 @@ def calibration_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "neo" / "calibration.json"
 
 
-def load_calibration(path: Path | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_calibration(path: Path | None = None, record: dict[str, Any] | None = None,
+                     doubts: list[str] | None = None) -> dict[str, Any]:
     """Measured bandwidths (bytes/s) keyed by Topology field name; empty if never calibrated.
-    ``record``, when given, receives the file's records (``ranks``, ``measured_at``...)."""
+    ``record``, when given, receives the file's records (``ranks``, ``measured_at``...);
+    ``doubts``, the warning it gives of figures outside their plausible ranges (for the plan's
+    notes)."""
     if path is not None and not path.is_file():  # named by topology.calibration: must be there
         raise ConfigError(
             f"topology.calibration={str(path)!r} is not a file; run `neo calibrate --output {path}` "
@@ -151,6 +154,8 @@ def load_calibration(path: Path | None = None, record: dict[str, Any] | None = N
     odd = implausible(data)
     if odd:  # planned with as given (the machine may be unusual), but not without a word
         print(f"warning: {doubted(path, odd)}", file=sys.stderr)
+        if doubts is not None:
+            doubts.append(doubted(path, odd))
     if record is not None:
         record.update({k: data[k] for k in CALIBRATION_RECORDS if k in data})
     # 0 or null: not measured (a fit clamped at zero), so the model's default stands
@@ -210,7 +215,8 @@ def local_topology(
         )
     # calibration measures the CPU (FBGEMM's CPU kernel, gloo): not the GPUs
     record: dict[str, Any] = {}
-    measured = load_calibration(Path(calibration) if calibration else None, record) if device == "cpu" else {}
+    doubts: list[str] = []  # the warning of figures outside their plausible ranges, for the plan's notes
+    measured = load_calibration(Path(calibration) if calibration else None, record, doubts) if device == "cpu" else {}
     if device == "cuda":
         count = torch.cuda.device_count()
         ranks = count if world_size is None else world_size
@@ -268,7 +274,6 @@ def local_topology(
             "which no memory or link gives (a measurement of a busy machine?): re-run `neo calibrate` on a quiet "
             "machine, or delete the file."
         )
-    odd = implausible({**record, **measured})  # the figures load_calibration warned of
     return Topology(
         name="local",
         num_nodes=1,
@@ -284,6 +289,6 @@ def local_topology(
             "cluster you plan for: recipes/plan.py +topology=zionex)"),
         config_keys={"device_memory": ("topology.memory_fraction", per_fraction)},
         config_limits={"device_memory": 1.0},
-        notes=(doubted(calibration or calibration_path(), odd),) if odd else (),
+        notes=tuple(doubts),
         **figures,
     )

@@ -8,6 +8,7 @@ body: they are commonly reported values and are marked as assumed.
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 
@@ -106,4 +107,4 @@ def zionex_topology(
     )
 
 
-DEFAULTS = {k: v.default for k, v in __import__("inspect").signature(zionex_topology).parameters.items()}
+DEFAULTS = {k: v.default for k, v in inspect.signature(zionex_topology).parameters.items()}
