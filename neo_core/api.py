@@ -431,14 +431,20 @@ def _local_as_the_group(topology: Any) -> Any:
         return topology
     if not (topology == "local" or (isinstance(topology, Mapping) and topology.get("name") == "local")):
         return topology
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local and local.isdigit() and 0 < int(local) < world and os.environ.get("RANK", "0") == "0":
-        print(f"warning: the ranks run on {world // int(local)} machines ({local} each), but topology 'local' is one "
-              f"machine of all {world} ranks (its memory split among them, every link inside it): give a Topology "
-              "of those machines (neo_core.topology.Topology) for a plan of them", file=sys.stderr)
-    if topology == "local":
-        return {"name": "local", "world_size": world}
-    return topology if "world_size" in topology else {**topology, "world_size": world}
+    from neo_core.training.run import launch_machines
+
+    node = {"name": "local"} if topology == "local" else dict(topology)
+    node.setdefault("world_size", world)
+    machines = launch_machines(world)  # torchrun over several machines: a node each
+    if node.get("num_nodes") is None and machines and node["world_size"] == world:
+        node["num_nodes"] = machines
+    elif machines is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit() and \
+            int(os.environ["LOCAL_WORLD_SIZE"]) < world and os.environ.get("RANK", "0") == "0":
+        print(f"warning: the ranks run {os.environ['LOCAL_WORLD_SIZE']} a machine (LOCAL_WORLD_SIZE), which does not "
+              f"divide all {world}: topology 'local' is machines of equal rank counts, so it plans one machine of all "
+              "of them (its memory split among them, every link inside it); give a Topology of your machines "
+              "(neo_core.topology.Topology) for a plan of them", file=sys.stderr)
+    return node
 
 
 def check_ranks(result: PlanResult, process_group: Any = None, kernel: EmbeddingKernel | None = None) -> None:

@@ -511,10 +511,14 @@ def more_than_this_machine(exc: PlanningError, tables: list[Any], context: Any, 
     if topology.name != "local" or weights <= room:
         return exc
     model = f" model={table_set}" if table_set else ""
+    machines = math.ceil(weights / (per_rank * topology.devices_per_node))  # for the weights alone
+    held = (f"this machine's {topology.world_size} {topology.compute_device} rank(s) hold"
+            if topology.num_nodes == 1 else
+            f"{topology.num_nodes} machines like this one hold ({topology.world_size} {topology.compute_device} ranks)")
     return PlanningError(
-        f"The tables{model and ' of' + model} hold {weights / 2**30:,.1f} GiB of weights, more than this "
-        f"machine's {topology.world_size} {topology.compute_device} rank(s) hold ({room / 2**30:,.1f} GiB): "
-        "without +topology=, plan.py plans for this machine; dry-run the cluster you plan for, e.g. "
+        f"The tables{model and ' of' + model} hold {weights / 2**30:,.1f} GiB of weights, more than {held} "
+        f"({room / 2**30:,.1f} GiB): without +topology=, plan.py plans for this machine (topology.num_nodes: "
+        f"machines like it, {machines} at least for these weights); dry-run the cluster you plan for, e.g. "
         f"recipes/plan.py +topology=zionex{model}. The planner's reason: {exc}"
     )
 

@@ -266,7 +266,7 @@ def _no_launch(monkeypatch) -> None:
         monkeypatch.delenv(variable, raising=False)
 
 
-def test_plan_model_gives_local_the_launchs_ranks_and_says_when_they_span_machines(monkeypatch, capsys) -> None:
+def test_plan_model_gives_local_the_launchs_ranks_and_machines(monkeypatch, capsys) -> None:
     _no_launch(monkeypatch)
     model = ebc(("user_id", 100_000, 32), ("item_id", 500, 16))
     # outside a launch the topology is as given: nothing to check it against
@@ -278,10 +278,19 @@ def test_plan_model_gives_local_the_launchs_ranks_and_says_when_they_span_machin
     # 'local' given as a mapping without its world size is the launch's ranks too
     assert len(plan_model(model, {"name": "local", "compute_device": "cpu"}, 64).ranks) == 4
     assert "warning" not in capsys.readouterr().err  # one machine of all 4 ranks: 'local' is it
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    one = plan_model(model, "local", 64)
+    assert (one.topology["num_nodes"], one.topology["devices_per_node"]) == (1, 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun over 2 machines of 2 ranks: 'local' is them
+    two = plan_model(model, "local", 64)
+    assert (two.topology["num_nodes"], two.topology["devices_per_node"]) == (2, 2)
+    # each machine's ranks split its memory, not one machine's all 4
+    assert two.topology["device_memory"] == pytest.approx(2 * one.topology["device_memory"], rel=1e-6)
+    assert "inter_node_bw, the network between the 2 machines, is assumed" in " ".join(two.notes)
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # 3 and 1: machines of unequal ranks, which 'local' is not
     assert len(plan_model(model, "local", 64).ranks) == 4
-    assert "warning: the ranks run on 2 machines (2 each), but topology 'local' is one machine of all 4 ranks" \
-        in capsys.readouterr().err
+    assert ("warning: the ranks run 3 a machine (LOCAL_WORLD_SIZE), which does not divide all 4: topology 'local' "
+            "is machines of equal rank counts") in capsys.readouterr().err
     monkeypatch.setenv("RANK", "1")  # said by rank 0 alone
     plan_model(model, "local", 64)
     assert "warning" not in capsys.readouterr().err

@@ -268,10 +268,19 @@ def test_a_bare_plan_of_a_cluster_scale_table_set_leads_with_plan_py_planning_fo
     proc = run_plan("topology.compute_device=cpu", f"hydra.run.dir={tmp_path}")  # (a CUDA host's local is its GPUs)
     assert proc.returncode == 2
     said = proc.stderr.strip().splitlines()[-1]
+    machines = math.ceil(97.4 * 2**30 / _total_ram())  # like this one, for the weights alone
     assert said.startswith("error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than this "
                            "machine's 2 cpu rank(s) hold (") and \
-        "without +topology=, plan.py plans for this machine; dry-run the cluster you plan for, e.g. recipes/plan.py " \
-        "+topology=zionex model=mlperf_dcnv2. The planner's reason: Table 'cat_20'" in said, said
+        f"without +topology=, plan.py plans for this machine (topology.num_nodes: machines like it, {machines} at " \
+        "least for these weights); dry-run the cluster you plan for, e.g. recipes/plan.py +topology=zionex " \
+        "model=mlperf_dcnv2. The planner's reason: Table 'cat_20'" in said, said
+    # several machines like this one, still too few: said of them
+    if machines > 2:
+        proc = run_plan("topology.compute_device=cpu", "topology.num_nodes=2", f"hydra.run.dir={tmp_path / 'two'}")
+        said = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and said.startswith(
+            "error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than 2 machines like this one "
+            "hold (4 cpu ranks) ("), said
     # where the weights fit the machine, the planner's own message stands
     proc = run_plan("model=production_like", "plan_model.params.num_tables=20", "sharding.sharding_types=[TW]",
                     "topology.memory_fraction=0.001", f"hydra.run.dir={tmp_path / 'small'}")

@@ -110,12 +110,23 @@ def resolve_launch(run: RunConfig) -> Launch:
                 f"topology.world_size={local_ranks} but the launcher started {world} ranks; the local topology "
                 "splits the machine's memory between its ranks, so drop topology.world_size or make them equal."
             )
+        said_nodes = run.topology.get("num_nodes") if run.topology.get("name") == "local" else None
+        machines = launch_machines(world) or 1
+        # a launcher that does not say its ranks per machine: the setting is taken as given
+        if said_nodes is not None and os.environ.get("LOCAL_WORLD_SIZE") and said_nodes != machines:
+            raise ConfigError(
+                f"topology.num_nodes={said_nodes} but the launcher started {world} rank(s) on {machines} machine(s) "
+                f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): the local "
+                "topology is the launch's machines, so drop topology.num_nodes or make them equal."
+            )
     elif run.trainer.world_size is not None:
         world = run.trainer.world_size
     elif run.topology.get("name") == "local" and run.topology.get("world_size"):
         world = int(run.topology["world_size"])
     else:
         world = torch.cuda.device_count() if cuda else 2
+        if run.topology.get("name") == "local" and run.topology.get("num_nodes"):
+            world *= int(run.topology["num_nodes"])  # that many a machine, emulated on this one
     if device_type == "cuda" and not external and world > torch.cuda.device_count():
         raise ConfigError(
             f"{world} ranks requested but only {torch.cuda.device_count()} CUDA device(s) are visible; "
@@ -164,7 +175,22 @@ def build_parts(run: RunConfig, launch: Launch) -> RunParts:
         topo_node.setdefault("compute_device", launch.device_type)
         if topo_node["compute_device"] is None:
             topo_node["compute_device"] = launch.device_type
+        if topo_node.get("num_nodes") is None and launch.external and (machines := launch_machines(launch.world_size)):
+            topo_node["num_nodes"] = machines  # torchrun over several machines: a node each
     topology: Topology = instantiate("topology", topo_node, plugins)
+    if topology.name == "local" and topology.num_nodes > 1 and not launch.external and launch.device_type == "cpu":
+        # machines emulated on this one: all their ranks share its memory, not a machine's worth each
+        share = topology.devices_per_node / launch.world_size
+        topology = topology.replace(
+            device_memory=int(topology.device_memory * share), host_memory=int(topology.host_memory * share),
+            memory_fix=topology.memory_fix, config_limits=topology.config_limits,
+            config_keys={k: (key, unit * share) for k, (key, unit) in topology.config_keys.items()},
+        )
+        notes.append(
+            f"Emulating {topology.num_nodes} machines of {topology.devices_per_node} rank(s) on this one: its "
+            f"{launch.world_size} ranks share its memory ({topology.device_memory / 2**30:.2f} GiB each), and "
+            "talk through its loopback where the plan prices the network between machines."
+        )
     if topology.world_size != launch.world_size or topology.compute_device != launch.device_type:
         nodes = f"{topology.num_nodes} node{'s' if topology.num_nodes != 1 else ''}"
         described = f"{topology.name} ({nodes} x {topology.devices_per_node} {topology.compute_device})"
@@ -298,6 +324,16 @@ def torchrec_local_size(world: int) -> tuple[int, str]:
                              "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
     return get_local_size(world), said or (
         "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it")
+
+
+def launch_machines(world: int) -> int | None:
+    """The machines a launch's ``world`` ranks run on, where the launcher says its ranks per
+    machine (torchrun's ``LOCAL_WORLD_SIZE``) and that is fewer and divides them; None for one
+    machine, or a layout the ``local`` topology cannot give (machines of unequal rank counts)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or not 0 < int(local) < world or world % int(local):
+        return None
+    return world // int(local)
 
 
 def node_local_tables(plan: PlanResult) -> list[Any]:

@@ -1,14 +1,18 @@
-"""The machine at hand: its CUDA devices, or a number of CPU ranks sharing its memory.
+"""The machine at hand: its CUDA devices, or a number of CPU ranks sharing its memory; or
+several machines like it (``num_nodes``), as torchrun launches over them.
 
 Bandwidths of CPU ranks come from a calibration file when one exists (``neo calibrate`` writes it;
 ``NEO_CALIBRATION`` or ``~/.cache/neo/calibration.json``), otherwise from conservative
-defaults that are marked as assumed.
+defaults that are marked as assumed. The network between machines is measured by ``neo
+calibrate`` run under torchrun on every machine; a figure measured on one machine (its ranks
+talk through the loopback) is not taken for it.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -16,8 +20,9 @@ from typing import Any
 
 import torch
 
+from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError
-from neo_core.topology import GB, MAX_BW, MIN_BW, Topology
+from neo_core.topology import GB, MAX_BW, MIN_BW, Topology, gbps
 
 CALIBRATED_KEYS = (
     "device_memory_bw",
@@ -38,6 +43,12 @@ CALIBRATION_RECORDS = (
     "lookup_concurrency_slowdown",
     "measured_at",
     "ranks",
+    # inter_node_bw measured between machines (``neo calibrate`` under a torchrun of several):
+    # how many, with how many ranks each, and when; without these the file's inter_node_bw is
+    # its ranks' loopback on one machine, not a network's
+    "inter_node_machines",
+    "inter_node_ranks_per_machine",
+    "inter_node_measured_at",
 )
 CALIBRATED_EXTRAS = (
     "collective_latency_s",
@@ -162,9 +173,12 @@ def load_calibration(path: Path | None = None, record: dict[str, Any] | None = N
     return {k: float(v) for k, v in data.items() if k in keep and v}
 
 
-def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | None) -> dict[str, str]:
+def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | None,
+                        network: bool = False) -> dict[str, str]:
     """The ``calibration`` entry of the topology's sources (its description prints it): which
-    file, and whether its collectives were measured with this topology's number of ranks."""
+    file, whether its collectives were measured with this topology's number of ranks (a
+    machine's), and where its figure of the network is planned with (``network``), what that
+    was measured between."""
     if not record:
         return {}
     said = f"{calibration or calibration_path()}"
@@ -183,7 +197,28 @@ def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | N
             fix = (f"`neo calibrate --ranks {ranks}` measures them for it" if ranks & (ranks - 1) == 0
                    else "`neo calibrate --ranks` measures them with a power of two ranks, the nearest is closest")
             said += f"; this topology has {ranks}: {fix} (the all-to-all and collective figures depend on it)"
+    if network and (between := _between_machines(record)):
+        said += f"; its network figure measured between {between}"
     return {"calibration": said}
+
+
+def _between_machines(record: dict[str, Any]) -> str | None:
+    """``2 machines of 4 ranks (2026-12-07)``: what a calibration file's ``inter_node_bw`` was
+    measured between, where ``neo calibrate`` measured it across machines; None where it was
+    one machine's loopback."""
+    machines, each = record.get("inter_node_machines"), record.get("inter_node_ranks_per_machine")
+    if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2):
+        return None
+    said = f"{machines} machines" + (f" of {each} rank(s)" if isinstance(each, int) and not isinstance(each, bool) else "")
+    when = record.get("inter_node_measured_at")
+    if is_number(when) and when > 0:
+        import time
+
+        try:
+            said += f", {time.strftime('%Y-%m-%d', time.localtime(when))}"
+        except (OverflowError, OSError, ValueError):
+            pass
+    return said
 
 
 def _total_ram() -> int:
@@ -193,13 +228,25 @@ def _total_ram() -> int:
         return 16 * 1024**3
 
 
+# The network between machines where nothing measured it, bytes/s a machine, shared by its ranks
+# (they send at once in an all-to-all): a 10 Gb/s Ethernet for CPU machines, 100 Gb/s for CUDA
+# ones; marked assumed, and never above the figure inside a machine
+INTER_NODE_DEFAULT = {"cpu": 1.25 * GB, "cuda": 12.5 * GB}
+
+
 def local_topology(
     world_size: int | None = None,
     compute_device: str | None = None,
     memory_fraction: float = 0.5,
     calibration: str | None = None,
+    num_nodes: int | None = None,
+    inter_node_bw_gbps: float | None = None,
 ) -> Topology:
-    """This machine: every CUDA device, else ``world_size`` CPU ranks (default 2)."""
+    """This machine: every CUDA device, else ``world_size`` CPU ranks (default 2); or
+    ``num_nodes`` machines like it, ``world_size`` ranks in all (default: that many per machine).
+    The recipes and ``plan_model`` give ``num_nodes`` from the launch (torchrun's
+    ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE``); ``recipes/plan.py topology.num_nodes=4`` plans
+    for four machines like this one."""
     device = compute_device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"topology.compute_device must be 'cpu' or 'cuda', got {device!r}.")
@@ -207,6 +254,14 @@ def local_topology(
         raise ConfigError("topology.compute_device=cuda but no CUDA device is visible; use cpu.")
     if not 0 < memory_fraction <= 1:
         raise ConfigError(f"topology.memory_fraction must be in (0, 1], got {memory_fraction}.")
+    nodes = 1 if num_nodes is None else as_whole(num_nodes)
+    if nodes is None or nodes < 1:
+        raise ConfigError(f"topology.num_nodes must be a whole number of machines, at least 1; got {num_nodes!r}.")
+    if inter_node_bw_gbps is not None and not (is_number(inter_node_bw_gbps) and 0 < inter_node_bw_gbps < math.inf):
+        raise ConfigError(
+            f"topology.inter_node_bw_gbps must be a positive number of GB/s (the network between machines, per "
+            f"rank), got {inter_node_bw_gbps!r}."
+        )
     ram = _total_ram()
     if device == "cuda" and calibration:
         raise ConfigError(
@@ -217,11 +272,23 @@ def local_topology(
     record: dict[str, Any] = {}
     doubts: list[str] = []  # the warning of figures outside their plausible ranges, for the plan's notes
     measured = load_calibration(Path(calibration) if calibration else None, record, doubts) if device == "cpu" else {}
+    if world_size is not None:
+        whole = as_whole(world_size)
+        if whole is None or whole < 1:
+            raise ConfigError(f"topology.world_size must be at least 1, got {world_size!r}.")
+        world_size = whole
+    if world_size is not None and world_size % nodes:
+        raise ConfigError(
+            f"topology.world_size={world_size} rank(s) do not split evenly over topology.num_nodes={nodes} "
+            f"machines: give a multiple of {nodes}, or leave topology.world_size unset for "
+            f"{'every CUDA device' if device == 'cuda' else 2} rank(s) a machine."
+        )
     if device == "cuda":
         count = torch.cuda.device_count()
-        ranks = count if world_size is None else world_size
-        if ranks > count:
-            raise ConfigError(f"topology.world_size={ranks} but only {count} CUDA device(s) are visible.")
+        per_node = count if world_size is None else world_size // nodes
+        if per_node > count:
+            said = f"topology.world_size={world_size}" + (f" over {nodes} machines is {per_node} a machine," if nodes > 1 else "")
+            raise ConfigError(f"{said} but only {count} CUDA device(s) are visible.")
         props = torch.cuda.get_device_properties(0)
         device_memory = int(props.total_memory * memory_fraction)
         per_fraction = float(props.total_memory)  # a rank's device memory at memory_fraction=1
@@ -233,11 +300,9 @@ def local_topology(
             "inter_node_bw": 10 * GB,
         }
     else:
-        ranks = 2 if world_size is None else world_size
-        if ranks < 1:
-            raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
-        device_memory = int(ram * memory_fraction / ranks)
-        per_fraction = ram / ranks
+        per_node = 2 if world_size is None else world_size // nodes
+        device_memory = int(ram * memory_fraction / per_node)  # the ranks of a machine split its RAM
+        per_fraction = ram / per_node
         defaults = {
             "device_memory_bw": 5 * GB,
             "host_memory_bw": 5 * GB,
@@ -245,8 +310,41 @@ def local_topology(
             "intra_node_bw": 1 * GB,
             "inter_node_bw": 1 * GB,
         }
-    if ranks < 1:
-        raise ConfigError(f"topology.world_size must be at least 1, got {ranks}.")
+    given: dict[str, str] = {}
+    network = False  # the file's figure of the network between machines is planned with
+    if nodes > 1:
+        between = _between_machines(record)
+        if inter_node_bw_gbps is not None:
+            measured["inter_node_bw"] = inter_node_bw_gbps * GB
+            given["inter_node_bw"] = f"given: topology.inter_node_bw_gbps={inter_node_bw_gbps:g}"
+        elif "inter_node_bw" in measured and between:
+            given["inter_node_bw"] = f"measured between {between} ({calibration or calibration_path()})"
+            network = True
+            each = record.get("inter_node_ranks_per_machine")
+            if isinstance(each, int) and each != per_node:  # a machine's ranks share its network
+                doubts.append(
+                    f"inter_node_bw was measured with {each} rank(s) a machine sending at once, and this topology has "
+                    f"{per_node}: re-run `neo calibrate` by torchrun with --nproc-per-node={per_node} on every machine "
+                    "for their share of the network."
+                )
+        else:  # one machine's loopback, or nothing: not the network's figure
+            measured.pop("inter_node_bw", None)
+            inside = measured.get("intra_node_bw", defaults["intra_node_bw"])
+            defaults["inter_node_bw"] = min(INTER_NODE_DEFAULT[device] / per_node, inside)
+            how = ("measure it with `neo calibrate` run by torchrun on every machine (docs/cost_model.md, \"Several "
+                   "machines\"), or give topology.inter_node_bw_gbps" if device == "cpu" else
+                   "give topology.inter_node_bw_gbps (the NICs' bandwidth over the GPUs that share them)")
+            doubts.append(
+                f"inter_node_bw, the network between the {nodes} machines, is assumed: "
+                f"{gbps(defaults['inter_node_bw'])} GB/s a rank ({'10' if device == 'cpu' else '100'} Gb/s a machine "
+                f"over its {per_node} rank(s)); {how}."
+            )
+    elif inter_node_bw_gbps is not None:
+        raise ConfigError(
+            f"topology.inter_node_bw_gbps={inter_node_bw_gbps:g} is the network between machines, but this topology "
+            "is one machine (topology.num_nodes=1, and no launch over several): leave it unset, or give "
+            "topology.num_nodes."
+        )
     figures = {**defaults, **measured}
     assumed = tuple(k for k in CALIBRATED_KEYS if k not in measured)
     source = f"measured ({calibration or calibration_path()})"
@@ -276,17 +374,18 @@ def local_topology(
         )
     return Topology(
         name="local",
-        num_nodes=1,
-        devices_per_node=ranks,
+        num_nodes=nodes,
+        devices_per_node=per_node,
         compute_device=device,
         device_memory=device_memory,
-        host_memory=int(ram * memory_fraction / ranks),
-        sources={**{k: source for k in measured}, **_calibration_source(record, ranks, calibration)},
+        host_memory=int(ram * memory_fraction / per_node),
+        sources={**{k: source for k in measured}, **given, **_calibration_source(record, per_node, calibration, network)},
         assumed=assumed,
         memory_fix=None if device == "cuda" else (
             "add memory (the ranks share this machine's RAM, so more ranks add none; where "
-            "topology.memory_fraction=1 is too little, use a machine with more RAM, or dry-run the "
-            "cluster you plan for: recipes/plan.py +topology=zionex)"),
+            "topology.memory_fraction=1 is too little, use a machine with more RAM or several machines "
+            "(topology.num_nodes, launched by torchrun on each), or dry-run the cluster you plan for: "
+            "recipes/plan.py +topology=zionex)"),
         config_keys={"device_memory": ("topology.memory_fraction", per_fraction)},
         config_limits={"device_memory": 1.0},
         notes=tuple(doubts),

@@ -118,8 +118,8 @@ def test_cpu_ranks_of_one_machine_are_not_told_to_add_ranks():
         plan_tables(big, local_topology(world_size=2), 512)
     msg = str(err.value)
     assert "add memory (the ranks share this machine's RAM, so more ranks add none; where topology.memory_fraction=1 " \
-           "is too little, use a machine with more RAM, or dry-run the cluster you plan for: recipes/plan.py " \
-           "+topology=zionex)" in msg and "add ranks" not in msg
+           "is too little, use a machine with more RAM or several machines (topology.num_nodes, launched by torchrun on " \
+           "each), or dry-run the cluster you plan for: recipes/plan.py +topology=zionex)" in msg and "add ranks" not in msg
     # more than all of the RAM: the most memory_fraction gives is said, not a value it cannot take
     most = local_topology(world_size=2, memory_fraction=1.0).device_memory / 2**30
     assert f"GiB a rank needed, {most:.2f} GiB a rank at most (topology.memory_fraction=1))" in msg

@@ -9,6 +9,15 @@ Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
 extra keys (``lookup_rate_ids_per_s``, ``gloo_latency_s``, ``torchrec_step_*``,
 ``lookup_concurrency_slowdown``) are informational; ``allreduce_bw`` prices data-parallel
 gradient all-reduces. Takes about 25 s on 2 cores.
+
+Run by torchrun on every machine of several (``torchrun --nnodes=N --nproc-per-node=L ...
+$(command -v neo) calibrate``), it measures the network between them instead: each rank
+exchanges 32 MiB with its counterpart on the next machine, all ranks at once (as they send in
+an all-to-all), and every machine's local rank 0 writes ``inter_node_bw`` (bytes/s a rank) into
+its calibration file, keeping the file's other figures, with the machines and ranks it was
+measured between. The ``local`` topology plans several machines with it; a file's
+``inter_node_bw`` without that record is one machine's loopback, which it does not take for
+the network.
 """
 
 from __future__ import annotations
@@ -371,6 +380,115 @@ def calibrate(world: int = 2) -> dict[str, float]:
     }
 
 
+NETWORK_MIB = 32  # a rank's message to its counterpart: large enough that latency is a small part
+
+
+def network_bandwidth(rank: int, world: int, per_machine: int, repeat: int = 5) -> float:
+    """Bytes/s a rank sends to another machine while every rank does (its counterpart on the
+    next machine), the slowest rank's, best of ``repeat``; in a process group formed already."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    send = torch.ones(NETWORK_MIB * 2**20 // 4)
+    recv = torch.empty_like(send)
+    to, frm = (rank + per_machine) % world, (rank - per_machine) % world
+
+    def exchange() -> None:
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, send, to), dist.P2POp(dist.irecv, recv, frm)]):
+            req.wait()
+
+    exchange()  # the connections are made on first use
+    best = float("inf")
+    for _ in range(repeat):
+        dist.barrier()
+        start = time.perf_counter()
+        exchange()
+        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)  # the slowest rank's: all send at once
+        best = min(best, float(took))
+    return send.numel() * 4 / best
+
+
+def _merged(path: Path, figures: dict[str, Any]) -> dict[str, Any]:
+    """The calibration file at ``path`` with ``figures`` written over its own; an unreadable
+    one is replaced, and said so."""
+    data: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            read = json.loads(path.read_text())
+            data = read if isinstance(read, dict) else {}
+        except (OSError, json.JSONDecodeError):
+            pass
+        if not data:
+            print(f"warning: {path} was not a calibration file `neo calibrate` writes; replaced by the network's "
+                  "figure alone (run `neo calibrate` on one machine for the others)", file=sys.stderr)
+    return {**data, **figures}
+
+
+def calibrate_network(path: Path) -> None:
+    """Under a launch over several machines (torchrun's ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE``):
+    measure the network between them and write it into every machine's calibration file."""
+    import torch.distributed as dist
+
+    from neo_core.training.run import launch_machines
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    machines = launch_machines(world)
+    per_machine = world // machines
+    if rank == 0:
+        print(f"measuring the network between {machines} machines ({per_machine} rank(s) each, "
+              f"{NETWORK_MIB} MiB a rank at once) ...", file=sys.stderr, flush=True)
+    dist.init_process_group("gloo")
+    try:
+        bw = network_bandwidth(rank, world, per_machine)
+    finally:
+        dist.destroy_process_group()
+    if int(os.environ.get("LOCAL_RANK", rank % per_machine)) != 0:
+        return  # one writer a machine; a file shared by the machines gets the same figure from each
+    data = _merged(path, {
+        "inter_node_bw": bw,
+        "inter_node_machines": machines,
+        "inter_node_ranks_per_machine": per_machine,
+        "inter_node_measured_at": time.time(),
+    })
+    part = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+    try:
+        part.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(part, path)  # whole: another machine writing the same shared file meanwhile
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise CalibrationError(
+            f"cannot write the calibration to {path} on {socket.gethostname()} ({exc.strerror}): the network gave "
+            f"inter_node_bw={bw:.4g} bytes/s ({bw / 1e9:.3f} GB/s a rank); give topology.inter_node_bw_gbps="
+            f"{bw / 1e9:.3g} instead."
+        ) from None
+    if rank == 0:
+        print(f"{'inter_node_bw':>24}: {bw / 1e9:.3f} GB/s a rank, between {machines} machines of {per_machine} rank(s)")
+        print(f"wrote {path} on each machine: the local topology plans {machines} machines with it")
+
+
+def _launched_over_machines(parser: argparse.ArgumentParser, ranks_given: bool) -> bool:
+    """Whether a launcher started this process as one rank of several machines (then the
+    network is measured); a launch on one machine is refused, as its ranks would each measure
+    the machine and write one file at once."""
+    from neo_core.training import started_as_rank
+    from neo_core.training.run import launch_machines
+
+    if not started_as_rank():
+        return False
+    world = os.environ["WORLD_SIZE"]
+    if not world.isdigit() or int(world) < 2:
+        return False  # one rank: it measures this machine, as without a launcher
+    if launch_machines(int(world)) is None:
+        parser.error(f"started as one of {world} ranks on one machine (LOCAL_WORLD_SIZE="
+                     f"{os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): run neo calibrate without torchrun to measure this "
+                     "machine (it starts its own --ranks), or by torchrun on every machine of several (--nnodes) to "
+                     "measure the network between them")
+    if ranks_given:
+        parser.error("--ranks is for one machine; under torchrun over several machines the ranks are torchrun's")
+    return True
+
+
 def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     """Command line entry; ``neo calibrate --output PATH`` calls it with ``out`` and its other
     flags as ``argv``."""
@@ -387,6 +505,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
         help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
     )
     args = parser.parse_args(list(argv or ()) if out is not None else argv)
+    network = _launched_over_machines(parser, args.ranks != parser.get_default("ranks"))
     # the collectives split an 8 MiB buffer evenly over the ranks
     if args.ranks < 2 or args.ranks & (args.ranks - 1):
         parser.error(f"--ranks {args.ranks}: use a power of two, at least 2 (the collectives need 2 or more ranks)")
@@ -402,6 +521,9 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     except OSError:
         folder = f" ({path} is a folder: give a file in it, e.g. {path / 'calibration.json'})" if path.is_dir() else ""
         raise CalibrationError(f"cannot write the calibration to {path}{folder}; choose another path.") from None
+    if network:
+        calibrate_network(path)
+        return
     if args.nice:
         try:
             os.nice(-args.nice)  # inherited by the spawned ranks

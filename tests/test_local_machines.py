@@ -1,0 +1,220 @@
+"""The ``local`` topology over several machines like this one: as torchrun launches over them,
+emulated on this one, or dry-run; and ``neo calibrate`` measuring the network between them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neo_core.errors import ConfigError
+from neo_core.topology import GB
+from neo_plugins.topology.local import _total_ram, local_topology
+from tests.conftest import subprocess_env
+from tests.distributed.multi_process import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _launch(monkeypatch, world: int | None, local: int | None) -> None:
+    """This process as rank 0 of a launch of ``world`` ranks, ``local`` a machine (None: unset)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NEO_SPAWNED"):
+        monkeypatch.delenv(key, raising=False)
+    if world is not None:
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+    if local is not None:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+
+
+def test_machines_split_the_ranks_and_each_machine_its_own_memory() -> None:
+    one = local_topology(world_size=4, compute_device="cpu")
+    two = local_topology(world_size=4, num_nodes=2, compute_device="cpu")
+    assert (one.num_nodes, one.devices_per_node) == (1, 4)
+    assert (two.num_nodes, two.devices_per_node) == (2, 2)
+    # a machine's RAM over its own 2 ranks, where one machine's was split 4 ways
+    assert two.device_memory == int(_total_ram() * 0.5 / 2) == pytest.approx(2 * one.device_memory, abs=1)
+    # world_size unset: 2 CPU ranks a machine, as on one
+    assert local_topology(num_nodes=3, compute_device="cpu").world_size == 6
+    assert local_topology(num_nodes=2.0, world_size=4.0, compute_device="cpu").devices_per_node == 2  # 2.0 is 2
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"world_size": 5, "num_nodes": 2},
+         "topology.world_size=5 rank(s) do not split evenly over topology.num_nodes=2 machines: give a multiple of 2"),
+        ({"num_nodes": 0}, "topology.num_nodes must be a whole number of machines, at least 1; got 0."),
+        ({"num_nodes": 1.5}, "topology.num_nodes must be a whole number of machines, at least 1; got 1.5."),
+        ({"num_nodes": 2, "inter_node_bw_gbps": 0}, "topology.inter_node_bw_gbps must be a positive number of GB/s"),
+        ({"num_nodes": 2, "inter_node_bw_gbps": "fast"}, "topology.inter_node_bw_gbps must be a positive number"),
+        ({"inter_node_bw_gbps": 10},
+         "topology.inter_node_bw_gbps=10 is the network between machines, but this topology is one machine"),
+    ],
+    ids=["uneven", "no-machines", "half-a-machine", "zero-network", "text-network", "network-of-one-machine"],
+)
+def test_bad_machine_settings_are_refused_naming_the_key(settings, message) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        local_topology(compute_device="cpu", **settings)
+
+
+def test_the_network_is_assumed_unless_measured_between_machines_or_given(tmp_path, monkeypatch) -> None:
+    # a calibration of one machine writes its ranks' loopback as inter_node_bw (2.5 GB/s here):
+    # not the network's, so several machines plan with an assumed figure, and say so
+    path = tmp_path / "calibration.json"
+    one_machine = {"intra_node_bw": 2.5 * GB, "inter_node_bw": 2.5 * GB, "ranks": 2}
+    path.write_text(json.dumps(one_machine))
+    monkeypatch.setenv("NEO_CALIBRATION", str(path))
+    alone = local_topology(world_size=2, compute_device="cpu")
+    assert alone.inter_node_bw == 2.5 * GB and alone.notes == ()  # one machine: as the file says
+    two = local_topology(num_nodes=2, compute_device="cpu")
+    assert two.inter_node_bw == pytest.approx(1.25 * GB / 2)  # 10 Gb/s a machine, over its 2 ranks
+    assert "inter_node_bw" in two.assumed and "*" in two.describe().splitlines()[2].split("inter-node")[1]
+    assert two.notes == (
+        "inter_node_bw, the network between the 2 machines, is assumed: 0.625 GB/s a rank (10 Gb/s a machine over "
+        "its 2 rank(s)); measure it with `neo calibrate` run by torchrun on every machine (docs/cost_model.md, "
+        "\"Several machines\"), or give topology.inter_node_bw_gbps.",)
+    # never faster than inside a machine (the planner would keep traffic off the machine's links)
+    path.write_text(json.dumps({**one_machine, "intra_node_bw": 0.4 * GB}))
+    assert local_topology(num_nodes=2, world_size=2, compute_device="cpu").inter_node_bw == 0.4 * GB
+
+    # measured between machines: planned with, and its source said
+    path.write_text(json.dumps({**one_machine, "inter_node_bw": 0.9 * GB, "inter_node_machines": 2,
+                                "inter_node_ranks_per_machine": 2, "inter_node_measured_at": 1.8e9}))
+    measured = local_topology(num_nodes=2, compute_device="cpu")
+    assert measured.inter_node_bw == 0.9 * GB and "inter_node_bw" not in measured.assumed and measured.notes == ()
+    assert measured.sources["inter_node_bw"].startswith("measured between 2 machines of 2 rank(s), 2027-")
+    assert "; its network figure measured between 2 machines of 2 rank(s)" in measured.describe()
+    # with another number of ranks a machine than will share its network: said
+    four = local_topology(num_nodes=2, world_size=8, compute_device="cpu")
+    assert four.inter_node_bw == 0.9 * GB
+    assert four.notes == ("inter_node_bw was measured with 2 rank(s) a machine sending at once, and this topology "
+                          "has 4: re-run `neo calibrate` by torchrun with --nproc-per-node=4 on every machine for their "
+                          "share of the network.",)
+    # given: over any file, and said where it came from
+    given = local_topology(num_nodes=2, compute_device="cpu", inter_node_bw_gbps=3)
+    assert given.inter_node_bw == 3 * GB and given.sources["inter_node_bw"] == "given: topology.inter_node_bw_gbps=3"
+    assert "network figure" not in given.describe()
+
+
+def test_a_launch_over_machines_is_the_local_topologys_machines(monkeypatch) -> None:
+    from neo_core.config import validate
+    from neo_core.training.run import build_parts, resolve_launch
+    from tests.test_config import compose_run
+
+    with _hydra():
+        _launch(monkeypatch, 4, 2)  # torchrun --nnodes=2 --nproc-per-node=2
+        run = validate(compose_run("+topology.compute_device=cpu"))
+        launch = resolve_launch(run)
+        topology = build_parts(run, launch).topology
+        assert (topology.num_nodes, topology.devices_per_node) == (2, 2)
+        assert topology.device_memory == int(_total_ram() * 0.5 / 2)
+        # a number of machines the launch does not have: refused, naming what the launch says
+        with pytest.raises(ConfigError, match=r"^topology.num_nodes=3 but the launcher started 4 rank\(s\) on 2 "
+                                              r"machine\(s\) \(WORLD_SIZE=4, LOCAL_WORLD_SIZE=2\)"):
+            resolve_launch(validate(compose_run("+topology.compute_device=cpu", "+topology.num_nodes=3")))
+        resolve_launch(validate(compose_run("+topology.compute_device=cpu", "+topology.num_nodes=2")))
+        # one machine of 4: as before
+        _launch(monkeypatch, 4, 4)
+        launch = resolve_launch(run)
+        assert build_parts(run, launch).topology.num_nodes == 1
+        # a launcher that does not say its ranks a machine: the setting is taken as given
+        _launch(monkeypatch, 4, None)
+        two = validate(compose_run("+topology.compute_device=cpu", "+topology.num_nodes=2"))
+        assert build_parts(two, resolve_launch(two)).topology.num_nodes == 2
+
+
+def test_machines_emulated_on_this_one_share_its_memory(monkeypatch) -> None:
+    from neo_core.config import validate
+    from neo_core.training.run import build_parts, resolve_launch
+    from tests.test_config import compose_run
+
+    _launch(monkeypatch, None, None)
+    with _hydra():
+        run = validate(compose_run("+topology.compute_device=cpu", "+topology.num_nodes=2"))
+        launch = resolve_launch(run)
+        assert launch.world_size == 4 and not launch.external  # 2 CPU ranks a machine
+        parts = build_parts(run, launch)
+    assert (parts.topology.num_nodes, parts.topology.devices_per_node) == (2, 2)
+    # all 4 ranks run here: this machine's memory over 4, not a machine's over 2
+    assert parts.topology.device_memory == int(_total_ram() * 0.5 / 2) // 2 == pytest.approx(_total_ram() * 0.5 / 4, abs=2)
+    assert parts.topology.config_keys["device_memory"][1] == pytest.approx(_total_ram() / 4)  # memory_fraction=1's
+    assert any(n.startswith("Emulating 2 machines of 2 rank(s) on this one: its 4 ranks share its memory")
+               for n in parts.notes), parts.notes
+
+
+def _hydra():
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from neo_core.config import register_plugin_options
+    from neo_core.plugins import load_plugins
+
+    conf = ROOT / "conf"
+    register_plugin_options(conf, plugins=load_plugins(autoload=False))
+    GlobalHydra.instance().clear()
+    return initialize_config_dir(config_dir=str(conf), version_base="1.3")
+
+
+def test_calibrate_under_a_launch_on_one_machine_is_refused_and_ranks_are_torchruns(monkeypatch, capsys) -> None:
+    from neo_plugins.sharding.planner import calibrate
+
+    _launch(monkeypatch, 2, 2)  # torchrun --nproc-per-node=2 on one machine: each rank would measure it
+    with pytest.raises(SystemExit):
+        calibrate.main(argv=[])
+    assert ("started as one of 2 ranks on one machine (LOCAL_WORLD_SIZE=2): run neo calibrate without torchrun to "
+            "measure this machine") in capsys.readouterr().err
+    _launch(monkeypatch, 4, 2)
+    with pytest.raises(SystemExit):
+        calibrate.main(argv=["--ranks", "4"])
+    assert "--ranks is for one machine; under torchrun over several machines the ranks are torchrun's" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_calibrate_then_train_over_two_machines_launched_by_torchrun(tmp_path) -> None:
+    # two torchrun agents on this host stand for two machines (--nnodes=2): the network figure
+    # neo calibrate measures between them is planned with, and a plan that splits tables over
+    # the machines (table-row-wise, node by node) trains
+    env = subprocess_env()
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({"intra_node_bw": 2.5 * GB, "inter_node_bw": 2.5 * GB, "ranks": 2,
+                               "lookup_fwd_id_s": 1e-8}))
+    env["NEO_CALIBRATION"] = str(cal)
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+
+    def agents(per_machine: int, *command: str) -> list[subprocess.CompletedProcess]:
+        port = free_port()
+        procs = [subprocess.Popen(
+            [torchrun, "--nnodes=2", f"--node-rank={node}", f"--nproc-per-node={per_machine}",
+             "--master-addr=127.0.0.1", f"--master-port={port}", *command],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+        done = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+        return done
+
+    node0, node1 = agents(1, "-m", "neo_plugins.sharding.planner.calibrate")
+    assert node0.returncode == node1.returncode == 0, node0.stderr[-2000:] + node1.stderr[-2000:]
+    assert "measuring the network between 2 machines (1 rank(s) each" in node0.stderr
+    data = json.loads(cal.read_text())
+    assert data["inter_node_machines"] == 2 and data["inter_node_ranks_per_machine"] == 1
+    assert data["lookup_fwd_id_s"] == 1e-8 and data["intra_node_bw"] == 2.5 * GB  # the machine's kept
+    assert 1e6 < data["inter_node_bw"] < 1e12
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".calibration.json")]  # no part left
+
+    run_dir = tmp_path / "run"
+    node0, node1 = agents(2, str(ROOT / "recipes" / "train.py"), "trainer=smoke", "+topology.compute_device=cpu",
+                          "sharding.sharding_types=[TWRW,DP]", f"hydra.run.dir={run_dir}")
+    assert node0.returncode == node1.returncode == 0, node0.stdout[-3000:] + node0.stderr[-3000:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert (plan["topology"]["num_nodes"], plan["topology"]["devices_per_node"]) == (2, 2)
+    assert plan["topology"]["inter_node_bw"] == data["inter_node_bw"]
+    assert {t["sharding_type"] for t in plan["tables"]} >= {"table_row_wise"}
+    assert "done: 5 steps" in node0.stdout
+    assert os.path.isfile(run_dir / "metrics.json")
