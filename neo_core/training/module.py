@@ -28,7 +28,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.optim.keyed import CombinedOptimizer
 
 from neo_core.config import TrainerConfig
-from neo_core.errors import TrainingError
+from neo_core.errors import ConfigError, TrainingError
 from neo_core.kernels import EmbeddingKernel
 from neo_core.sharding import PlanResult
 
@@ -67,14 +67,53 @@ def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
     sent to every rank, is the one run)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return plan, []
-    digests: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, plan_digest(plan))
-    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    me = dist.get_rank()
+    # each rank's plan, and the device memory its own machine gives it (its topology, as it planned)
+    own = plan.ranks[me].memory_capacity if me < len(getattr(plan, "ranks", ())) else 0.0
+    # rank 0's plan's memory by rank (capacity, total, reserve), which every rank checks alike
+    loads = [(r.memory_capacity, r.memory_total, r.memory.get("reserve", 0.0)) for r in plan.ranks] if me == 0 else None
+    said: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(said, (plan_digest(plan), own, loads))
+    differ = [r for r, (d, _, _) in enumerate(said) if d != said[0][0]]
     if differ:
-        sent = [plan if dist.get_rank() == 0 else None]
+        sent = [plan if me == 0 else None]
         dist.broadcast_object_list(sent, src=0)
         plan = sent[0]
+    if short := memory_short(said[0][2], [c for _, c, _ in said]):  # in every rank alike: all stop, none waits
+        raise ConfigError(short)
     return plan, differ
+
+
+def memory_short(loads: list[tuple[float, float, float]], capacities: list[float]) -> str | None:
+    """Why rank 0's plan, which every rank runs (``loads``: its device memory capacity, total
+    and reserve by rank), does not fit the ranks whose own machine gives them less device
+    memory than rank 0's planned with (``capacities``: each rank's own, 0 where unknown), with
+    the fix; None where it fits them all. Machines of several launched by torchrun are taken as
+    alike to rank 0's: a smaller one ran out of memory in DMP."""
+    short = []
+    for rank, capacity in enumerate(capacities):
+        if not capacity or rank >= len(loads):
+            continue
+        planned, total, reserve = loads[rank]
+        if not planned or capacity >= planned:
+            continue
+        used = total - reserve
+        room = capacity * (1 - reserve / planned)  # the same share held back as on rank 0's machine
+        if used > room:
+            short.append((rank, capacity, planned, used, room))
+    if not short:
+        return None
+    from neo_core.sharding import _bytes
+
+    rank, capacity, planned, used, room = short[0]
+    more = f" (and rank(s) {', '.join(str(s[0]) for s in short[1:])})" if len(short) > 1 else ""
+    return (
+        f"Rank {rank}{more} has {_bytes(capacity, 3)} of device memory on its machine, less than the "
+        f"{_bytes(planned, 3)} a rank of rank 0's machine that the plan was made for, and every rank runs rank 0's "
+        f"plan: it puts {_bytes(used, 3)} on rank {rank}, where {_bytes(room, 3)} fit with the reserve. Start "
+        "the machine with the least memory as rank 0 (torchrun --node-rank=0), so that plans are made for it, or "
+        "lower topology.memory_fraction."
+    )
 
 
 def _gather_uneven(values: torch.Tensor) -> torch.Tensor:

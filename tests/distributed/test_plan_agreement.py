@@ -27,3 +27,42 @@ def test_every_rank_runs_rank_zeros_plan(rank_dependent: bool) -> None:
     assert [o["ranks"] for o in out] == [[0], [0], [0]]  # rank 0's plan everywhere
     assert len({o["digest"] for o in out}) == 1
     assert all(o["differ"] == ([1, 2] if rank_dependent else []) for o in out)
+
+
+GiB = 2**30
+
+
+def _on_machines(rank: int, world_size: int, capacities: list[float], loads: list[float]) -> list[str | None]:
+    """Rank ``rank`` on a machine giving it ``capacities[rank]`` of device memory: its own plan
+    says so; rank 0's plan puts each of ``loads`` in turn (and a 15% reserve of rank 0's
+    capacity) on each rank. The error each agreement raised, or None."""
+    from neo_core.errors import ConfigError
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+    from neo_core.training.module import agree_on_plan
+
+    mine, errors = capacities[rank], []
+    for used in loads:
+        plan = PlanResult("neo", [TableAssignment("t", "table_wise", "fused", [0], [(10, 4)])],
+                          [RankReport(rank=r, memory={"weights": used, "reserve": 0.15 * mine}, memory_capacity=mine)
+                           for r in range(world_size)], 8, {})
+        try:
+            agree_on_plan(plan)
+            errors.append(None)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+@pytest.mark.slow  # spawns 2 gloo ranks
+def test_a_plan_for_rank_0s_machine_that_a_smaller_machines_rank_cannot_hold_stops_every_rank() -> None:
+    # torchrun over machines of unequal memory: every rank runs rank 0's plan, made for rank 0's
+    # machine; rank 1's holds 4 GiB a rank, and 5 GiB of tables there ran out of memory in DMP.
+    # What fits the smaller machine with its reserve (3 GiB) runs, in both ranks alike.
+    out = MultiProcessRunner().run(_on_machines, 2, [8 * GiB, 4 * GiB], [5 * GiB, 3 * GiB])
+    assert out[0] == out[1] == [
+        "Rank 1 has 4.00GiB of device memory on its machine, less than the 8.00GiB a rank of rank 0's machine that "
+        "the plan was made for, and every rank runs rank 0's plan: it puts 5.00GiB on rank 1, where 3.40GiB fit "
+        "with the reserve. Start the machine with the least memory as rank 0 (torchrun --node-rank=0), so that "
+        "plans are made for it, or lower topology.memory_fraction.", None]
+    # a larger machine than rank 0's: nothing to say
+    assert MultiProcessRunner().run(_on_machines, 2, [4 * GiB, 8 * GiB], [3 * GiB]) == [[None], [None]]
