@@ -136,6 +136,12 @@ class Option:
         """How many nodes must each take ``per_node`` of its shards."""
         return {ANY_K: min(self.k, N), NODES_K: self.k, ALL: N}.get(self.unit, 1)
 
+    def ranks_taken(self, L: int, N: int) -> int:
+        """How many distinct ranks ``Search.place`` puts its shards on (as many as there are,
+        where ``k`` asks for more)."""
+        return {SINGLE: 1, ANY_K: min(self.k, L * N), NODE_K: min(self.k, L), NODE_ALL: L,
+                NODES_K: min(self.k, N) * L}.get(self.unit, L * N)
+
 
 def splits_into(dims: Any, k: int, min_col_width: int) -> Any:
     """Whether ``dims`` (an int or an array) split into ``k`` column shards the fused kernel
@@ -366,6 +372,9 @@ class Search:
         self._unit = np.array([o.unit for o in options])  # each option's unit and shard count
         self._k = np.array([o.k for o in options], dtype=np.int64)
         self._by_node = np.isin(self._unit, (NODE_K, NODE_ALL, NODES_K))
+        # how many distinct ranks each option's shards take, as ``_place_on`` picks them: the
+        # least peak ``place`` can reach is that many ranks' least load (``_masked_floor``)
+        self._ranks_taken = np.array([o.ranks_taken(self.L, self.N) for o in options], dtype=np.int64)
         self._options_seen: dict[tuple, tuple] = {}  # ``_options_of`` by table, host rule and content
         self._node_ranks = np.arange(self.W).reshape(self.N, self.L)  # ranks of each node
         # digests of the greedy steps taken by this solve's greedy runs (_greedy): a restart
@@ -576,7 +585,11 @@ class Search:
         """Table ``i``'s usable options and what ``best_option`` reads of each, kept until the
         mask, the totals or the host rule change: option indices, shard times, totals, device
         bytes, host bytes its fullest node takes, where its peak is read (``_peak_at``),
-        whether any is placed by node, and the options and totals as bytes (the memo's)."""
+        whether any is placed by node, the options and totals as bytes (the memo's), then what
+        ``_masked_floor`` reads: host bytes a node takes as a rank's check counts them
+        (``_fits``), which options hold none (their check is skipped) and whether any does,
+        and where in a (row per option, ranks sorted) array each option's
+        ``_ranks_taken``-th least load is."""
         got = self._table_opts.get(i)
         if got is None:  # restarts change a few tables' options: the others' are kept by content
             usable, total = self._usable[:, i], self._total[:, i]
@@ -585,10 +598,13 @@ class Search:
             if got is None:
                 cand = np.flatnonzero(usable)
                 tots = total[cand]
+                host = self.shard_host[cand, i]
                 got = self._options_seen[key] = (
                     cand, self.shard_times[cand, i], tots, self.shard_dev[cand, i],
-                    self.most_per_node[cand] * self.shard_host[cand, i], self._peak_at[cand],
+                    self.most_per_node[cand] * host, self._peak_at[cand],
                     bool(self._by_node[cand].any()), cand.tobytes() + tots.tobytes(),
+                    self.rank_per_node[cand] * host, (host <= 0)[:, None], bool((host > 0).any()),
+                    np.arange(len(cand)) * self.W + self._ranks_taken[cand] - 1,
                 )
             self._table_opts[i] = got
         return got
@@ -598,12 +614,28 @@ class Search:
         takes its unmasked path for them), and the peak load after placing each that does (as
         ``_place_unmasked``, all at once; undefined where it does not fit). Not in the memory-packing
         retry (``by_memory``), which ``best_option`` hands to ``_best_by_memory``."""
-        _, T, _, dev_need, host_need, peak_at, nodes, _ = self._options_of(i)
+        _, T, _, dev_need, host_need, peak_at, nodes = self._options_of(i)[:7]
         dev, host = self._fullest()
         fit = dev + dev_need <= self.cap_dev
         if self._host_used or self.cap_node < 0:  # else every option's host test holds (0 <= cap)
             fit &= host + host_need <= self.cap_node
         return fit, self._peak_bases(nodes)[peak_at] + T
+
+    def _masked_floor(self, i: int) -> np.ndarray:
+        """For table ``i``'s options (``_options_of``), a peak load below which ``place``
+        cannot put them, all at once: the ``_ranks_taken``-th least load among the ranks each
+        fits on (``_fits``, the same sums), plus its shard time; inf where too few ranks fit,
+        and ``place`` finds none. ``place`` takes that many distinct ranks that fit, so its
+        peak is at least this (where an option fits on every rank too: a node unit chooses
+        among fewer ranks). Memory-tight refinement tries many options whose free ranks are
+        all busy: this turns them away without placing each."""
+        _, T, _, dev_need, _, _, _, _, node_need, unhosted, hosted, taken = self._options_of(i)
+        feas = self.mem_dev[None, :] + dev_need[:, None] <= self.cap_dev
+        if hosted:  # a node's host memory holds ``rank_per_node`` shards, where they hold any
+            node_ok = self._node_host()[None, :] + node_need[:, None] <= self.cap_node
+            feas &= np.repeat(node_ok | unhosted, self.host_group, axis=1)
+        least = np.sort(np.where(feas, self.loads[None, :], np.inf), axis=1)
+        return least.take(taken) + T
 
     def _unmasked_ranks(self, o: int, i: int) -> np.ndarray:
         opt = self.opts[o]
@@ -693,7 +725,7 @@ class Search:
         near-ties (within ``tolerance``) go to the least summed cost, then the lowest option."""
         if self.by_memory:
             return self._best_by_memory(i, rest_lb)
-        cand, T, tots, _, _, _, _, seen = self._options_of(i)
+        cand, T, tots, _, _, _, _, seen = self._options_of(i)[:8]
         # remembered for greedy runs that reach the same state with the same options (restarts)
         h = hashlib.blake2b(self.loads, digest_size=16)
         h.update(self.mem_dev)
@@ -720,9 +752,16 @@ class Search:
             # order of a score none of their placements can beat, while that can enter the band
             low = np.maximum(np.maximum(cur_max, float(self.loads.min()) + T), avg)
             out = np.flatnonzero(~fit)
+            least = None  # the options' floors (``_masked_floor``), once one is to be placed
             for n in out[np.argsort(low[out], kind="stable")].tolist():
                 if low[n] > best_score * (1.0 + self.tolerance):
                     break
+                if least is None:
+                    least = self._masked_floor(i)
+                # no ranks, or a score above the band: neither ``best_score`` nor the choice
+                # would change (the band only narrows)
+                if least[n] == np.inf or least[n] > best_score * (1.0 + self.tolerance):
+                    continue
                 placed = self.place(int(cand[n]), i)
                 if placed is None:
                     continue
@@ -806,10 +845,9 @@ class Search:
         j = np.flatnonzero(units == ANY_K)  # the k emptiest ranks
         if len(j):
             order = np.argsort(sel[j], axis=1, kind="stable")
-            pos = np.empty_like(order)
-            np.put_along_axis(pos, order, np.broadcast_to(np.arange(W), order.shape), axis=1)
-            first = pos < ks[j][:, None]
-            ok[j] = np.isfinite(np.take_along_axis(sel[j], order, axis=1)[np.arange(len(j)), ks[j] - 1])
+            first = order.argsort(axis=1) < ks[j][:, None]  # each rank's place in its row's order
+            rows = np.arange(len(j))
+            ok[j] = np.isfinite(sel[j[rows], order[rows, ks[j] - 1]])
             chosen[j] = first
             check = hosted[j] & ok[j]
             if check.any():
@@ -821,7 +859,7 @@ class Search:
             grid = sel[j].reshape(len(j), N, L)
             gorder = np.argsort(grid, axis=2, kind="stable")
             rows = np.arange(len(j))
-            kth = np.take_along_axis(grid, gorder[rows, :, ks[j] - 1][:, :, None], axis=2)[:, :, 0]
+            kth = grid[rows[:, None], np.arange(N)[None, :], gorder[rows, :, ks[j] - 1]]
             node = kth.argmin(axis=1)
             ok[j] = np.isfinite(kth[rows, node])
             ranks = node[:, None] * L + gorder[rows, node]  # the node's ranks, emptiest first
@@ -834,9 +872,7 @@ class Search:
             k = np.where(units[j] == NODE_ALL, 1, ks[j])
             rows = np.arange(len(j))
             ok[j] = np.isfinite(keys[rows, norder[rows, k - 1]])
-            npos = np.empty_like(norder)
-            np.put_along_axis(npos, norder, np.broadcast_to(np.arange(N), norder.shape), axis=1)
-            chosen[j] = np.repeat(npos < k[:, None], L, axis=1)
+            chosen[j] = np.repeat(norder.argsort(axis=1) < k[:, None], L, axis=1)
         return feas, key, full, chosen, ok, scalar
 
     # ---- the two phases ------------------------------------------------------------
@@ -1326,9 +1362,16 @@ class Search:
         old_o, old_ranks = int(self.choice[i]), self.ranks[i]
         self._apply(i, old_o, old_ranks, -1.0)
         cand, T, tots = self._options_of(i)[:3]
+        # a peak no option can go below (``_masked_floor``): where none is under ``limit``,
+        # nothing is placed (most tries when memory is tight)
+        floor = self._masked_floor(i)
+        if not (floor < limit).any():
+            self._apply(i, old_o, old_ranks, +1.0)
+            return False
         # the option of least peak under ``limit`` (ties: the lower total, then option index):
         # those that fit on every rank at once, then the others in the order of a peak they
-        # cannot beat (the least loaded rank plus one shard) while that is under both
+        # cannot beat (the least loaded rank plus one shard) while that is under both, unless
+        # their floor says they cannot get under it
         fit, peaks = self._unmasked_peaks(i)
         peaks = np.where(fit & (peaks < limit), peaks, np.inf)
         best: tuple[float, float, int, np.ndarray | None] | None = None
@@ -1339,6 +1382,8 @@ class Search:
         for n in np.flatnonzero(~fit)[np.argsort(low[~fit], kind="stable")].tolist():
             if low[n] >= limit or (best is not None and low[n] > best[0]):
                 break
+            if floor[n] >= limit:  # ``place`` ends at or above ``limit`` or finds no ranks
+                continue
             placed = self.place(int(cand[n]), i)
             if placed is None or placed[0] >= limit:
                 continue
