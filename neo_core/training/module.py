@@ -110,9 +110,9 @@ def memory_short(loads: list[tuple[float, float, float]], capacities: list[float
     return (
         f"Rank {rank}{more} has {_bytes(capacity, 3)} of device memory on its machine, less than the "
         f"{_bytes(planned, 3)} a rank of rank 0's machine that the plan was made for, and every rank runs rank 0's "
-        f"plan: it puts {_bytes(used, 3)} on rank {rank}, where {_bytes(room, 3)} fit with the reserve. Start "
-        "the machine with the least memory as rank 0 (torchrun --node-rank=0), so that plans are made for it, or "
-        "lower topology.memory_fraction."
+        f"plan: it puts {_bytes(used, 3)} on rank {rank}, where {_bytes(room, 3)} fit with the reserve. Plan for "
+        f"the smallest machine: a topology whose device_memory is {capacity:.0f} bytes a rank, or a lower "
+        "topology.memory_fraction on every machine."
     )
 
 

@@ -250,8 +250,41 @@ def plan_run(parts: RunParts) -> PlanResult:
 def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
     """A rank's plan: the one this process made before the rank started, where it made the
     plan the run printed (``digest``), else the rank's own (``checked_plan``)."""
-    made = _PLANNED_HERE.pop(digest, None) if digest is not None else None
-    return made if made is not None else checked_plan(parts, model)
+    parts, unequal = on_the_smallest_machine(parts)
+    made = _PLANNED_HERE.pop(digest, None) if digest is not None and not unequal else None
+    if made is not None:
+        return made
+    result = checked_plan(parts, model)
+    if unequal:
+        result.notes = [unequal, *result.notes]
+    return result
+
+
+UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
+
+
+def on_the_smallest_machine(parts: RunParts) -> tuple[RunParts, str | None]:
+    """``parts`` planning for the least device and host memory any rank's machine gives it,
+    with a note saying so, where the ranks' machines differ (machines of a torchrun launch
+    with more or less RAM); else ``parts`` as they are, and None. Every rank runs rank 0's
+    plan: made for rank 0's machine, it ran out of memory on a smaller one. Collective: in
+    every rank of a formed process group (nothing outside one)."""
+    import torch.distributed as dist
+
+    from neo_core.sharding import _bytes
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return parts, None
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (parts.topology.device_memory, parts.topology.host_memory))
+    device, host = min(e[0] for e in every), min(e[1] for e in every)
+    if all(e == (device, host) for e in every):
+        return parts, None
+    topology = parts.topology.replace(device_memory=device, host_memory=host, memory_fix=parts.topology.memory_fix)
+    smallest = next(r for r, e in enumerate(every) if e[0] == device)
+    note = (f"{UNEQUAL_MACHINES} ({_bytes(device, 3)} to {_bytes(max(e[0] for e in every), 3)} "
+            f"of device memory a rank): planned for the least, rank {smallest}'s machine's, as every rank runs this plan.")
+    return replace(parts, topology=topology, context=replace(parts.context, topology=topology)), note
 
 
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
@@ -833,10 +866,12 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
     if launch.plan_digest in (None, plan_digest(plan)):
         return
     _save_plan(plan, out)
+    why = ("the ranks' machines give them unequal memory, and the plan is for the least" if plan.notes and
+           plan.notes[0].startswith(UNEQUAL_MACHINES) else
+           "a plugin whose result depends on the process: its rank, the time or its environment")
     print(
-        "warning: the ranks built another plan than the one printed above (a plugin whose result depends on "
-        "the process: its rank, the time or its environment); they run rank 0's, which plan.json and plan.txt "
-        f"now hold:\n{plan.format_text(rest='all in plan.json and plan.txt')}",
+        f"warning: the ranks built another plan than the one printed above ({why}); they run rank 0's, which "
+        f"plan.json and plan.txt now hold:\n{plan.format_text(rest='all in plan.json and plan.txt')}",
         flush=True,
     )
 

@@ -62,7 +62,34 @@ def test_a_plan_for_rank_0s_machine_that_a_smaller_machines_rank_cannot_hold_sto
     assert out[0] == out[1] == [
         "Rank 1 has 4.00GiB of device memory on its machine, less than the 8.00GiB a rank of rank 0's machine that "
         "the plan was made for, and every rank runs rank 0's plan: it puts 5.00GiB on rank 1, where 3.40GiB fit "
-        "with the reserve. Start the machine with the least memory as rank 0 (torchrun --node-rank=0), so that "
-        "plans are made for it, or lower topology.memory_fraction.", None]
+        f"with the reserve. Plan for the smallest machine: a topology whose device_memory is {4 * GiB} bytes a "
+        "rank, or a lower topology.memory_fraction on every machine.", None]
     # a larger machine than rank 0's: nothing to say
     assert MultiProcessRunner().run(_on_machines, 2, [4 * GiB, 8 * GiB], [3 * GiB]) == [[None], [None]]
+
+
+def _smallest(rank: int, world_size: int, fractions: list[float]) -> dict[str, Any]:
+    """Rank ``rank`` on a machine whose local topology gives it ``fractions[rank]`` of its memory."""
+    from neo_core.api import make_context
+    from neo_core.training.run import RunParts, on_the_smallest_machine
+    from neo_plugins.topology.local import local_topology
+
+    topology = local_topology(world_size=world_size, num_nodes=world_size, compute_device="cpu",
+                              memory_fraction=fractions[rank])
+    context = make_context(topology, 64)
+    parts = RunParts(topology, None, context.kernel, context.cache, context.compressor, None, None, [], context, [])
+    planned, note = on_the_smallest_machine(parts)
+    return {"mine": topology.device_memory, "device": planned.topology.device_memory,
+            "context": planned.context.topology.device_memory, "host": planned.topology.host_memory, "note": note}
+
+
+@pytest.mark.slow  # spawns 2 gloo ranks
+def test_ranks_on_machines_of_unequal_memory_plan_for_the_least() -> None:
+    out = MultiProcessRunner().run(_smallest, 2, [0.5, 0.25])
+    least = out[1]["mine"]
+    assert least < out[0]["mine"]
+    assert [(o["device"], o["context"], o["host"]) for o in out] == [(least, least, least)] * 2
+    assert out[0]["note"] == out[1]["note"] and out[0]["note"].startswith(
+        "The ranks' machines give them unequal memory (") and "planned for the least, rank 1's machine's" in out[0]["note"]
+    # alike machines: the plan is each one's own, and nothing is said
+    assert [o["note"] for o in MultiProcessRunner().run(_smallest, 2, [0.5, 0.5])] == [None, None]
