@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from neo_core.cache import CachePolicy
@@ -380,7 +382,16 @@ def plan_model(
         plan.torchrec_plan = chosen.to_torchrec_plan(model, plan, context)
         result = plan
     else:
+        from neo_core.training.run import least_memory
+
+        least, unequal = least_memory(context.topology)  # machines of unequal memory: the plan is for the least
+        if unequal:
+            context = replace(context, topology=least)
         result = _rank0s_plan(chosen.plan_module(model, tables, context), chosen, model, context)
+        if unequal:
+            result.notes = [unequal, *result.notes]
+            if os.environ.get("RANK", "0") == "0":
+                print(f"note: {unequal}", file=sys.stderr)
     result.torchrec_sharders = checked_sharders(chosen, context)
     check_ranks(result, kernel=context.kernel)  # the sharders' kernel, whatever a saved plan says
     return result
@@ -431,10 +442,12 @@ def _local_as_the_group(topology: Any) -> Any:
         return topology
     if not (topology == "local" or (isinstance(topology, Mapping) and topology.get("name") == "local")):
         return topology
-    from neo_core.training.run import launch_machines
+    from neo_core.training.run import launch_machines, launch_nodes_problem, local_nodes
 
     node = {"name": "local"} if topology == "local" else dict(topology)
     node.setdefault("world_size", world)
+    if node["world_size"] == world and (problem := launch_nodes_problem(local_nodes(node), world)):
+        raise ConfigError(problem)  # machines the launch does not have: each given another's memory
     machines = launch_machines(world)  # torchrun over several machines: a node each
     if node.get("num_nodes") is None and machines and node["world_size"] == world:
         node["num_nodes"] = machines

@@ -54,8 +54,14 @@ def test_machines_split_the_ranks_and_each_machine_its_own_memory() -> None:
         ({"num_nodes": 2, "inter_node_bw_gbps": "fast"}, "topology.inter_node_bw_gbps must be a positive number"),
         ({"inter_node_bw_gbps": 10},
          "topology.inter_node_bw_gbps=10 is the network between machines, but this topology is one machine"),
+        # named as given, in GB/s: not as a calibration file's figure (there is none)
+        ({"num_nodes": 2, "inter_node_bw_gbps": 0.0001},
+         "topology.inter_node_bw_gbps=0.0001 GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s."),
+        ({"num_nodes": 2, "inter_node_bw_gbps": 2e6},
+         "topology.inter_node_bw_gbps=2000000.0 GB/s is over 1 PB/s (1,000,000 GB/s), faster than any link"),
     ],
-    ids=["uneven", "no-machines", "half-a-machine", "zero-network", "text-network", "network-of-one-machine"],
+    ids=["uneven", "no-machines", "half-a-machine", "zero-network", "text-network", "network-of-one-machine",
+         "bytes-as-gb", "gb-as-bytes"],
 )
 def test_bad_machine_settings_are_refused_naming_the_key(settings, message) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
@@ -101,6 +107,38 @@ def test_the_network_is_assumed_unless_measured_between_machines_or_given(tmp_pa
     assert "network figure" not in given.describe()
 
 
+def test_a_networks_gbits_given_as_gbytes_is_warned_of(capsys) -> None:
+    local_topology(num_nodes=2, compute_device="cpu", inter_node_bw_gbps=400)
+    assert ("warning: topology.inter_node_bw_gbps=400 is GB/s (bytes) per rank, 3,200 Gb/s: faster than any network "
+            "card; a network of 400 Gb/s is inter_node_bw_gbps=50.") in capsys.readouterr().err
+    local_topology(num_nodes=2, compute_device="cpu", inter_node_bw_gbps=50)
+    assert "faster than any network card" not in capsys.readouterr().err
+
+
+def test_a_calibration_of_one_machine_keeps_the_network_figure_measured_between_machines(tmp_path, monkeypatch,
+                                                                                          capsys) -> None:
+    # run after the network's calibration (as the docs say to), a plain `neo calibrate` wrote a
+    # new file, and plans of several machines went back to an assumed network without a word
+    from neo_plugins.sharding.planner import calibrate
+
+    path = tmp_path / "calibration.json"
+    network = {"inter_node_bw": 0.9 * GB, "inter_node_machines": 2, "inter_node_ranks_per_machine": 2,
+               "inter_node_measured_at": 1.8e9}
+    path.write_text(json.dumps({"intra_node_bw": 2.0 * GB, "inter_node_bw": 2.0 * GB, **network}))
+    machine = {"intra_node_bw": 2.4 * GB, "inter_node_bw": 2.4 * GB, "ranks": 2, "measured_at": 1.8e9}
+    monkeypatch.setattr(calibrate, "calibrate", lambda ranks: dict(machine))  # the 25 s of measuring
+    calibrate.main(argv=["--out", str(path)])
+    data = json.loads(path.read_text())
+    assert data == {**machine, **network}
+    assert "note: kept the network figure" in capsys.readouterr().err
+    monkeypatch.setenv("NEO_CALIBRATION", str(path))
+    assert local_topology(num_nodes=2, compute_device="cpu").inter_node_bw == 0.9 * GB
+    # a file of one machine's figures only: replaced as before
+    path.write_text(json.dumps(machine))
+    calibrate.main(argv=["--out", str(path)])
+    assert json.loads(path.read_text()) == machine and "kept" not in capsys.readouterr().err
+
+
 def test_a_launch_over_machines_is_the_local_topologys_machines(monkeypatch) -> None:
     from neo_core.config import validate
     from neo_core.training.run import build_parts, resolve_launch
@@ -126,6 +164,47 @@ def test_a_launch_over_machines_is_the_local_topologys_machines(monkeypatch) -> 
         _launch(monkeypatch, 4, None)
         two = validate(compose_run("+topology.compute_device=cpu", "+topology.num_nodes=2"))
         assert build_parts(two, resolve_launch(two)).topology.num_nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("launch", "overrides", "message"),
+    [
+        # the key given is named, not the topology's copy of it
+        (None, ("trainer.world_size=3", "+topology.num_nodes=2"),
+         "trainer.world_size=3 rank(s) do not split evenly over topology.num_nodes=2 machines: give a multiple of 2."),
+        (None, ("+topology.num_nodes=abc",), "topology.num_nodes must be a whole number of machines, at least 1; got 'abc'."),
+        # torchrun with 3 ranks on one machine and 1 on another: not "one machine"
+        ((4, 3), ("+topology.num_nodes=2",),
+         "topology.num_nodes=2, but the launch's machines run unequal numbers of ranks (WORLD_SIZE=4, "
+         "LOCAL_WORLD_SIZE=3), and the local topology is machines of equal rank counts"),
+    ],
+    ids=["trainer-world", "not-a-number", "unequal-machines"],
+)
+def test_machine_settings_the_run_cannot_take_are_refused_naming_the_key(monkeypatch, launch, overrides, message):
+    from neo_core.config import validate
+    from neo_core.training.run import resolve_launch
+    from tests.test_config import compose_run
+
+    _launch(monkeypatch, *(launch or (None, None)))
+    with _hydra(), pytest.raises(ConfigError) as err:
+        resolve_launch(validate(compose_run("+topology.compute_device=cpu", *overrides)))
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_machines_are_not_emulated_on_cuda_devices(monkeypatch) -> None:
+    # CUDA ranks keep the machine's layout, and the refusal named trainer.world_size
+    import torch
+
+    from neo_core.config import validate
+    from neo_core.training.run import resolve_launch
+    from tests.test_config import compose_run
+
+    _launch(monkeypatch, None, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    with _hydra(), pytest.raises(ConfigError, match=r"^topology.num_nodes=2 on this machine's CUDA devices: machines "
+                                                    r"are emulated on one with CPU ranks only"):
+        resolve_launch(validate(compose_run("+topology.num_nodes=2")))
 
 
 def test_machines_emulated_on_this_one_share_its_memory(monkeypatch) -> None:
@@ -181,32 +260,46 @@ def test_calibrate_then_train_over_two_machines_launched_by_torchrun(tmp_path) -
     # neo calibrate measures between them is planned with, and a plan that splits tables over
     # the machines (table-row-wise, node by node) trains
     env = subprocess_env()
+    shared = tmp_path / "shared.json"  # the calibration file is a link to it: the file written, the link kept
+    shared.write_text(json.dumps({"intra_node_bw": 2.5 * GB, "inter_node_bw": 2.5 * GB, "ranks": 2,
+                                  "lookup_fwd_id_s": 1e-8}))
     cal = tmp_path / "calibration.json"
-    cal.write_text(json.dumps({"intra_node_bw": 2.5 * GB, "inter_node_bw": 2.5 * GB, "ranks": 2,
-                               "lookup_fwd_id_s": 1e-8}))
+    cal.symlink_to(shared)
     env["NEO_CALIBRATION"] = str(cal)
     torchrun = str(Path(sys.executable).parent / "torchrun")
 
-    def agents(per_machine: int, *command: str) -> list[subprocess.CompletedProcess]:
+    def agents(per_machine: int, *command: str, second: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
         port = free_port()
         procs = [subprocess.Popen(
             [torchrun, "--nnodes=2", f"--node-rank={node}", f"--nproc-per-node={per_machine}",
              "--master-addr=127.0.0.1", f"--master-port={port}", *command],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+            cwd=tmp_path, env={**env, **(second or {})} if node else env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True) for node in (0, 1)]
         done = []
         for proc in procs:
             out, err = proc.communicate(timeout=300)
             done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
         return done
 
+    # a machine whose file cannot be written (a file where its folder would be): both stop at
+    # once, naming it, and measure nothing
+    (tmp_path / "wall").write_text("")
+    node0, node1 = agents(1, "-m", "neo_plugins.sharding.planner.calibrate",
+                          second={"NEO_CALIBRATION": str(tmp_path / "wall" / "cal.json")})
+    for node in (node0, node1):
+        assert node.returncode != 0 and "error: on " in node.stderr and "cannot write the calibration to" in \
+            node.stderr, node.stderr[-2000:]
+    assert "measuring the network" not in node0.stderr
+
     node0, node1 = agents(1, "-m", "neo_plugins.sharding.planner.calibrate")
     assert node0.returncode == node1.returncode == 0, node0.stderr[-2000:] + node1.stderr[-2000:]
     assert "measuring the network between 2 machines (1 rank(s) each" in node0.stderr
+    assert cal.is_symlink()
     data = json.loads(cal.read_text())
     assert data["inter_node_machines"] == 2 and data["inter_node_ranks_per_machine"] == 1
     assert data["lookup_fwd_id_s"] == 1e-8 and data["intra_node_bw"] == 2.5 * GB  # the machine's kept
     assert 1e6 < data["inter_node_bw"] < 1e12
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".calibration.json")]  # no part left
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".shared.json")]  # no part left
 
     run_dir = tmp_path / "run"
     node0, node1 = agents(2, str(ROOT / "recipes" / "train.py"), "trainer=smoke", "+topology.compute_device=cpu",

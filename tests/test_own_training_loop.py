@@ -278,15 +278,22 @@ def test_plan_model_gives_local_the_launchs_ranks_and_machines(monkeypatch, caps
     # 'local' given as a mapping without its world size is the launch's ranks too
     assert len(plan_model(model, {"name": "local", "compute_device": "cpu"}, 64).ranks) == 4
     assert "warning" not in capsys.readouterr().err  # one machine of all 4 ranks: 'local' is it
-    one = plan_model(model, "local", 64)
+    cpu = {"name": "local", "compute_device": "cpu"}  # (a GPU's memory is not split between ranks)
+    one = plan_model(model, cpu, 64)
     assert (one.topology["num_nodes"], one.topology["devices_per_node"]) == (1, 4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun over 2 machines of 2 ranks: 'local' is them
-    two = plan_model(model, "local", 64)
+    two = plan_model(model, cpu, 64)
     assert (two.topology["num_nodes"], two.topology["devices_per_node"]) == (2, 2)
     # each machine's ranks split its memory, not one machine's all 4
     assert two.topology["device_memory"] == pytest.approx(2 * one.topology["device_memory"], rel=1e-6)
     assert "inter_node_bw, the network between the 2 machines, is assumed" in " ".join(two.notes)
     assert "warning" not in capsys.readouterr().err
+    # machines the launch does not have: refused, as each machine's memory would be given to another's ranks
+    with pytest.raises(ConfigError, match=r"^topology.num_nodes=1 but the launcher started 4 rank\(s\) on 2 machine"):
+        plan_model(model, {**cpu, "num_nodes": 1}, 64)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"^topology.num_nodes=2 but the launcher started 4 rank\(s\) on 1 machine"):
+        plan_model(model, {**cpu, "num_nodes": 2}, 64)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # 3 and 1: machines of unequal ranks, which 'local' is not
     assert len(plan_model(model, "local", 64).ranks) == 4
     assert ("warning: the ranks run 3 a machine (LOCAL_WORLD_SIZE), which does not divide all 4: topology 'local' "

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from neo_core.cache import CachePolicy
+from neo_core.checks import as_whole
 from neo_core.compression import Compressor
 from neo_core.config import RunConfig, instantiate, plugin_default_node, validate
 from neo_core.data import DataSource
@@ -97,6 +98,7 @@ def resolve_launch(run: RunConfig) -> Launch:
     if run.topology.get("name") == "local" and run.topology.get("compute_device"):
         cuda = run.topology["compute_device"] == "cuda"
     device_type = "cuda" if cuda else "cpu"
+    nodes = local_nodes(run.topology)
     if external:
         world = int(os.environ["WORLD_SIZE"])
         if run.trainer.world_size not in (None, world):
@@ -110,23 +112,26 @@ def resolve_launch(run: RunConfig) -> Launch:
                 f"topology.world_size={local_ranks} but the launcher started {world} ranks; the local topology "
                 "splits the machine's memory between its ranks, so drop topology.world_size or make them equal."
             )
-        said_nodes = run.topology.get("num_nodes") if run.topology.get("name") == "local" else None
-        machines = launch_machines(world) or 1
-        # a launcher that does not say its ranks per machine: the setting is taken as given
-        if said_nodes is not None and os.environ.get("LOCAL_WORLD_SIZE") and said_nodes != machines:
-            raise ConfigError(
-                f"topology.num_nodes={said_nodes} but the launcher started {world} rank(s) on {machines} machine(s) "
-                f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): the local "
-                "topology is the launch's machines, so drop topology.num_nodes or make them equal."
-            )
-    elif run.trainer.world_size is not None:
-        world = run.trainer.world_size
-    elif run.topology.get("name") == "local" and run.topology.get("world_size"):
-        world = int(run.topology["world_size"])
+        if problem := launch_nodes_problem(nodes, world):
+            raise ConfigError(problem)
     else:
-        world = torch.cuda.device_count() if cuda else 2
-        if run.topology.get("name") == "local" and run.topology.get("num_nodes"):
-            world *= int(run.topology["num_nodes"])  # that many a machine, emulated on this one
+        if nodes and nodes > 1 and device_type == "cuda":
+            raise ConfigError(
+                f"topology.num_nodes={nodes} on this machine's CUDA devices: machines are emulated on one with CPU "
+                "ranks only (+topology.compute_device=cpu); CUDA ranks keep the machine's layout. Launch the machines "
+                f"with torchrun on each, or dry-run them: recipes/plan.py topology.num_nodes={nodes}."
+            )
+        if run.trainer.world_size is not None:
+            world = run.trainer.world_size
+            if nodes and world % nodes:  # said of the key given, not of the topology's copy of it
+                raise ConfigError(
+                    f"trainer.world_size={world} rank(s) do not split evenly over topology.num_nodes={nodes} "
+                    f"machines: give a multiple of {nodes}."
+                )
+        elif run.topology.get("name") == "local" and run.topology.get("world_size"):
+            world = int(run.topology["world_size"])
+        else:
+            world = (torch.cuda.device_count() if cuda else 2) * (nodes or 1)  # that many a machine, emulated here
     if device_type == "cuda" and not external and world > torch.cuda.device_count():
         raise ConfigError(
             f"{world} ranks requested but only {torch.cuda.device_count()} CUDA device(s) are visible; "
@@ -264,27 +269,35 @@ UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
 
 
 def on_the_smallest_machine(parts: RunParts) -> tuple[RunParts, str | None]:
-    """``parts`` planning for the least device and host memory any rank's machine gives it,
-    with a note saying so, where the ranks' machines differ (machines of a torchrun launch
-    with more or less RAM); else ``parts`` as they are, and None. Every rank runs rank 0's
-    plan: made for rank 0's machine, it ran out of memory on a smaller one. Collective: in
-    every rank of a formed process group (nothing outside one)."""
+    """``parts`` planning for the least memory of the ranks' machines (:func:`least_memory`),
+    with its note; else ``parts`` as they are, and None."""
+    topology, note = least_memory(parts.topology)
+    if note is None:
+        return parts, None
+    return replace(parts, topology=topology, context=replace(parts.context, topology=topology)), note
+
+
+def least_memory(topology: Topology) -> tuple[Topology, str | None]:
+    """``topology`` with the least device and host memory any rank's machine gives it, and a
+    note saying so, where the ranks' machines differ (machines of a torchrun launch with more
+    or less RAM); else ``topology`` as it is, and None. Every rank runs rank 0's plan: made for
+    rank 0's machine, it ran out of memory on a smaller one. Collective: in every rank of a
+    formed process group (nothing outside one)."""
     import torch.distributed as dist
 
     from neo_core.sharding import _bytes
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return parts, None
+        return topology, None
     every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (parts.topology.device_memory, parts.topology.host_memory))
+    dist.all_gather_object(every, (topology.device_memory, topology.host_memory))
     device, host = min(e[0] for e in every), min(e[1] for e in every)
     if all(e == (device, host) for e in every):
-        return parts, None
-    topology = parts.topology.replace(device_memory=device, host_memory=host, memory_fix=parts.topology.memory_fix)
+        return topology, None
     smallest = next(r for r, e in enumerate(every) if e[0] == device)
     note = (f"{UNEQUAL_MACHINES} ({_bytes(device, 3)} to {_bytes(max(e[0] for e in every), 3)} "
             f"of device memory a rank): planned for the least, rank {smallest}'s machine's, as every rank runs this plan.")
-    return replace(parts, topology=topology, context=replace(parts.context, topology=topology)), note
+    return topology.replace(device_memory=device, host_memory=host, memory_fix=topology.memory_fix), note
 
 
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
@@ -357,6 +370,37 @@ def torchrec_local_size(world: int) -> tuple[int, str]:
                              "MV2_COMM_WORLD_LOCAL_SIZE") if os.environ.get(v)), None)
     return get_local_size(world), said or (
         "TorchRec's default where no LOCAL_WORLD_SIZE is set: 8, or the world where 8 does not divide it")
+
+
+def local_nodes(topology: Any) -> int | None:
+    """The ``local`` topology's ``num_nodes`` setting as a whole number, None where unset (or
+    another topology); a value that is none is refused, naming it."""
+    if topology.get("name") != "local" or topology.get("num_nodes") is None:
+        return None
+    nodes = as_whole(topology["num_nodes"])
+    if nodes is None or nodes < 1:
+        raise ConfigError(f"topology.num_nodes must be a whole number of machines, at least 1; got "
+                          f"{topology['num_nodes']!r}.")
+    return nodes
+
+
+def launch_nodes_problem(nodes: int | None, world: int) -> str | None:
+    """Why the ``local`` topology's ``num_nodes`` (None: unset) cannot be the machines a launch
+    of ``world`` ranks runs on, with the fix; None where it can, or where the launcher does not
+    say its ranks per machine (``LOCAL_WORLD_SIZE``: then the setting is taken as given)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if nodes is None or not local.isdigit() or not 0 < int(local) <= world:
+        return None
+    machines = launch_machines(world) or (1 if int(local) == world else None)
+    said = f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local})"
+    if machines is None:
+        return (f"topology.num_nodes={nodes}, but the launch's machines run unequal numbers of ranks {said}, and the "
+                "local topology is machines of equal rank counts: launch as many ranks on each machine "
+                "(torchrun --nproc-per-node), or drop topology.num_nodes.")
+    if nodes != machines:
+        return (f"topology.num_nodes={nodes} but the launcher started {world} rank(s) on {machines} machine(s) "
+                f"{said}: the local topology is the launch's machines, so drop topology.num_nodes or make them equal.")
+    return None
 
 
 def launch_machines(world: int) -> int | None:

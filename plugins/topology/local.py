@@ -234,6 +234,25 @@ def _total_ram() -> int:
 INTER_NODE_DEFAULT = {"cpu": 1.25 * GB, "cuda": 12.5 * GB}
 
 
+def _check_network_figure(value: Any) -> None:
+    """Refuse a ``topology.inter_node_bw_gbps`` that is no bandwidth or a slip of units (named
+    as given, in GB/s), and warn of one faster than any NIC (a NIC's Gb/s typed as GB/s)."""
+    from neo_core.registry import FASTEST_NIC
+
+    if not (is_number(value) and 0 < value < math.inf):
+        raise ConfigError(f"topology.inter_node_bw_gbps must be a positive number of GB/s (the network between "
+                          f"machines, per rank), got {value!r}.")
+    if value * GB < MIN_BW:
+        raise ConfigError(f"topology.inter_node_bw_gbps={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
+    if value * GB > MAX_BW:
+        raise ConfigError(f"topology.inter_node_bw_gbps={value!r} GB/s is over 1 PB/s (1,000,000 GB/s), faster than "
+                          f"any link: give it in GB/s ({value:g} bytes/s is inter_node_bw_gbps={value / GB:g}).")
+    if value * GB > FASTEST_NIC:
+        print(f"warning: topology.inter_node_bw_gbps={value:g} is GB/s (bytes) per rank, {value * 8:,.0f} Gb/s: faster "
+              f"than any network card; a network of {value:g} Gb/s is inter_node_bw_gbps={value / 8:g}.",
+              file=sys.stderr)
+
+
 def local_topology(
     world_size: int | None = None,
     compute_device: str | None = None,
@@ -257,11 +276,8 @@ def local_topology(
     nodes = 1 if num_nodes is None else as_whole(num_nodes)
     if nodes is None or nodes < 1:
         raise ConfigError(f"topology.num_nodes must be a whole number of machines, at least 1; got {num_nodes!r}.")
-    if inter_node_bw_gbps is not None and not (is_number(inter_node_bw_gbps) and 0 < inter_node_bw_gbps < math.inf):
-        raise ConfigError(
-            f"topology.inter_node_bw_gbps must be a positive number of GB/s (the network between machines, per "
-            f"rank), got {inter_node_bw_gbps!r}."
-        )
+    if inter_node_bw_gbps is not None:
+        _check_network_figure(inter_node_bw_gbps)
     ram = _total_ram()
     if device == "cuda" and calibration:
         raise ConfigError(

@@ -425,67 +425,119 @@ def _merged(path: Path, figures: dict[str, Any]) -> dict[str, Any]:
     return {**data, **figures}
 
 
-def calibrate_network(path: Path) -> None:
-    """Under a launch over several machines (torchrun's ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE``):
-    measure the network between them and write it into every machine's calibration file."""
-    import torch.distributed as dist
+NETWORK_KEYS = ("inter_node_bw", "inter_node_machines", "inter_node_ranks_per_machine", "inter_node_measured_at")
 
-    from neo_core.training.run import launch_machines
 
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    machines = launch_machines(world)
-    per_machine = world // machines
-    if rank == 0:
-        print(f"measuring the network between {machines} machines ({per_machine} rank(s) each, "
-              f"{NETWORK_MIB} MiB a rank at once) ...", file=sys.stderr, flush=True)
-    dist.init_process_group("gloo")
-    try:
-        bw = network_bandwidth(rank, world, per_machine)
-    finally:
-        dist.destroy_process_group()
-    if int(os.environ.get("LOCAL_RANK", rank % per_machine)) != 0:
-        return  # one writer a machine; a file shared by the machines gets the same figure from each
-    data = _merged(path, {
-        "inter_node_bw": bw,
-        "inter_node_machines": machines,
-        "inter_node_ranks_per_machine": per_machine,
-        "inter_node_measured_at": time.time(),
-    })
-    part = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}")
+def _write_whole(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as ``path``'s JSON, replaced whole (another machine may write a shared file at
+    the same time); where ``path`` is a link, the file it points to is written."""
+    target = path.resolve()
+    part = target.with_name(f".{target.name}.{socket.gethostname()}.{os.getpid()}")
     try:
         part.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(part, path)  # whole: another machine writing the same shared file meanwhile
-    except OSError as exc:
+        os.replace(part, target)
+    finally:
         part.unlink(missing_ok=True)
+
+
+def calibrate_network(path: Path, unwritable: str | None) -> None:
+    """Under a launch over several machines (torchrun's ``WORLD_SIZE`` over ``LOCAL_WORLD_SIZE``):
+    measure the network between them and write it into every machine's calibration file.
+    ``unwritable``: why this machine's file cannot be written, found before measuring. Every
+    rank learns what every other found (a path that cannot be written, machines of unequal rank
+    counts, a write that failed), so all stop alike rather than some waiting on the others."""
+    import torch.distributed as dist
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    host = socket.gethostname()
+    dist.init_process_group("gloo")
+    try:
+        said: list[Any] = [None] * world
+        dist.all_gather_object(said, (local, host, unwritable))
+        counts = sorted({c for c, _, _ in said})
+        if len(counts) > 1 or world % counts[0]:
+            raise CalibrationError(
+                f"the machines run unequal numbers of ranks ({', '.join(map(str, counts))} a machine, "
+                f"{world} in all): start as many on each (torchrun --nproc-per-node), as the training will run.")
+        refused = [(h, why) for _, h, why in said if why]
+        if refused:
+            raise CalibrationError(f"on {refused[0][0]}: {refused[0][1]}")
+        per_machine, machines = counts[0], world // counts[0]
+        if rank == 0:
+            print(f"measuring the network between {machines} machines ({per_machine} rank(s) each, "
+                  f"{NETWORK_MIB} MiB a rank at once) ...", file=sys.stderr, flush=True)
+        bw = network_bandwidth(rank, world, per_machine)
+        failed = None
+        if int(os.environ.get("LOCAL_RANK", rank % per_machine)) == 0:  # one writer a machine
+            data = _merged(path, {
+                "inter_node_bw": bw,
+                "inter_node_machines": machines,
+                "inter_node_ranks_per_machine": per_machine,
+                "inter_node_measured_at": time.time(),
+            })
+            try:
+                _write_whole(path, data)
+            except OSError as exc:
+                failed = f"{path} ({exc.strerror})"
+        written: list[Any] = [None] * world
+        dist.all_gather_object(written, (host, failed))
+    finally:
+        dist.destroy_process_group()
+    failures = [(h, f) for h, f in written if f]
+    if failures:
         raise CalibrationError(
-            f"cannot write the calibration to {path} on {socket.gethostname()} ({exc.strerror}): the network gave "
-            f"inter_node_bw={bw:.4g} bytes/s ({bw / 1e9:.3f} GB/s a rank); give topology.inter_node_bw_gbps="
-            f"{bw / 1e9:.3g} instead."
-        ) from None
+            f"cannot write the calibration to {failures[0][1]} on {failures[0][0]}"
+            + (f" (and on {len(failures) - 1} more machine(s))" if len(failures) > 1 else "")
+            + f": the network gave inter_node_bw={bw:.4g} bytes/s ({bw / 1e9:.3f} GB/s a rank); give "
+            f"topology.inter_node_bw_gbps={bw / 1e9:.3g} instead."
+        )
     if rank == 0:
         print(f"{'inter_node_bw':>24}: {bw / 1e9:.3f} GB/s a rank, between {machines} machines of {per_machine} rank(s)")
-        print(f"wrote {path} on each machine: the local topology plans {machines} machines with it")
+        print(f"wrote {path} on each machine: the local topology plans {machines} machines of CPU ranks with it")
+        if torch.cuda.is_available():  # local on CUDA devices reads no calibration file
+            print(f"note: CUDA ranks plan with assumed figures, not this file's: give them topology.inter_node_bw_gbps="
+                  f"{bw / 1e9:.3g} (gloo's figure; NCCL's may be higher)")
 
 
-def _launched_over_machines(parser: argparse.ArgumentParser, ranks_given: bool) -> bool:
+def _kept_network(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a calibration of this machine) with the network figure the file at ``path``
+    holds, where ``neo calibrate`` under torchrun measured it between machines: a calibration
+    of one machine does not measure the network, so it keeps it (and says so)."""
+    try:
+        old = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return data
+    machines = old.get("inter_node_machines") if isinstance(old, dict) else None
+    if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2):
+        return data
+    print(f"note: kept the network figure {path} had, measured between {machines} machines (inter_node_bw="
+          f"{old.get('inter_node_bw', 0) / 1e9:.3f} GB/s a rank)", file=sys.stderr)
+    return {**data, **{k: old[k] for k in NETWORK_KEYS if k in old}}
+
+
+def _launched_over_machines(parser: argparse.ArgumentParser, ranks_given: bool, nice_given: bool) -> bool:
     """Whether a launcher started this process as one rank of several machines (then the
     network is measured); a launch on one machine is refused, as its ranks would each measure
-    the machine and write one file at once."""
+    the machine and write one file at once. Decided alike in every rank of a launch: by
+    whether the machine holds fewer ranks than the launch."""
     from neo_core.training import started_as_rank
-    from neo_core.training.run import launch_machines
 
     if not started_as_rank():
         return False
     world = os.environ["WORLD_SIZE"]
     if not world.isdigit() or int(world) < 2:
         return False  # one rank: it measures this machine, as without a launcher
-    if launch_machines(int(world)) is None:
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or int(local) >= int(world):
         parser.error(f"started as one of {world} ranks on one machine (LOCAL_WORLD_SIZE="
-                     f"{os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): run neo calibrate without torchrun to measure this "
+                     f"{local or 'unset'}): run neo calibrate without torchrun to measure this "
                      "machine (it starts its own --ranks), or by torchrun on every machine of several (--nnodes) to "
                      "measure the network between them")
     if ranks_given:
         parser.error("--ranks is for one machine; under torchrun over several machines the ranks are torchrun's")
+    if nice_given:
+        parser.error("--nice is for one machine's measurement; the network's is measured without it")
     return True
 
 
@@ -505,7 +557,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
         help="measure this much above normal priority (needs root): concurrent jobs disturb it less",
     )
     args = parser.parse_args(list(argv or ()) if out is not None else argv)
-    network = _launched_over_machines(parser, args.ranks != parser.get_default("ranks"))
+    network = _launched_over_machines(parser, args.ranks != parser.get_default("ranks"), args.nice != 0)
     # the collectives split an 8 MiB buffer evenly over the ranks
     if args.ranks < 2 or args.ranks & (args.ranks - 1):
         parser.error(f"--ranks {args.ranks}: use a power of two, at least 2 (the collectives need 2 or more ranks)")
@@ -514,16 +566,19 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     if args.out is not None and not args.out.strip():  # not the default file, which every local plan reads
         parser.error(f"{flag} is empty; give a file path, or leave {flag} out to write {calibration_path()}")
     path = Path(out or args.out) if (out or args.out) else calibration_path()
+    unwritable = None
     try:  # before measuring, so the measurements are not lost to a bad path
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir() or not os.access(path if path.exists() else path.parent, os.W_OK):
             raise PermissionError
     except OSError:
         folder = f" ({path} is a folder: give a file in it, e.g. {path / 'calibration.json'})" if path.is_dir() else ""
-        raise CalibrationError(f"cannot write the calibration to {path}{folder}; choose another path.") from None
-    if network:
-        calibrate_network(path)
+        unwritable = f"cannot write the calibration to {path}{folder}; choose another path."
+    if network:  # every machine learns of another's bad path, rather than waiting for it
+        calibrate_network(path, unwritable)
         return
+    if unwritable:
+        raise CalibrationError(unwritable)
     if args.nice:
         try:
             os.nice(-args.nice)  # inherited by the spawned ranks
@@ -533,7 +588,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     # takes longer (61 s, said as 15 s)
     print(f"measuring this machine's memory bandwidth, lookup rate and gloo collectives on {args.ranks} ranks "
           "(about 15 s on an idle machine, longer on a busy one) ...", file=sys.stderr, flush=True)
-    data = calibrate(args.ranks)
+    data = _kept_network(path, calibrate(args.ranks))
     try:  # a path that passed the check can still refuse the write (/proc, a full disk)
         path.write_text(json.dumps(data, indent=2) + "\n")
     except OSError as exc:
@@ -543,6 +598,8 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
             "to a file and point NEO_CALIBRATION (or topology.calibration) at it."
         ) from None
     for k, v in data.items():
+        if k in NETWORK_KEYS[1:]:
+            continue  # the record of the network figure kept (said above)
         if k == "measured_at":
             print(f"{k:>24}: {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(v))}")
         else:
