@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from neo_core.errors import ConfigError, NeoError
-from neo_core.run_folders import _job_folder, _remove_made_sweep_dir
+from neo_core.run_folders import (
+    HoldRunFolder,  # noqa: F401  (its former place: a run's saved .hydra config names it)
+    _job_folder,
+    _remove_made_sweep_dir,
+)
 from neo_core.training.plots import SPREAD, capacity_of, is_capacity
 
 # the recipes' config folder in a checkout (an installed package has none)

@@ -438,3 +438,13 @@ def test_a_bad_wait_for_rank_0s_word_is_refused_naming_the_variable(monkeypatch,
                 lambda: run_folders._rank0s_name("outputs", "outputs/day/time")):
         with pytest.raises(ConfigError, match=r"^NEO_RUN_DIR_TIMEOUT_S="):
             use()
+
+
+def test_a_config_naming_the_hold_at_its_former_place_still_finds_it() -> None:
+    # a run's saved .hydra/config.yaml from before the run-folder code moved names
+    # neo_core.cli.HoldRunFolder as its callback's target
+    from hydra.utils import get_class
+
+    from neo_core.run_folders import HoldRunFolder
+
+    assert get_class("neo_core.cli.HoldRunFolder") is HoldRunFolder
