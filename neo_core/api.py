@@ -442,7 +442,7 @@ def _local_as_the_group(topology: Any) -> Any:
         return topology
     if not (topology == "local" or (isinstance(topology, Mapping) and topology.get("name") == "local")):
         return topology
-    from neo_core.training.run import launch_machines, launch_nodes_problem, local_nodes
+    from neo_core.training.run import launch_machines, launch_nodes_problem, local_nodes, unequal_machines
 
     node = {"name": "local"} if topology == "local" else dict(topology)
     node.setdefault("world_size", world)
@@ -451,12 +451,10 @@ def _local_as_the_group(topology: Any) -> Any:
     machines = launch_machines(world)  # torchrun over several machines: a node each
     if node.get("num_nodes") is None and machines and node["world_size"] == world:
         node["num_nodes"] = machines
-    elif machines is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit() and \
-            int(os.environ["LOCAL_WORLD_SIZE"]) < world and os.environ.get("RANK", "0") == "0":
-        print(f"warning: the ranks run {os.environ['LOCAL_WORLD_SIZE']} a machine (LOCAL_WORLD_SIZE), which does not "
-              f"divide all {world}: topology 'local' is machines of equal rank counts, so it plans one machine of all "
-              "of them (its memory split among them, every link inside it); give a Topology of your machines "
-              "(neo_core.topology.Topology) for a plan of them", file=sys.stderr)
+    elif (uneven := unequal_machines(world)) and os.environ.get("RANK", "0") == "0":
+        print(f"warning: the launch runs {uneven}: topology 'local' is machines of equal rank counts, so it plans "
+              f"one machine of all {world} ranks (this machine's memory split among them, every link inside it); "
+              "give a Topology of your machines (neo_core.topology.Topology) for a plan of them", file=sys.stderr)
     return node
 
 

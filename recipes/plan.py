@@ -290,6 +290,15 @@ def check_model_values(model: dict[str, Any]) -> None:
         "cache_load_factor": (lambda v: 0 < v <= 1, "a number in (0, 1]: the share of rows held in device memory"),
         "global_batch": (lambda v: (as_whole(v) or 0) >= 1, "a whole number, at least 1"),
     }
+    if not model.get("generator"):  # a YAML without it ended in a KeyError
+        from neo_plugins.sharding.planner.tables import GENERATORS
+
+        choice = _model_choice()
+        raise ConfigError(
+            f"{f'model={choice}: ' if choice else ''}plan_model.generator is not set: a table set names its "
+            f"generator ({', '.join(sorted(GENERATORS))}) and gives its parameters under params: (conf/plan_model/"
+            f"production_like.yaml is one); it has {', '.join(map(repr, model)) or 'no keys'}."
+        )
     for key, (ok, what) in checks.items():
         value = model.get(key)
         if value is None:
@@ -358,6 +367,13 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
             raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
     with noted(problems):
         topology = resolve("topology", cfg["topology"])
+        if topology.name == "local":  # a dry run: more machines like this one bring their memory
+            topology = topology.replace(
+                config_keys={**topology.config_keys, "num_nodes": ("topology.num_nodes", topology.devices_per_node)},
+                memory_fix=topology.memory_fix and (
+                    "add memory (a machine's ranks share its RAM, so more ranks on one add none; more machines like "
+                    "this one do, and so does topology.memory_fraction up to 1; or dry-run the cluster you plan "
+                    "for: recipes/plan.py +topology=zionex)"))
     batch = cfg.get("batch_size_per_rank")
     if batch is not None:
         with noted(problems):
@@ -472,9 +488,11 @@ def run(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool = Fal
     from neo_core.training.run import usable_cores
 
     cores = usable_cores()
-    if topology.name == "local" and topology.compute_device == "cpu" and topology.world_size > cores:
+    # each machine's ranks: a dry run of several machines like this one gives each its own cores
+    if topology.name == "local" and topology.compute_device == "cpu" and topology.devices_per_node > cores:
         # a what-if of more ranks on this machine read as twice the samples/s at twice the ranks
-        result.notes.append(f"{topology.world_size} ranks on this machine's {cores} core(s): the cost model gives each "
+        where = "this machine's" if topology.num_nodes == 1 else "each machine's (like this one's)"
+        result.notes.append(f"{topology.devices_per_node} ranks on {where} {cores} core(s): the cost model gives each "
                             "rank a core of its own, so ranks sharing cores train slower than predicted")
     print(result.format_text(rest="all in plan.json and plan.txt"))
     if topology.compute_device == "cpu":  # what train.py would refuse on these ranks
@@ -511,15 +529,14 @@ def more_than_this_machine(exc: PlanningError, tables: list[Any], context: Any, 
     if topology.name != "local" or weights <= room:
         return exc
     model = f" model={table_set}" if table_set else ""
-    machines = math.ceil(weights / (per_rank * topology.devices_per_node))  # for the weights alone
     held = (f"this machine's {topology.world_size} {topology.compute_device} rank(s) hold"
             if topology.num_nodes == 1 else
             f"{topology.num_nodes} machines like this one hold ({topology.world_size} {topology.compute_device} ranks)")
     return PlanningError(
         f"The tables{model and ' of' + model} hold {weights / 2**30:,.1f} GiB of weights, more than {held} "
-        f"({room / 2**30:,.1f} GiB): without +topology=, plan.py plans for this machine (topology.num_nodes: "
-        f"machines like it, {machines} at least for these weights); dry-run the cluster you plan for, e.g. "
-        f"recipes/plan.py +topology=zionex{model}. The planner's reason: {exc}"
+        f"({room / 2**30:,.1f} GiB): without +topology=, plan.py plans for this machine (topology.num_nodes=N for N "
+        f"machines like it: the planner's reason below says how many hold them, where any do); dry-run the "
+        f"cluster you plan for, e.g. recipes/plan.py +topology=zionex{model}. The planner's reason: {exc}"
     )
 
 

@@ -20,15 +20,18 @@ from tests.distributed.multi_process import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _launch(monkeypatch, world: int | None, local: int | None) -> None:
-    """This process as rank 0 of a launch of ``world`` ranks, ``local`` a machine (None: unset)."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NEO_SPAWNED"):
+def _launch(monkeypatch, world: int | None, local: int | None, machines: int | None = None) -> None:
+    """This process as rank 0 of a launch of ``world`` ranks, ``local`` on its machine (None:
+    unset), on ``machines`` machines (torchrun's ``GROUP_WORLD_SIZE``; None: unset)."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "NEO_SPAWNED"):
         monkeypatch.delenv(key, raising=False)
     if world is not None:
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv("WORLD_SIZE", str(world))
     if local is not None:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+    if machines is not None:
+        monkeypatch.setenv("GROUP_WORLD_SIZE", str(machines))
 
 
 def test_machines_split_the_ranks_and_each_machine_its_own_memory() -> None:
@@ -174,11 +177,15 @@ def test_a_launch_over_machines_is_the_local_topologys_machines(monkeypatch) -> 
          "trainer.world_size=3 rank(s) do not split evenly over topology.num_nodes=2 machines: give a multiple of 2."),
         (None, ("+topology.num_nodes=abc",), "topology.num_nodes must be a whole number of machines, at least 1; got 'abc'."),
         # torchrun with 3 ranks on one machine and 1 on another: not "one machine"
+        # unequal machines are refused by the recipes with or without num_nodes (Lightning forms
+        # its nodes of one size, and failed in every rank after planning)
         ((4, 3), ("+topology.num_nodes=2",),
-         "topology.num_nodes=2, but the launch's machines run unequal numbers of ranks (WORLD_SIZE=4, "
-         "LOCAL_WORLD_SIZE=3), and the local topology is machines of equal rank counts"),
+         "The launch runs 4 ranks, 3 on this machine (WORLD_SIZE=4, LOCAL_WORLD_SIZE=3): the recipes run as many "
+         "ranks on every machine; start each machine with the same torchrun --nproc-per-node."),
+        ((3, 1, 2), (), "The launch runs 3 ranks on 2 machines, 1 on this one (WORLD_SIZE=3, GROUP_WORLD_SIZE=2, "
+                        "LOCAL_WORLD_SIZE=1): the recipes run as many ranks on every machine"),
     ],
-    ids=["trainer-world", "not-a-number", "unequal-machines"],
+    ids=["trainer-world", "not-a-number", "unequal-machines", "one-then-two"],
 )
 def test_machine_settings_the_run_cannot_take_are_refused_naming_the_key(monkeypatch, launch, overrides, message):
     from neo_core.config import validate
@@ -252,6 +259,20 @@ def test_calibrate_under_a_launch_on_one_machine_is_refused_and_ranks_are_torchr
         calibrate.main(argv=["--ranks", "4"])
     assert "--ranks is for one machine; under torchrun over several machines the ranks are torchrun's" in \
         capsys.readouterr().err
+
+
+def test_calibrate_as_torchruns_one_rank_starts_its_ranks_off_torchruns_store(tmp_path, monkeypatch) -> None:
+    # `torchrun --nproc-per-node=1 neo calibrate`: the ranks it starts inherited torchrun's
+    # TORCHELASTIC_USE_AGENT_STORE and waited 300 s for a store that has no server
+    from neo_plugins.sharding.planner import calibrate
+
+    _launch(monkeypatch, 1, 1)
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    seen = []
+    monkeypatch.setattr(calibrate, "calibrate",
+                        lambda ranks: seen.append(os.environ.get("TORCHELASTIC_USE_AGENT_STORE")) or {"ranks": ranks})
+    calibrate.main(argv=["--out", str(tmp_path / "cal.json")])
+    assert seen == [None] and json.loads((tmp_path / "cal.json").read_text()) == {"ranks": 2}
 
 
 @pytest.mark.slow

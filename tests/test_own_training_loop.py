@@ -261,8 +261,8 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
 
 
 def _no_launch(monkeypatch) -> None:
-    for variable in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
-                     "MV2_COMM_WORLD_LOCAL_SIZE"):
+    for variable in ("WORLD_SIZE", "RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "MPI_LOCALNRANKS",
+                     "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"):
         monkeypatch.delenv(variable, raising=False)
 
 
@@ -296,8 +296,18 @@ def test_plan_model_gives_local_the_launchs_ranks_and_machines(monkeypatch, caps
         plan_model(model, {**cpu, "num_nodes": 2}, 64)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # 3 and 1: machines of unequal ranks, which 'local' is not
     assert len(plan_model(model, "local", 64).ranks) == 4
-    assert ("warning: the ranks run 3 a machine (LOCAL_WORLD_SIZE), which does not divide all 4: topology 'local' "
-            "is machines of equal rank counts") in capsys.readouterr().err
+    assert ("warning: the launch runs 4 ranks, 3 on this machine (WORLD_SIZE=4, LOCAL_WORLD_SIZE=3): topology 'local' "
+            "is machines of equal rank counts, so it plans one machine of all 4 ranks") in capsys.readouterr().err
+    # 1 here and 2 on the other of 2 machines (torchrun says its machines): not 3 machines of 1, as 1 divides 3
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    uneven = plan_model(model, cpu, 64)
+    assert (uneven.topology["num_nodes"], uneven.topology["devices_per_node"]) == (1, 3)
+    assert "warning: the launch runs 3 ranks on 2 machines, 1 on this one" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    monkeypatch.delenv("GROUP_WORLD_SIZE")
     monkeypatch.setenv("RANK", "1")  # said by rank 0 alone
     plan_model(model, "local", 64)
     assert "warning" not in capsys.readouterr().err

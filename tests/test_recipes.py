@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -271,16 +272,18 @@ def test_a_bare_plan_of_a_cluster_scale_table_set_leads_with_plan_py_planning_fo
     machines = math.ceil(97.4 * 2**30 / _total_ram())  # like this one, for the weights alone
     assert said.startswith("error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than this "
                            "machine's 2 cpu rank(s) hold (") and \
-        f"without +topology=, plan.py plans for this machine (topology.num_nodes: machines like it, {machines} at " \
-        "least for these weights); dry-run the cluster you plan for, e.g. recipes/plan.py +topology=zionex " \
-        "model=mlperf_dcnv2. The planner's reason: Table 'cat_20'" in said, said
-    # several machines like this one, still too few: said of them
+        "without +topology=, plan.py plans for this machine (topology.num_nodes=N for N machines like it: the " \
+        "planner's reason below says how many hold them, where any do); dry-run the cluster you plan for, e.g. " \
+        "recipes/plan.py +topology=zionex model=mlperf_dcnv2. The planner's reason: Table 'cat_20'" in said, said
+    # several machines like this one, still too few: said of them, with how many do hold them
     if machines > 2:
         proc = run_plan("topology.compute_device=cpu", "topology.num_nodes=2", f"hydra.run.dir={tmp_path / 'two'}")
         said = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2 and said.startswith(
             "error: The tables of model=mlperf_dcnv2 hold 97.4 GiB of weights, more than 2 machines like this one "
             "hold (4 cpu ranks) ("), said
+        found = re.search(r"\(topology\.num_nodes=(\d+) or more, now 2; checked: the tables plan with it\)", said)
+        assert found and int(found.group(1)) >= machines, said
     # where the weights fit the machine, the planner's own message stands
     proc = run_plan("model=production_like", "plan_model.params.num_tables=20", "sharding.sharding_types=[TW]",
                     "topology.memory_fraction=0.001", f"hydra.run.dir={tmp_path / 'small'}")
@@ -616,6 +619,10 @@ def test_plan_recipe_takes_options_from_an_added_config_dir(tmp_path: Path) -> N
     proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_tables", f"hydra.run.dir={tmp_path / 'own'}")
     assert_one_sentence(proc, "model=my_tables: plan_model.params (table set 'listed'): tables[1] ('item_id') has an unknown field "
                               "'num_embedings'. Did you mean 'num_embeddings'?")
+    # tables at the top level, without a generator: named, not a KeyError traceback
+    (user / "plan_model" / "my_tables.yaml").write_text("tables:\n  - {name: user_id, num_embeddings: 500, embedding_dim: 8}\n")
+    proc = run_plan("--config-dir", str(user), "topology=my_cluster", "model=my_tables", f"hydra.run.dir={tmp_path / 'own'}")
+    assert_one_sentence(proc, "model=my_tables: plan_model.generator is not set: a table set names its generator (")
 
 
 @pytest.mark.parametrize(
@@ -713,6 +720,12 @@ def test_a_plan_of_more_local_ranks_than_cores_says_they_share_them(tmp_path: Pa
     assert said in proc.stdout and said in (tmp_path / "more" / "plan.txt").read_text()
     proc = run_plan(*common, "topology.world_size=1", f"hydra.run.dir={tmp_path / 'one'}")
     assert proc.returncode == 0 and "ranks sharing cores" not in proc.stdout, proc.stderr[-3000:]
+    # a dry run of several machines like this one: each has its own cores (it said 24 ranks on 2 cores for 12)
+    proc = run_plan(*common, "topology.num_nodes=3", f"topology.world_size={3 * cores}", f"hydra.run.dir={tmp_path / 'three'}")
+    assert proc.returncode == 0 and "ranks sharing cores" not in proc.stdout, proc.stderr[-3000:]
+    proc = run_plan(*common, "topology.num_nodes=2", f"topology.world_size={2 * cores + 2}",
+                    f"hydra.run.dir={tmp_path / 'two'}")
+    assert f"{cores + 1} ranks on each machine's (like this one's) {cores} core(s)" in proc.stdout, proc.stdout[-2000:]
 
 
 def test_a_ctrl_c_in_a_plan_sweep_says_which_jobs_wrote_their_plans(tmp_path: Path) -> None:

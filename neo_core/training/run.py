@@ -112,6 +112,11 @@ def resolve_launch(run: RunConfig) -> Launch:
                 f"topology.world_size={local_ranks} but the launcher started {world} ranks; the local topology "
                 "splits the machine's memory between its ranks, so drop topology.world_size or make them equal."
             )
+        if uneven := unequal_machines(world):  # Lightning forms its nodes of equal size, and failed in every rank
+            raise ConfigError(
+                f"The launch runs {uneven}: the recipes run as many ranks on every machine; start each machine "
+                "with the same torchrun --nproc-per-node."
+            )
         if problem := launch_nodes_problem(nodes, world):
             raise ConfigError(problem)
     else:
@@ -394,7 +399,7 @@ def launch_nodes_problem(nodes: int | None, world: int) -> str | None:
     machines = launch_machines(world) or (1 if int(local) == world else None)
     said = f"(WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local})"
     if machines is None:
-        return (f"topology.num_nodes={nodes}, but the launch's machines run unequal numbers of ranks {said}, and the "
+        return (f"topology.num_nodes={nodes}, but the launch runs {unequal_machines(world) or said}, and the "
                 "local topology is machines of equal rank counts: launch as many ranks on each machine "
                 "(torchrun --nproc-per-node), or drop topology.num_nodes.")
     if nodes != machines:
@@ -406,11 +411,29 @@ def launch_nodes_problem(nodes: int | None, world: int) -> str | None:
 def launch_machines(world: int) -> int | None:
     """The machines a launch's ``world`` ranks run on, where the launcher says its ranks per
     machine (torchrun's ``LOCAL_WORLD_SIZE``) and that is fewer and divides them; None for one
-    machine, or a layout the ``local`` topology cannot give (machines of unequal rank counts)."""
+    machine, or a layout the ``local`` topology cannot give (machines of unequal rank counts,
+    :func:`unequal_machines`)."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not local.isdigit() or not 0 < int(local) < world or world % int(local):
+    if not local.isdigit() or not 0 < int(local) < world or unequal_machines(world):
         return None
     return world // int(local)
+
+
+def unequal_machines(world: int) -> str | None:
+    """How a launch's ``world`` ranks lie on machines that run unequal numbers of them
+    (``torchrun ... --nproc-per-node`` unlike on two machines), for messages; None where they
+    are equal, or the launcher does not say. torchrun says its machines (``GROUP_WORLD_SIZE``):
+    each rank sees its own machine's count alone, which may divide the world all the same (1
+    and 2 ranks: 3 machines of 1, as rank 0 saw it)."""
+    local, group = os.environ.get("LOCAL_WORLD_SIZE", ""), os.environ.get("GROUP_WORLD_SIZE", "")
+    if not local.isdigit() or not 0 < int(local) <= world:
+        return None
+    if group.isdigit() and int(group) > 0 and int(group) * int(local) != world:
+        return (f"{world} ranks on {group} machines, {local} on this one (WORLD_SIZE={world}, GROUP_WORLD_SIZE={group}, "
+                f"LOCAL_WORLD_SIZE={local})")
+    if not group.isdigit() and world % int(local):
+        return f"{world} ranks, {local} on this machine (WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local})"
+    return None
 
 
 def node_local_tables(plan: PlanResult) -> list[Any]:

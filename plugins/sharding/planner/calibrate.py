@@ -579,6 +579,9 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
         return
     if unwritable:
         raise CalibrationError(unwritable)
+    # one rank of torchrun: the ranks it starts below form their own group, not one on torchrun's
+    # store (inherited, this made each wait 300 s for a store that has no server)
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     if args.nice:
         try:
             os.nice(-args.nice)  # inherited by the spawned ranks
