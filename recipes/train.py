@@ -366,7 +366,10 @@ if __name__ == "__main__":
         SWEEP.exit(mixed_scales_note)
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second one would interrupt the exit itself
-        if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it
+        if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 says it, and the first rank of each machine
+            if os.environ.get("LOCAL_RANK") == "0":  # (another machine's log showed only torchrun's exit code)
+                print(f"{interrupted_message(exc)} (rank {os.environ['RANK']}, this machine's first, stopped with "
+                      "the others)", file=sys.stderr)
             sys.exit(130)
         if SWEEPING and SWEEP.folders:  # the finished jobs' results so far, and summary.csv
             with contextlib.suppress(Exception):  # the message below matters more

@@ -333,9 +333,16 @@ def local_topology(
         if inter_node_bw_gbps is not None:
             measured["inter_node_bw"] = inter_node_bw_gbps * GB
             given["inter_node_bw"] = f"given: topology.inter_node_bw_gbps={inter_node_bw_gbps:g}"
+            doubts.append(f"inter_node_bw {gbps(inter_node_bw_gbps * GB)} GB/s a rank, the network between the "
+                          f"{nodes} machines: {given['inter_node_bw']}.")
         elif "inter_node_bw" in measured and between:
             given["inter_node_bw"] = f"measured between {between} ({calibration or calibration_path()})"
             network = True
+            doubts.append(f"inter_node_bw {gbps(measured['inter_node_bw'])} GB/s a rank, the network between the "
+                          f"{nodes} machines: {given['inter_node_bw']}.")
+            if record.get("inter_node_machines") != nodes:
+                doubts.append(f"inter_node_bw was measured between {record.get('inter_node_machines')} machines, and "
+                              f"this topology has {nodes}.")
             each = record.get("inter_node_ranks_per_machine")
             if isinstance(each, int) and each != per_node:  # a machine's ranks share its network
                 doubts.append(
@@ -344,7 +351,13 @@ def local_topology(
                     "for their share of the network."
                 )
         else:  # one machine's loopback, or nothing: not the network's figure
-            measured.pop("inter_node_bw", None)
+            loopback = measured.pop("inter_node_bw", None)
+            if loopback is not None:  # a hand-edited network figure there would be dropped silently
+                doubts.append(
+                    f"the calibration file's inter_node_bw ({gbps(loopback)} GB/s) is not planned with: the file does "
+                    "not record it as measured between machines (inter_node_machines), so it is its ranks' loopback "
+                    "on one machine; a network's figure of your own is topology.inter_node_bw_gbps."
+                )
             inside = measured.get("intra_node_bw", defaults["intra_node_bw"])
             defaults["inter_node_bw"] = min(INTER_NODE_DEFAULT[device] / per_node, inside)
             how = ("measure it with `neo calibrate` run by torchrun on every machine (docs/cost_model.md, \"Several "

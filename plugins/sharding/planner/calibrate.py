@@ -464,9 +464,14 @@ def calibrate_network(path: Path, unwritable: str | None) -> None:
         if refused:
             raise CalibrationError(f"on {refused[0][0]}: {refused[0][1]}")
         per_machine, machines = counts[0], world // counts[0]
+        hosts = sorted({h for _, h, _ in said})
         if rank == 0:
             print(f"measuring the network between {machines} machines ({per_machine} rank(s) each, "
                   f"{NETWORK_MIB} MiB a rank at once) ...", file=sys.stderr, flush=True)
+            if len(hosts) < machines:  # torchrun's agents started on one host by mistake: its loopback
+                print(f"warning: the {machines} machines are {len(hosts)} host(s) ({', '.join(hosts)}): ranks of one "
+                      "host talk through its loopback, not the network; start torchrun once on every machine",
+                      file=sys.stderr, flush=True)
         bw = network_bandwidth(rank, world, per_machine)
         failed = None
         if int(os.environ.get("LOCAL_RANK", rank % per_machine)) == 0:  # one writer a machine
