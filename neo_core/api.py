@@ -379,6 +379,10 @@ def plan_model(
     if plan is not None:
         if not isinstance(plan, PlanResult):
             raise ConfigError(f"plan= takes a PlanResult (PlanResult.load_json('plan.json')), got {type(plan).__name__}.")
+        if dist_formed():  # made elsewhere: rank 0's in every rank, and every rank's machine holds its part
+            from neo_core.training.module import agree_on_plan
+
+            plan, _ = agree_on_plan(plan, own_capacity=float(context.topology.device_memory))
         plan.torchrec_plan = chosen.to_torchrec_plan(model, plan, context)
         result = plan
     else:
@@ -420,6 +424,13 @@ def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: Plan
     if agreed is not result:  # sent by rank 0: TorchRec's plan for this rank's model, built anew
         agreed.torchrec_plan = planner.to_torchrec_plan(model, agreed, context)
     return agreed
+
+
+def dist_formed() -> bool:
+    """Whether a process group is formed (torch.distributed available and initialised)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _group_size() -> int | None:

@@ -59,17 +59,20 @@ def table_weight_bytes(model: nn.Module, plan: PlanResult) -> float:
     return float(total)
 
 
-def agree_on_plan(plan: Any) -> tuple[Any, list[int]]:
+def agree_on_plan(plan: Any, own_capacity: float | None = None) -> tuple[Any, list[int]]:
     """Every rank has its own plan (made in its process, before the rank started or by the
     rank: ``run.rank_plan``); all must build the same plan, or DMP shards tables
     differently per rank (a table held twice, another by no rank) and trains on silently.
     Returns rank 0's plan and the ranks whose own plan differed from it (then rank 0's plan,
-    sent to every rank, is the one run)."""
+    sent to every rank, is the one run). Where rank 0's plan does not fit a rank's machine
+    (``own_capacity``: the device memory this rank's machine gives it, else what its own plan
+    says), every rank stops (:func:`memory_short`)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return plan, []
     me = dist.get_rank()
     # each rank's plan, and the device memory its own machine gives it (its topology, as it planned)
     own = plan.ranks[me].memory_capacity if me < len(getattr(plan, "ranks", ())) else 0.0
+    own = own_capacity if own_capacity is not None else own
     # rank 0's plan's memory by rank (capacity, total, reserve), which every rank checks alike
     loads = [(r.memory_capacity, r.memory_total, r.memory.get("reserve", 0.0)) for r in plan.ranks] if me == 0 else None
     said: list[Any] = [None] * dist.get_world_size()
