@@ -261,6 +261,8 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
     """A rank's plan: the one this process made before the rank started, where it made the
     plan the run printed (``digest``), else the rank's own (``checked_plan``)."""
     parts, unequal = on_the_smallest_machine(parts)
+    if started_as_rank() and (crowded := ranks_sharing_a_host()) and int(os.environ.get("RANK", "0")) == 0:
+        print(f"warning: {crowded}", file=sys.stderr, flush=True)
     made = _PLANNED_HERE.pop(digest, None) if digest is not None and not unequal else None
     if made is not None:
         return made
@@ -271,6 +273,28 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
 
 
 UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
+
+
+def ranks_sharing_a_host() -> str | None:
+    """Where more of a launch's ranks run on one host than its ranks a machine
+    (``LOCAL_WORLD_SIZE``: several torchrun agents started on one host), what that costs and the
+    fix; else None. Each rank took the host's cores over its machine's ranks as its threads, so
+    two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower. Collective."""
+    import torch.distributed as dist
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not (dist.is_available() and dist.is_initialized()) or not local.isdigit():
+        return None
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, socket.gethostname())
+    crowded = {h: [r for r, e in enumerate(every) if e == h] for h in set(every)}
+    host, ranks = max(crowded.items(), key=lambda item: (len(item[1]), item[0]))
+    if len(ranks) <= int(local):
+        return None
+    return (f"ranks {', '.join(map(str, ranks[:8]))}{' ...' if len(ranks) > 8 else ''} run on one host ({host}), though "
+            f"the launch says {local} a machine (LOCAL_WORLD_SIZE): each took its threads as if it had the host's "
+            f"cores over {local}, so they share cores (torchrun started more than once on one host?); give "
+            "trainer.threads_per_rank=1, or start torchrun once a machine.")
 
 
 def on_the_smallest_machine(parts: RunParts) -> tuple[RunParts, str | None]:
