@@ -95,7 +95,10 @@ def test_the_network_is_assumed_unless_measured_between_machines_or_given(tmp_pa
         "\"Several machines\"), or give topology.inter_node_bw_gbps.",)
     # never faster than inside a machine (the planner would keep traffic off the machine's links)
     path.write_text(json.dumps({**one_machine, "intra_node_bw": 0.4 * GB}))
-    assert local_topology(num_nodes=2, world_size=2, compute_device="cpu").inter_node_bw == 0.4 * GB
+    capped = local_topology(num_nodes=2, world_size=2, compute_device="cpu")
+    assert capped.inter_node_bw == 0.4 * GB  # 10 Gb/s a machine, one rank each: 1.25 GB/s, capped
+    assert "is assumed: 0.4 GB/s a rank (10 Gb/s a machine over its 1 rank(s), capped at intra_node_bw, the figure " \
+           "inside a machine)" in capped.notes[-1]
 
     # measured between machines: planned with, and its source said
     path.write_text(json.dumps({**one_machine, "inter_node_bw": 0.9 * GB, "inter_node_machines": 2,
@@ -115,6 +118,11 @@ def test_the_network_is_assumed_unless_measured_between_machines_or_given(tmp_pa
                               "their share of the network.",)
     assert "inter_node_bw was measured between 2 machines, and this topology has 3." in \
         local_topology(num_nodes=3, world_size=6, compute_device="cpu").notes
+    # measured with both "machines" on one host (torchrun started twice there): said in every plan
+    path.write_text(json.dumps({**one_machine, "inter_node_bw": 0.9 * GB, "inter_node_machines": 2,
+                                "inter_node_ranks_per_machine": 2, "inter_node_hosts": 1}))
+    assert "inter_node_bw was measured on 1 host(s) standing for 2 machines: their loopback, not a network's " \
+           "figure." in local_topology(num_nodes=2, compute_device="cpu").notes
     # given: over any file, and said where it came from
     given = local_topology(num_nodes=2, compute_device="cpu", inter_node_bw_gbps=3)
     assert given.inter_node_bw == 3 * GB and given.sources["inter_node_bw"] == "given: topology.inter_node_bw_gbps=3"
@@ -264,6 +272,27 @@ def test_machines_emulated_on_this_one_share_its_memory(monkeypatch) -> None:
                for n in parts.notes), parts.notes
 
 
+def test_a_plan_for_the_least_memory_is_saved_and_said_even_where_its_shards_are_the_same(tmp_path, capsys) -> None:
+    # planned again for the smaller machine, the shards came out the same: plan.txt kept the
+    # larger machine's capacities, and nothing said the plan was for the least
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+    from neo_core.training.module import plan_digest
+    from neo_core.training.run import UNEQUAL_MACHINES, Launch, _record_plan_run
+
+    plan = PlanResult("neo", [TableAssignment("t", "table_wise", "fused", [0], [(10, 4)])],
+                      [RankReport(0, memory_capacity=2**30), RankReport(1, memory_capacity=2**30)], 64, {},
+                      notes=[f"{UNEQUAL_MACHINES} (1.00GiB to 8.00GiB of device memory a rank): planned for the least"])
+    launch = Launch(2, "cpu", "gloo", True, plan_digest=plan_digest(plan))
+    _record_plan_run(plan, launch, tmp_path)
+    assert "note: the ranks' machines give them unequal memory: the plan above, planned again for the least, puts " \
+           "the same shards on the same ranks" in capsys.readouterr().out
+    assert UNEQUAL_MACHINES in (tmp_path / "plan.txt").read_text()
+    # alike machines, the same plan: nothing to save again or say
+    (tmp_path / "plan.txt").unlink()
+    _record_plan_run(PlanResult("neo", plan.tables, plan.ranks, 64, {}), launch, tmp_path)
+    assert not (tmp_path / "plan.txt").exists() and capsys.readouterr().out == ""
+
+
 def _hydra():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -351,6 +380,9 @@ def test_calibrate_then_train_over_two_machines_launched_by_torchrun(tmp_path) -
     assert cal.is_symlink()
     data = json.loads(cal.read_text())
     assert data["inter_node_machines"] == 2 and data["inter_node_ranks_per_machine"] == 1
+    assert data["inter_node_hosts"] == 1  # remembered: plans say the figure is a loopback's
+    # the other machine says what it wrote too
+    assert f"wrote {cal} on this machine (" in node1.stdout, node1.stdout[-2000:]
     assert data["lookup_fwd_id_s"] == 1e-8 and data["intra_node_bw"] == 2.5 * GB  # the machine's kept
     assert 1e6 < data["inter_node_bw"] < 1e12
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".shared.json")]  # no part left

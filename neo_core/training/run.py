@@ -954,17 +954,19 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
     environment), plan.json and plan.txt are made the plan run, and the run says so."""
     from neo_core.training.module import plan_digest
 
-    if launch.plan_digest in (None, plan_digest(plan)):
+    least = bool(plan.notes) and plan.notes[0].startswith(UNEQUAL_MACHINES)
+    if launch.plan_digest is None or (launch.plan_digest == plan_digest(plan) and not least):
         return
-    _save_plan(plan, out)
-    why = ("the ranks' machines give them unequal memory, and the plan is for the least" if plan.notes and
-           plan.notes[0].startswith(UNEQUAL_MACHINES) else
-           "a plugin whose result depends on the process: its rank, the time or its environment")
-    print(
-        f"warning: the ranks built another plan than the one printed above ({why}); they run rank 0's, which "
-        f"plan.json and plan.txt now hold:\n{plan.format_text(rest='all in plan.json and plan.txt')}",
-        flush=True,
-    )
+    _save_plan(plan, out)  # planned for the least memory: its capacities, even where its shards are the same
+    if least and launch.plan_digest == plan_digest(plan):
+        said = ("note: the ranks' machines give them unequal memory: the plan above, planned again for the least, "
+                "puts the same shards on the same ranks; plan.json and plan.txt hold it with those capacities")
+    else:
+        why = ("the ranks' machines give them unequal memory, and the plan is for the least" if least else
+               "a plugin whose result depends on the process: its rank, the time or its environment")
+        said = f"warning: the ranks built another plan than the one printed above ({why}); they run rank 0's, which " \
+               "plan.json and plan.txt now hold"
+    print(f"{said}:\n{plan.format_text(rest='all in plan.json and plan.txt')}", flush=True)
 
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, made: PlanResult | None,

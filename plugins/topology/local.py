@@ -49,6 +49,7 @@ CALIBRATION_RECORDS = (
     "inter_node_machines",
     "inter_node_ranks_per_machine",
     "inter_node_measured_at",
+    "inter_node_hosts",  # the distinct hosts it was measured on: fewer than the machines, a loopback's
 )
 CALIBRATED_EXTRAS = (
     "collective_latency_s",
@@ -340,6 +341,10 @@ def local_topology(
             network = True
             doubts.append(f"inter_node_bw {gbps(measured['inter_node_bw'])} GB/s a rank, the network between the "
                           f"{nodes} machines: {given['inter_node_bw']}.")
+            hosts = record.get("inter_node_hosts")
+            if isinstance(hosts, int) and hosts < record.get("inter_node_machines", 0):
+                doubts.append(f"inter_node_bw was measured on {hosts} host(s) standing for "
+                              f"{record.get('inter_node_machines')} machines: their loopback, not a network's figure.")
             if record.get("inter_node_machines") != nodes:
                 doubts.append(f"inter_node_bw was measured between {record.get('inter_node_machines')} machines, and "
                               f"this topology has {nodes}.")
@@ -360,13 +365,15 @@ def local_topology(
                 )
             inside = measured.get("intra_node_bw", defaults["intra_node_bw"])
             defaults["inter_node_bw"] = min(INTER_NODE_DEFAULT[device] / per_node, inside)
+            capped = (", capped at intra_node_bw, the figure inside a machine"
+                      if defaults["inter_node_bw"] < INTER_NODE_DEFAULT[device] / per_node else "")
             how = ("measure it with `neo calibrate` run by torchrun on every machine (docs/cost_model.md, \"Several "
                    "machines\"), or give topology.inter_node_bw_gbps" if device == "cpu" else
                    "give topology.inter_node_bw_gbps (the NICs' bandwidth over the GPUs that share them)")
             doubts.append(
                 f"inter_node_bw, the network between the {nodes} machines, is assumed: "
                 f"{gbps(defaults['inter_node_bw'])} GB/s a rank ({'10' if device == 'cpu' else '100'} Gb/s a machine "
-                f"over its {per_node} rank(s)); {how}."
+                f"over its {per_node} rank(s){capped}); {how}."
             )
     elif inter_node_bw_gbps is not None:
         raise ConfigError(

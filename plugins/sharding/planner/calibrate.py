@@ -425,7 +425,8 @@ def _merged(path: Path, figures: dict[str, Any]) -> dict[str, Any]:
     return {**data, **figures}
 
 
-NETWORK_KEYS = ("inter_node_bw", "inter_node_machines", "inter_node_ranks_per_machine", "inter_node_measured_at")
+NETWORK_KEYS = ("inter_node_bw", "inter_node_machines", "inter_node_ranks_per_machine", "inter_node_measured_at",
+                "inter_node_hosts")
 
 
 def _write_whole(path: Path, data: dict[str, Any]) -> None:
@@ -480,6 +481,7 @@ def calibrate_network(path: Path, unwritable: str | None) -> None:
                 "inter_node_machines": machines,
                 "inter_node_ranks_per_machine": per_machine,
                 "inter_node_measured_at": time.time(),
+                "inter_node_hosts": len(hosts),  # fewer than the machines: a loopback's figure (plans say so)
             })
             try:
                 _write_whole(path, data)
@@ -497,6 +499,9 @@ def calibrate_network(path: Path, unwritable: str | None) -> None:
             + f": the network gave inter_node_bw={bw:.4g} bytes/s ({bw / 1e9:.3f} GB/s a rank); give "
             f"topology.inter_node_bw_gbps={bw / 1e9:.3g} instead."
         )
+    if rank != 0 and int(os.environ.get("LOCAL_RANK", rank % per_machine)) == 0:  # each machine says its own
+        print(f"wrote {path} on this machine ({host}): inter_node_bw {bw / 1e9:.3f} GB/s a rank, between {machines} "
+              f"machines of {per_machine} rank(s)")
     if rank == 0:
         print(f"{'inter_node_bw':>24}: {bw / 1e9:.3f} GB/s a rank, between {machines} machines of {per_machine} rank(s)")
         print(f"wrote {path} on each machine: the local topology plans {machines} machines of CPU ranks with it")
