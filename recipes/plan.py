@@ -367,7 +367,9 @@ def prepare(cfg: dict[str, Any], cache_share_set: bool = False, no_cache: bool =
             raise ConfigError(f"{where}plan_model.params (table set {model['generator']!r}): {exc}") from None
     with noted(problems):
         topology = resolve("topology", cfg["topology"])
-        if topology.name == "local":  # a dry run: more machines like this one bring their memory
+        # a dry run: more machines like this one bring their memory (named by num_nodes alone where the
+        # world size follows it; a world_size given would no longer split over the machines named)
+        if topology.name == "local" and (cfg["topology"] or {}).get("world_size") is None:
             topology = topology.replace(
                 config_keys={**topology.config_keys, "num_nodes": ("topology.num_nodes", topology.devices_per_node)},
                 memory_fix=topology.memory_fix and (

@@ -179,6 +179,15 @@ def test_a_calibration_of_one_machine_keeps_the_network_figure_measured_between_
     path.write_text(json.dumps(machine))
     calibrate.main(argv=["--out", str(path)])
     assert json.loads(path.read_text()) == machine and "kept" not in capsys.readouterr().err
+    # a file that is not text, or a network record without its figure: replaced, not a traceback
+    # after the measurement
+    for content in (b"\xff\xfe\x00binary", json.dumps({"inter_node_machines": 2, "inter_node_bw": None}).encode()):
+        path.write_bytes(content)
+        calibrate.main(argv=["--out", str(path)])
+        assert json.loads(path.read_text()) == machine
+    assert calibrate._merged(path.with_name("x.bin"), {"a": 1}) == {"a": 1}
+    path.write_bytes(b"\xff\xfe\x00binary")
+    assert calibrate._merged(path, {"inter_node_bw": 1.0}) == {"inter_node_bw": 1.0}
 
 
 def test_a_launch_over_machines_is_the_local_topologys_machines(monkeypatch) -> None:

@@ -217,13 +217,16 @@ def _check_ranks_refusals(rank: int, world: int) -> list[Any]:
             table_specs(model), {"name": "local", "world_size": 4, "compute_device": "cpu"}, 64))
     except NeoError as exc:
         said.append(str(exc))
-    # a plan made for machines of twice this one's memory a rank: rank 1's part does not fit here,
-    # and every rank stops (one alone would leave the others waiting)
+    # a plan made before, put to machines of unequal memory (rank 1's gives it a fifth of rank 0's,
+    # as a memory_fraction of 0.1 against 0.5 says here): rank 1's part does not fit its machine,
+    # and every rank stops (one alone would leave the others waiting). Alike machines take a plan
+    # made with another budget (memory_fraction) than theirs, as outside a group.
     roomy = plan_tables(table_specs(model), {"name": "local", "world_size": 2, "compute_device": "cpu",
                                              "memory_fraction": 1.0}, 64)
     roomy.ranks[1].memory["weights"] = 0.7 * roomy.ranks[1].memory_capacity
+    said.append(plan_model(model, "local", 64, plan=roomy).torchrec_plan is not None)
     try:
-        plan_model(model, "local", 64, plan=roomy)
+        plan_model(model, {"name": "local", "memory_fraction": 0.5 if rank == 0 else 0.1}, 64, plan=roomy)
     except NeoError as exc:
         said.append(str(exc))
     # a rank that plans otherwise (a search its time budget cut short) runs rank 0's plan
@@ -264,9 +267,10 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     assert said[4].startswith("The kernel cannot run on these CPU ranks: optimizer adam: FBGEMM's fused "
                               "kernel has no Adam on CPU"), said[4]
     assert said[5] is True and said[6].startswith("The 'neo' plan is for 4 rank(s)") and "has 2: plan again" in said[6]
-    assert said[7].startswith("Rank 1 has ") and "of device memory on its machine, less than the " in said[7] and \
-        "Plan for the smallest machine" in said[7], said[7]
-    assert every[1][7] == said[7]  # in both ranks alike
+    assert said[7] is True  # alike machines
+    assert said[8].startswith("Rank 1 has ") and "of device memory on its machine, less than the " in said[8] and \
+        "Plan for the smallest machine" in said[8], said[8]
+    assert every[1][8] == said[8]  # in both ranks alike
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
     assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise
     assert ran0 == ran1 == own0 and built0 == built1 == own0, (ran0, ran1, built0, built1)  # rank 0's, in both

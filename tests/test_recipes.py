@@ -284,6 +284,10 @@ def test_a_bare_plan_of_a_cluster_scale_table_set_leads_with_plan_py_planning_fo
             "hold (4 cpu ranks) ("), said
         found = re.search(r"\(topology\.num_nodes=(\d+) or more, now 2; checked: the tables plan with it\)", said)
         assert found and int(found.group(1)) >= machines, said
+    # a world size given counts every machine's ranks: num_nodes alone named would not split it
+    proc = run_plan("topology.compute_device=cpu", "topology.world_size=4", f"hydra.run.dir={tmp_path / 'four'}")
+    assert proc.returncode == 2 and "topology.num_nodes=" not in proc.stderr.replace("topology.num_nodes=N", ""), \
+        proc.stderr[-2000:]
     # where the weights fit the machine, the planner's own message stands
     proc = run_plan("model=production_like", "plan_model.params.num_tables=20", "sharding.sharding_types=[TW]",
                     "topology.memory_fraction=0.001", f"hydra.run.dir={tmp_path / 'small'}")

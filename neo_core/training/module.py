@@ -82,28 +82,35 @@ def agree_on_plan(plan: Any, own_capacity: float | None = None) -> tuple[Any, li
         sent = [plan if me == 0 else None]
         dist.broadcast_object_list(sent, src=0)
         plan = sent[0]
-    if short := memory_short(said[0][2], [c for _, c, _ in said]):  # in every rank alike: all stop, none waits
+    capacities = [c for _, c, _ in said]
+    # a plan made elsewhere (own_capacity: each rank's machine now): its ranks against rank 0's machine
+    # now, not against the budget it was made with (another memory_fraction on alike machines)
+    reference = capacities[0] if own_capacity is not None else None
+    if short := memory_short(said[0][2], capacities, reference):  # in every rank alike: all stop, none waits
         raise ConfigError(short)
     return plan, differ
 
 
-def memory_short(loads: list[tuple[float, float, float]], capacities: list[float]) -> str | None:
+def memory_short(loads: list[tuple[float, float, float]], capacities: list[float],
+                 reference: float | None = None) -> str | None:
     """Why rank 0's plan, which every rank runs (``loads``: its device memory capacity, total
     and reserve by rank), does not fit the ranks whose own machine gives them less device
     memory than rank 0's planned with (``capacities``: each rank's own, 0 where unknown), with
     the fix; None where it fits them all. Machines of several launched by torchrun are taken as
-    alike to rank 0's: a smaller one ran out of memory in DMP."""
+    alike to rank 0's: a smaller one ran out of memory in DMP. ``reference``: what rank 0's
+    machine gives now, for a plan made elsewhere (else the capacity the plan records)."""
     short = []
     for rank, capacity in enumerate(capacities):
         if not capacity or rank >= len(loads):
             continue
         planned, total, reserve = loads[rank]
-        if not planned or capacity >= planned:
+        bigger = reference if reference is not None else planned
+        if not planned or not bigger or capacity >= bigger:
             continue
         used = total - reserve
         room = capacity * (1 - reserve / planned)  # the same share held back as on rank 0's machine
         if used > room:
-            short.append((rank, capacity, planned, used, room))
+            short.append((rank, capacity, bigger, used, room))
     if not short:
         return None
     from neo_core.sharding import _bytes
@@ -112,7 +119,7 @@ def memory_short(loads: list[tuple[float, float, float]], capacities: list[float
     more = f" (and rank(s) {', '.join(str(s[0]) for s in short[1:])})" if len(short) > 1 else ""
     return (
         f"Rank {rank}{more} has {_bytes(capacity, 3)} of device memory on its machine, less than the "
-        f"{_bytes(planned, 3)} a rank of rank 0's machine that the plan was made for, and every rank runs rank 0's "
+        f"{_bytes(planned, 3)} a rank of rank 0's machine, and every rank runs rank 0's "
         f"plan: it puts {_bytes(used, 3)} on rank {rank}, where {_bytes(room, 3)} fit with the reserve. Plan for "
         f"the smallest machine: a topology whose device_memory is {capacity:.0f} bytes a rank, or a lower "
         "topology.memory_fraction on every machine."

@@ -273,6 +273,7 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
 
 
 UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
+SAME_MEMORY = 0.01  # machines whose memory a rank differs by less than this share are alike
 
 
 def ranks_sharing_a_host() -> str | None:
@@ -320,12 +321,16 @@ def least_memory(topology: Topology) -> tuple[Topology, str | None]:
         return topology, None
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (topology.device_memory, topology.host_memory))
-    device, host = min(e[0] for e in every), min(e[1] for e in every)
-    if all(e == (device, host) for e in every):
+    said = []
+    for kind, at in (("device memory", 0), ("host memory", 1)):
+        least, most = min(e[at] for e in every), max(e[at] for e in every)
+        if most > least * (1 + SAME_MEMORY):  # "alike" machines differ by a few pages of RAM
+            rank = next(r for r, e in enumerate(every) if e[at] == least)
+            said.append(f"{kind} {_bytes(least, 3)} to {_bytes(most, 3)} a rank, the least rank {rank}'s machine's")
+    if not said:
         return topology, None
-    smallest = next(r for r, e in enumerate(every) if e[0] == device)
-    note = (f"{UNEQUAL_MACHINES} ({_bytes(device, 3)} to {_bytes(max(e[0] for e in every), 3)} "
-            f"of device memory a rank): planned for the least, rank {smallest}'s machine's, as every rank runs this plan.")
+    device, host = min(e[0] for e in every), min(e[1] for e in every)
+    note = f"{UNEQUAL_MACHINES} ({'; '.join(said)}): planned for the least, as every rank runs this plan."
     return topology.replace(device_memory=device, host_memory=host, memory_fix=topology.memory_fix), note
 
 

@@ -417,7 +417,7 @@ def _merged(path: Path, figures: dict[str, Any]) -> dict[str, Any]:
         try:
             read = json.loads(path.read_text())
             data = read if isinstance(read, dict) else {}
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # unreadable, not JSON, not text
             pass
         if not data:
             print(f"warning: {path} was not a calibration file `neo calibrate` writes; replaced by the network's "
@@ -516,13 +516,15 @@ def _kept_network(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     of one machine does not measure the network, so it keeps it (and says so)."""
     try:
         old = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # unreadable, not JSON, not text: nothing to keep
         return data
     machines = old.get("inter_node_machines") if isinstance(old, dict) else None
-    if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2):
+    bw = old.get("inter_node_bw") if isinstance(old, dict) else None
+    if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2) or \
+            isinstance(bw, bool) or not isinstance(bw, (int, float)):
         return data
     print(f"note: kept the network figure {path} had, measured between {machines} machines (inter_node_bw="
-          f"{old.get('inter_node_bw', 0) / 1e9:.3f} GB/s a rank)", file=sys.stderr)
+          f"{bw / 1e9:.3f} GB/s a rank)", file=sys.stderr)
     return {**data, **{k: old[k] for k in NETWORK_KEYS if k in old}}
 
 
