@@ -328,6 +328,9 @@ def test_calibrate_under_a_launch_on_one_machine_is_refused_and_ranks_are_torchr
         calibrate.main(argv=["--ranks", "4"])
     assert "--ranks is for one machine; under torchrun over several machines the ranks are torchrun's" in \
         capsys.readouterr().err
+    with pytest.raises(SystemExit):  # it was ignored without a word
+        calibrate.main(argv=["--nice", "5"])
+    assert "--nice is for one machine's measurement; the network's is measured without it" in capsys.readouterr().err
 
 
 def test_calibrate_as_torchruns_one_rank_starts_its_ranks_off_torchruns_store(tmp_path, monkeypatch) -> None:
