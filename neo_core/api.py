@@ -39,6 +39,7 @@ from neo_core.sharding import (
     checked_sharders,
 )
 from neo_core.topology import Topology
+from neo_core.training import dist_formed
 
 __all__ = ["check_ranks", "make_context", "plan_model", "plan_tables", "resolve", "seeded_table_init", "table_specs"]
 
@@ -412,7 +413,7 @@ def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: Plan
 
     from neo_core.training.module import agree_on_plan
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if not dist_formed():
         return result
     agreed, differ = agree_on_plan(result)
     if not differ:
@@ -426,19 +427,12 @@ def _rank0s_plan(result: PlanResult, planner: Planner, model: Any, context: Plan
     return agreed
 
 
-def dist_formed() -> bool:
-    """Whether a process group is formed (torch.distributed available and initialised)."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
-
-
 def _group_size() -> int | None:
     """The ranks of the process group, or of the launch where the group is not formed yet
     (torchrun's ``WORLD_SIZE``); None outside both."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist_formed():
         return dist.get_world_size()
     world = os.environ.get("WORLD_SIZE")
     return int(world) if world and world.isdigit() else None
@@ -480,7 +474,7 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
     FBGEMM's AssertionError."""
     import torch.distributed as dist
 
-    formed = dist.is_available() and dist.is_initialized()
+    formed = dist_formed()
     world = dist.get_world_size(process_group) if formed else _group_size()
     if world is None:  # outside a process group and a launch: nothing to check against
         return

@@ -58,7 +58,7 @@ from neo_core.sharding import (
     checked_sharders,
 )
 from neo_core.topology import Topology
-from neo_core.training import started_as_rank
+from neo_core.training import dist_formed, started_as_rank
 from neo_core.training.console import discard_transcript, replace_earlier_transcript
 
 log = logging.getLogger("neo")
@@ -284,7 +284,7 @@ def ranks_sharing_a_host() -> str | None:
     import torch.distributed as dist
 
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not (dist.is_available() and dist.is_initialized()) or not local.isdigit():
+    if not dist_formed() or not local.isdigit():
         return None
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, socket.gethostname())
@@ -317,19 +317,20 @@ def least_memory(topology: Topology) -> tuple[Topology, str | None]:
 
     from neo_core.sharding import _bytes
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not dist_formed() or dist.get_world_size() == 1:
         return topology, None
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, (topology.device_memory, topology.host_memory))
+    least = [min(e[at] for e in every) for at in (0, 1)]  # device, host
     said = []
     for kind, at in (("device memory", 0), ("host memory", 1)):
-        least, most = min(e[at] for e in every), max(e[at] for e in every)
-        if most > least * (1 + SAME_MEMORY):  # "alike" machines differ by a few pages of RAM
-            rank = next(r for r, e in enumerate(every) if e[at] == least)
-            said.append(f"{kind} {_bytes(least, 3)} to {_bytes(most, 3)} a rank, the least rank {rank}'s machine's")
+        most = max(e[at] for e in every)
+        if most > least[at] * (1 + SAME_MEMORY):  # "alike" machines differ by a few pages of RAM
+            rank = next(r for r, e in enumerate(every) if e[at] == least[at])
+            said.append(f"{kind} {_bytes(least[at], 3)} to {_bytes(most, 3)} a rank, the least rank {rank}'s machine's")
     if not said:
         return topology, None
-    device, host = min(e[0] for e in every), min(e[1] for e in every)
+    device, host = least
     note = f"{UNEQUAL_MACHINES} ({'; '.join(said)}): planned for the least, as every rank runs this plan."
     return topology.replace(device_memory=device, host_memory=host, memory_fix=topology.memory_fix), note
 
