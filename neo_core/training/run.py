@@ -260,8 +260,10 @@ def plan_run(parts: RunParts) -> PlanResult:
 def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
     """A rank's plan: the one this process made before the rank started, where it made the
     plan the run printed (``digest``), else the rank's own (``checked_plan``)."""
-    parts, unequal = on_the_smallest_machine(parts)
-    if started_as_rank() and (crowded := ranks_sharing_a_host()) and int(os.environ.get("RANK", "0")) == 0:
+    every = ranks_machines(parts.topology)  # one gather for both checks
+    parts, unequal = on_the_smallest_machine(parts, every)
+    hosts = [host for *_, host in every] if every is not None else None
+    if started_as_rank() and (crowded := ranks_sharing_a_host(hosts)) and int(os.environ.get("RANK", "0")) == 0:
         print(f"warning: {crowded}", file=sys.stderr, flush=True)
     made = _PLANNED_HERE.pop(digest, None) if digest is not None and not unequal else None
     if made is not None:
@@ -276,19 +278,36 @@ UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
 SAME_MEMORY = 0.01  # machines whose memory a rank differs by less than this share are alike
 
 
-def ranks_sharing_a_host() -> str | None:
+def ranks_machines(topology: Topology) -> list[tuple[int, int, str]] | None:
+    """Every rank's device and host memory (as its machine's ``topology`` gives them) and host
+    name, by rank; None outside a formed process group of two or more ranks. Collective."""
+    import torch.distributed as dist
+
+    if not dist_formed() or dist.get_world_size() == 1:
+        return None
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (topology.device_memory, topology.host_memory, socket.gethostname()))
+    return every
+
+
+def ranks_sharing_a_host(hosts: list[str] | None = None) -> str | None:
     """Where more of a launch's ranks run on one host than its ranks a machine
     (``LOCAL_WORLD_SIZE``: several torchrun agents started on one host), what that costs and the
     fix; else None. Each rank took the host's cores over its machine's ranks as its threads, so
-    two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower. Collective."""
+    two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower. ``hosts``: every
+    rank's host name, where gathered already; else collective."""
     import torch.distributed as dist
 
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not dist_formed() or not local.isdigit():
+    if not local.isdigit():
         return None
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, socket.gethostname())
-    crowded = {h: [r for r, e in enumerate(every) if e == h] for h in set(every)}
+    if hosts is None:
+        if not dist_formed():
+            return None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, socket.gethostname())
+        hosts = gathered
+    crowded = {h: [r for r, e in enumerate(hosts) if e == h] for h in set(hosts)}
     host, ranks = max(crowded.items(), key=lambda item: (len(item[1]), item[0]))
     if len(ranks) <= int(local):
         return None
@@ -298,29 +317,27 @@ def ranks_sharing_a_host() -> str | None:
             "trainer.threads_per_rank=1, or start torchrun once a machine.")
 
 
-def on_the_smallest_machine(parts: RunParts) -> tuple[RunParts, str | None]:
-    """``parts`` planning for the least memory of the ranks' machines (:func:`least_memory`),
-    with its note; else ``parts`` as they are, and None."""
-    topology, note = least_memory(parts.topology)
+def on_the_smallest_machine(parts: RunParts, every: list[tuple[int, int, str]] | None = None) -> tuple[RunParts, str | None]:
+    """``parts`` planning for the least memory of the ranks' machines (:func:`least_memory`;
+    ``every``: :func:`ranks_machines`, where gathered already), with its note; else ``parts``
+    as they are, and None."""
+    topology, note = least_memory(parts.topology, every)
     if note is None:
         return parts, None
     return replace(parts, topology=topology, context=replace(parts.context, topology=topology)), note
 
 
-def least_memory(topology: Topology) -> tuple[Topology, str | None]:
+def least_memory(topology: Topology, every: list[tuple[int, int, str]] | None = None) -> tuple[Topology, str | None]:
     """``topology`` with the least device and host memory any rank's machine gives it, and a
     note saying so, where the ranks' machines differ (machines of a torchrun launch with more
     or less RAM); else ``topology`` as it is, and None. Every rank runs rank 0's plan: made for
-    rank 0's machine, it ran out of memory on a smaller one. Collective: in every rank of a
-    formed process group (nothing outside one)."""
-    import torch.distributed as dist
-
+    rank 0's machine, it ran out of memory on a smaller one. ``every``: :func:`ranks_machines`,
+    where gathered already; else collective: in every rank of a formed process group (nothing
+    outside one)."""
     from neo_core.sharding import _bytes
 
-    if not dist_formed() or dist.get_world_size() == 1:
+    if every is None and (every := ranks_machines(topology)) is None:
         return topology, None
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (topology.device_memory, topology.host_memory))
     least = [min(e[at] for e in every) for at in (0, 1)]  # device, host
     said = []
     for kind, at in (("device memory", 0), ("host memory", 1)):

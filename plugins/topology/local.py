@@ -175,22 +175,16 @@ def load_calibration(path: Path | None = None, record: dict[str, Any] | None = N
 
 
 def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | None,
-                        network: bool = False) -> dict[str, str]:
+                        between: str | None = None) -> dict[str, str]:
     """The ``calibration`` entry of the topology's sources (its description prints it): which
     file, whether its collectives were measured with this topology's number of ranks (a
-    machine's), and where its figure of the network is planned with (``network``), what that
-    was measured between."""
+    machine's), and where its figure of the network is planned with, what that was measured
+    ``between`` (None where the plan does not use it)."""
     if not record:
         return {}
     said = f"{calibration or calibration_path()}"
-    when = record.get("measured_at")
-    if isinstance(when, (int, float)) and not isinstance(when, bool) and when > 0:
-        import time
-
-        try:
-            said += f" ({time.strftime('%Y-%m-%d', time.localtime(when))})"
-        except (OverflowError, OSError, ValueError):  # a hand-edited time: only the record's
-            pass
+    if day := _day(record.get("measured_at")):
+        said += f" ({day})"
     measured_with = record.get("ranks")
     if isinstance(measured_with, int) and not isinstance(measured_with, bool):
         said += f", collectives measured with {measured_with} ranks"
@@ -198,9 +192,22 @@ def _calibration_source(record: dict[str, Any], ranks: int, calibration: str | N
             fix = (f"`neo calibrate --ranks {ranks}` measures them for it" if ranks & (ranks - 1) == 0
                    else "`neo calibrate --ranks` measures them with a power of two ranks, the nearest is closest")
             said += f"; this topology has {ranks}: {fix} (the all-to-all and collective figures depend on it)"
-    if network and (between := _between_machines(record)):
+    if between:
         said += f"; its network figure measured between {between}"
     return {"calibration": said}
+
+
+def _day(when: Any) -> str | None:
+    """A record's time (seconds since the epoch) as ``2026-12-07``; None where it is none, or a
+    hand-edited value no date has."""
+    if not (is_number(when) and when > 0):
+        return None
+    import time
+
+    try:
+        return time.strftime("%Y-%m-%d", time.localtime(when))
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _between_machines(record: dict[str, Any]) -> str | None:
@@ -211,14 +218,8 @@ def _between_machines(record: dict[str, Any]) -> str | None:
     if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2):
         return None
     said = f"{machines} machines" + (f" of {each} rank(s)" if isinstance(each, int) and not isinstance(each, bool) else "")
-    when = record.get("inter_node_measured_at")
-    if is_number(when) and when > 0:
-        import time
-
-        try:
-            said += f", {time.strftime('%Y-%m-%d', time.localtime(when))}"
-        except (OverflowError, OSError, ValueError):
-            pass
+    if day := _day(record.get("inter_node_measured_at")):
+        said += f", {day}"
     return said
 
 
@@ -329,8 +330,8 @@ def local_topology(
         }
     given: dict[str, str] = {}
     network = False  # the file's figure of the network between machines is planned with
+    between = _between_machines(record) if nodes > 1 else None
     if nodes > 1:
-        between = _between_machines(record)
         if inter_node_bw_gbps is not None:
             measured["inter_node_bw"] = inter_node_bw_gbps * GB
             given["inter_node_bw"] = f"given: topology.inter_node_bw_gbps={inter_node_bw_gbps:g}"
@@ -415,7 +416,7 @@ def local_topology(
         compute_device=device,
         device_memory=device_memory,
         host_memory=int(ram * memory_fraction / per_node),
-        sources={**{k: source for k in measured}, **given, **_calibration_source(record, per_node, calibration, network)},
+        sources={**{k: source for k in measured}, **given, **_calibration_source(record, per_node, calibration, between if network else None)},
         assumed=assumed,
         memory_fix=None if device == "cuda" else (
             "add memory (the ranks share this machine's RAM, so more ranks add none; where "

@@ -409,19 +409,23 @@ def network_bandwidth(rank: int, world: int, per_machine: int, repeat: int = 5) 
     return send.numel() * 4 / best
 
 
+def _read_record(path: Path) -> dict[str, Any]:
+    """The calibration file at ``path`` as a dict; empty where there is none, or it is
+    unreadable, not JSON, not text or not an object."""
+    try:
+        read = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return read if isinstance(read, dict) else {}
+
+
 def _merged(path: Path, figures: dict[str, Any]) -> dict[str, Any]:
     """The calibration file at ``path`` with ``figures`` written over its own; an unreadable
     one is replaced, and said so."""
-    data: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            read = json.loads(path.read_text())
-            data = read if isinstance(read, dict) else {}
-        except (OSError, ValueError):  # unreadable, not JSON, not text
-            pass
-        if not data:
-            print(f"warning: {path} was not a calibration file `neo calibrate` writes; replaced by the network's "
-                  "figure alone (run `neo calibrate` on one machine for the others)", file=sys.stderr)
+    data = _read_record(path)
+    if path.is_file() and not data:
+        print(f"warning: {path} was not a calibration file `neo calibrate` writes; replaced by the network's "
+              "figure alone (run `neo calibrate` on one machine for the others)", file=sys.stderr)
     return {**data, **figures}
 
 
@@ -514,12 +518,8 @@ def _kept_network(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     """``data`` (a calibration of this machine) with the network figure the file at ``path``
     holds, where ``neo calibrate`` under torchrun measured it between machines: a calibration
     of one machine does not measure the network, so it keeps it (and says so)."""
-    try:
-        old = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):  # unreadable, not JSON, not text: nothing to keep
-        return data
-    machines = old.get("inter_node_machines") if isinstance(old, dict) else None
-    bw = old.get("inter_node_bw") if isinstance(old, dict) else None
+    old = _read_record(path)
+    machines, bw = old.get("inter_node_machines"), old.get("inter_node_bw")
     if not (isinstance(machines, int) and not isinstance(machines, bool) and machines >= 2) or \
             isinstance(bw, bool) or not isinstance(bw, (int, float)):
         return data
