@@ -428,8 +428,9 @@ def test_calibrate_then_train_over_two_machines_launched_by_torchrun(tmp_path) -
     assert f"interrupted: stopped after step {step} of 100000: checkpoint at step {step}" in err1 and \
         "(rank 2, this machine's first, stopped with the others)" in err1, err1[-3000:]
     assert "rank 3" not in err1  # one line a machine
-    # two agents on one host: their ranks share its cores, which each took as its machine's (8x slower)
-    assert "warning: ranks 0, 1, 2, 3 run on one host (" in err0 and "trainer.threads_per_rank=1" in err0, err0[-3000:]
+    # two agents on one host: their ranks share its cores and memory, which each took as its machine's
+    assert "warning: ranks 0, 1, 2, 3 run on one host (" in err0 and "they share its cores and its memory" in err0, \
+        err0[-3000:]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert (plan["topology"]["num_nodes"], plan["topology"]["devices_per_node"]) == (2, 2)
     assert plan["topology"]["inter_node_bw"] == data["inter_node_bw"]

@@ -257,12 +257,16 @@ def plan_run(parts: RunParts) -> PlanResult:
     return result
 
 
-def rank_plan(parts: RunParts, model: Any, digest: str | None) -> PlanResult:
+def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bool = True) -> PlanResult:
     """A rank's plan: the one this process made before the rank started, where it made the
-    plan the run printed (``digest``), else the rank's own (``checked_plan``)."""
-    every = ranks_machines(parts.topology)  # one gather for both checks
+    plan the run printed (``digest``), else the rank's own (``checked_plan``). Where
+    ``threads_given`` is false (``trainer.threads_per_rank`` unset), the rank's threads are set
+    anew from the cores the ranks share (:func:`threads_by_cores`)."""
+    every = ranks_machines(parts.topology)  # one gather for the checks below
     parts, unequal = on_the_smallest_machine(parts, every)
-    hosts = [host for *_, host in every] if every is not None else None
+    hosts = [e[2] for e in every] if every is not None else None
+    if every is not None and not threads_given:
+        set_threads_by_cores(every)
     if started_as_rank() and (crowded := ranks_sharing_a_host(hosts)) and int(os.environ.get("RANK", "0")) == 0:
         print(f"warning: {crowded}", file=sys.stderr, flush=True)
     made = _PLANNED_HERE.pop(digest, None) if digest is not None and not unequal else None
@@ -278,24 +282,84 @@ UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
 SAME_MEMORY = 0.01  # machines whose memory a rank differs by less than this share are alike
 
 
-def ranks_machines(topology: Topology) -> list[tuple[int, int, str]] | None:
-    """Every rank's device and host memory (as its machine's ``topology`` gives them) and host
-    name, by rank; None outside a formed process group of two or more ranks. Collective."""
+def ranks_machines(topology: Topology) -> list[tuple[int, int, str, tuple[int, ...] | None, int]] | None:
+    """Every rank's device and host memory (as its machine's ``topology`` gives them), host
+    name, the cores it may run on (None where the system does not say) and its torch threads,
+    by rank; None outside a formed process group of two or more ranks. Collective."""
     import torch.distributed as dist
 
     if not dist_formed() or dist.get_world_size() == 1:
         return None
+    try:
+        cores: tuple[int, ...] | None = tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this system (macOS, Windows)
+        cores = None
     every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, (topology.device_memory, topology.host_memory, socket.gethostname()))
+    dist.all_gather_object(every, (topology.device_memory, topology.host_memory, socket.gethostname(), cores,
+                                   torch.get_num_threads()))
     return every
+
+
+def dist_rank() -> int:
+    """This process's rank in its formed process group (0 outside one)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist_formed() else 0
+
+
+def threads_by_cores(every: list[tuple[Any, ...]]) -> list[int]:
+    """Each rank's torch threads: the cores it may run on over the ranks of its host that may
+    run on any of them (:func:`ranks_machines`' ``every``). Each rank took its cores over its
+    machine's ranks (``LOCAL_WORLD_SIZE``) before the ranks could see each other: too few where
+    a launcher binds each rank to cores of its own (``srun --cpu-bind``, ``torchrun
+    --numa-binding``: 16 cores a rank gave 2 threads of 8 ranks), too many where several
+    launches share a host (two torchrun agents of one rank each took both of 2 cores, 8.5x
+    slower). A rank whose cores are unknown keeps its threads."""
+    threads = []
+    for *_, host, cores, now in every:
+        if not cores:
+            threads.append(now)
+            continue
+        mine = set(cores)
+        sharing = sum(1 for e in every if e[2] == host and (not e[3] or mine.intersection(e[3])))
+        threads.append(max(1, len(mine) // sharing))
+    return threads
+
+
+def set_threads_by_cores(every: list[tuple[Any, ...]]) -> int:
+    """Set this rank's torch threads by :func:`threads_by_cores` (rank 0 says what changed, in
+    every rank); the threads set."""
+    threads = threads_by_cores(every)
+    mine = threads[dist_rank()]
+    if mine != torch.get_num_threads():
+        torch.set_num_threads(mine)
+        os.environ["OMP_NUM_THREADS"] = str(mine)
+    if dist_rank() == 0 and (said := threads_note(every, threads)):
+        print(f"note: {said}", file=sys.stderr, flush=True)
+    return mine
+
+
+def threads_note(every: list[tuple[Any, ...]], threads: list[int]) -> str | None:
+    """What :func:`threads_by_cores` changed, for rank 0 to say; None where nothing."""
+    changed = [r for r, (e, t) in enumerate(zip(every, threads)) if e[4] != t]
+    if not changed:
+        return None
+    r = changed[0]
+    host, cores = every[r][2], every[r][3] or ()
+    sharing = sum(1 for e in every if e[2] == host and (not e[3] or set(cores).intersection(e[3])))
+    whose = f"rank {r}" if len(changed) == 1 else f"{len(changed)} ranks (rank {r}:"
+    return (f"torch threads set by the cores the ranks may run on: {whose} {every[r][4]} -> {threads[r]}"
+            f"{')' if len(changed) > 1 else ''}, {len(cores)} core(s) shared by {sharing} rank(s) on {host} "
+            "(trainer.threads_per_rank sets them).")
 
 
 def ranks_sharing_a_host(hosts: list[str] | None = None) -> str | None:
     """Where more of a launch's ranks run on one host than its ranks a machine
     (``LOCAL_WORLD_SIZE``: several torchrun agents started on one host), what that costs and the
-    fix; else None. Each rank took the host's cores over its machine's ranks as its threads, so
-    two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower. ``hosts``: every
-    rank's host name, where gathered already; else collective."""
+    fix; else None. The plan gives each machine of the launch a machine's memory, and without
+    :func:`threads_by_cores` each rank took the host's cores over its machine's ranks as its
+    threads (two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower).
+    ``hosts``: every rank's host name, where gathered already; else collective."""
     import torch.distributed as dist
 
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
@@ -312,12 +376,12 @@ def ranks_sharing_a_host(hosts: list[str] | None = None) -> str | None:
     if len(ranks) <= int(local):
         return None
     return (f"ranks {', '.join(map(str, ranks[:8]))}{' ...' if len(ranks) > 8 else ''} run on one host ({host}), though "
-            f"the launch says {local} a machine (LOCAL_WORLD_SIZE): each took its threads as if it had the host's "
-            f"cores over {local}, so they share cores (torchrun started more than once on one host?); give "
-            "trainer.threads_per_rank=1, or start torchrun once a machine.")
+            f"the launch says {local} a machine (LOCAL_WORLD_SIZE): they share its cores and its memory, where the "
+            "plan gives each machine a machine's (torchrun started more than once on one host?); start torchrun "
+            "once a machine, or emulate machines on this one with recipes/train.py +topology.num_nodes=N.")
 
 
-def on_the_smallest_machine(parts: RunParts, every: list[tuple[int, int, str]] | None = None) -> tuple[RunParts, str | None]:
+def on_the_smallest_machine(parts: RunParts, every: list[tuple[Any, ...]] | None = None) -> tuple[RunParts, str | None]:
     """``parts`` planning for the least memory of the ranks' machines (:func:`least_memory`;
     ``every``: :func:`ranks_machines`, where gathered already), with its note; else ``parts``
     as they are, and None."""
@@ -327,7 +391,7 @@ def on_the_smallest_machine(parts: RunParts, every: list[tuple[int, int, str]] |
     return replace(parts, topology=topology, context=replace(parts.context, topology=topology)), note
 
 
-def least_memory(topology: Topology, every: list[tuple[int, int, str]] | None = None) -> tuple[Topology, str | None]:
+def least_memory(topology: Topology, every: list[tuple[Any, ...]] | None = None) -> tuple[Topology, str | None]:
     """``topology`` with the least device and host memory any rank's machine gives it, and a
     note saying so, where the ranks' machines differ (machines of a torchrun launch with more
     or less RAM); else ``topology`` as it is, and None. Every rank runs rank 0's plan: made for
@@ -1129,7 +1193,7 @@ def rank_main(
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
     module = NeoModule(
         model,
-        planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest),
+        planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest, cfg.threads_per_rank is not None),
         on_plan=(lambda plan: _record_plan_run(plan, launch, out)) if rank == 0 else None,
         sharders_fn=lambda: checked_sharders(parts.planner, parts.context),
         kernel=parts.kernel,

@@ -95,3 +95,42 @@ def test_ranks_on_machines_of_unequal_memory_plan_for_the_least() -> None:
         out[0]["note"].endswith("): planned for the least, as every rank runs this plan."), out[0]["note"]
     # alike machines, to within a few pages of RAM: the plan is each one's own, and nothing is said
     assert [o["note"] for o in MultiProcessRunner().run(_smallest, 2, [0.5, 0.4999])] == [None, None]
+
+
+def _threads(rank: int, world_size: int, bound: list[list[int]], start: int) -> dict[str, Any]:
+    """Rank ``rank`` bound to the cores ``bound[rank]`` (as a launcher binds it), having taken
+    ``start`` threads: the threads it runs with once the ranks compared their cores."""
+    import contextlib
+    import io
+    import os
+
+    import torch
+
+    from neo_core.training.run import ranks_machines, set_threads_by_cores
+    from neo_plugins.topology.local import local_topology
+
+    os.sched_setaffinity(0, bound[rank])
+    torch.set_num_threads(start)
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        set_threads_by_cores(ranks_machines(local_topology(world_size=world_size, compute_device="cpu")))
+    return {"threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"), "said": said.getvalue()}
+
+
+@pytest.mark.slow  # spawns 2 gloo ranks
+def test_ranks_sharing_cores_take_threads_of_their_share_and_rank_0_says_so() -> None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    # two launches of one rank each on one host (two torchrun agents): each took every core
+    out = MultiProcessRunner().run(_threads, 2, [cores, cores], len(cores))
+    assert [o["threads"] for o in out] == [len(cores) // 2] * 2
+    assert [o["omp"] for o in out] == [str(len(cores) // 2)] * 2
+    assert out[0]["said"].startswith(f"note: torch threads set by the cores the ranks may run on: 2 ranks (rank 0: "
+                                     f"{len(cores)} -> {len(cores) // 2}), {len(cores)} core(s) shared by 2 rank(s)")
+    assert out[1]["said"] == ""  # rank 0 says it
+    # bound to cores of their own: each rank its own, as it took them; nothing to say
+    out = MultiProcessRunner().run(_threads, 2, [cores[:1], cores[1:2]], 1)
+    assert [(o["threads"], o["said"]) for o in out] == [(1, ""), (1, "")]

@@ -1468,3 +1468,36 @@ def test_a_launch_that_says_no_local_size_is_checked_as_torchrec_forms_its_nodes
     with pytest.raises(ConfigError, match=r"over nodes of 4 rank\(s\) .*, but 8 rank\(s\) share each machine here "
                                           r"\(TorchRec's default where no LOCAL_WORLD_SIZE is set: 8"):
         check_node_layout(plan_tables(tables, four_by_four, 64, sharding_types=["TWRW"]), launch, four_by_four)
+
+
+def test_threads_are_each_ranks_cores_over_the_ranks_that_share_them() -> None:
+    # each rank first takes its cores over its machine's ranks (LOCAL_WORLD_SIZE); once the
+    # ranks see each other, the cores each may use over the ranks of its host that may use them
+    from neo_core.training.run import threads_by_cores, threads_note
+
+    def ranks(host: str, bound: list[tuple[int, ...] | None], now: int) -> list[tuple]:
+        return [(1, 1, host, cores, now) for cores in bound]
+
+    # a launcher binding each of 8 ranks to 16 cores of its own (srun --cpu-bind): 16 each, not 2
+    bound = ranks("a", [tuple(range(16 * r, 16 * r + 16)) for r in range(8)], 2)
+    assert threads_by_cores(bound) == [16] * 8
+    assert threads_note(bound, threads_by_cores(bound)) == (
+        "torch threads set by the cores the ranks may run on: 8 ranks (rank 0: 2 -> 16), 16 core(s) shared by 1 "
+        "rank(s) on a (trainer.threads_per_rank sets them).")
+    # the machine's ranks sharing its cores (a container's 2 of 64): as they took them, nothing said
+    shared = ranks("a", [(3, 7)] * 2, 1)
+    assert threads_by_cores(shared) == [1, 1] and threads_note(shared, [1, 1]) is None
+    # two launches of one rank each on one 2-core host: each took both cores; now one each
+    crowded = ranks("a", [(0, 1)], 2) + ranks("a", [(0, 1)], 2)
+    assert threads_by_cores(crowded) == [1, 1]
+    assert threads_note(crowded, [1, 1]).startswith(
+        "torch threads set by the cores the ranks may run on: 2 ranks (rank 0: 2 -> 1), 2 core(s) shared by 2 rank(s)")
+    # ranks on other hosts do not share this host's cores; a rank whose cores are unknown keeps
+    # its threads, and is counted as sharing the cores of its host's others
+    mixed = ranks("a", [(0, 1, 2, 3)], 2) + ranks("b", [(0, 1, 2, 3)], 2) + ranks("b", [None], 3)
+    assert threads_by_cores(mixed) == [4, 2, 3]
+    assert threads_note(mixed, [4, 2, 3]) == (
+        "torch threads set by the cores the ranks may run on: rank 0 2 -> 4, 4 core(s) shared by 1 rank(s) on a "
+        "(trainer.threads_per_rank sets them).")
+    # cores shared in part: each rank's over the ranks it shares any with
+    assert threads_by_cores(ranks("a", [(0, 1, 2, 3), (2, 3, 4, 5), (4, 5, 6, 7)], 1)) == [2, 1, 2]
