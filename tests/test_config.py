@@ -464,3 +464,19 @@ def test_every_bad_trainer_setting_is_named_at_once(hydra_conf) -> None:
                      "trainer.max_steps must be a positive integer, got 0.",
                      "trainer.resume must be true or false, got 'yes'.",
                      "seed must be a whole number, 0 or more, got -1.")
+
+
+def test_a_plan_a_rank_makes_itself_is_checked_as_the_printed_one_was(hydra_conf) -> None:
+    # a rank plans anew where its machine has less memory than rank 0's: that plan may split
+    # tables otherwise (row-wise), which the run's precision cannot send over gloo; it was built
+    # unchecked, and failed inside TorchRec
+    from neo_core.training.run import rank_plan
+
+    run = validate(compose_run("compression=fp16", "compression.backward=int8", "+sharding.sharding_types=[RW,DP]",
+                               "trainer.world_size=2"))
+    launch = resolve_launch(run)
+    parts = build_parts(run, launch)
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    assert rank_plan(parts, model, None).tables  # without the launch: not checked
+    with pytest.raises(ConfigError, match=r"cannot run over gloo for t_cat_0 \(RW\)"):
+        rank_plan(parts, model, None, launch=launch)

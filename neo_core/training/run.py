@@ -257,9 +257,12 @@ def plan_run(parts: RunParts) -> PlanResult:
     return result
 
 
-def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bool = True) -> PlanResult:
+def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bool = True,
+              launch: Launch | None = None) -> PlanResult:
     """A rank's plan: the one this process made before the rank started, where it made the
-    plan the run printed (``digest``), else the rank's own (``checked_plan``). Where
+    plan the run printed (``digest``), else the rank's own (``checked_plan``; with ``launch``,
+    checked as the printed one was before the ranks started: a plan made anew for a smaller
+    machine may shard tables otherwise, e.g. row-wise, which int8 over gloo cannot run). Where
     ``threads_given`` is false (``trainer.threads_per_rank`` unset), the rank's threads are set
     anew from the cores the ranks share (:func:`threads_by_cores`)."""
     every = ranks_machines(parts.topology)  # one gather for the checks below
@@ -273,6 +276,9 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bo
     if made is not None:
         return made
     result = checked_plan(parts, model)
+    if launch is not None:
+        check_compression_on_gloo(result, launch, parts.compressor, parts.planner)
+        check_node_layout(result, launch, parts.topology)
     if unequal:
         result.notes = [unequal, *result.notes]
     return result
@@ -1193,7 +1199,7 @@ def rank_main(
     model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
     module = NeoModule(
         model,
-        planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest, cfg.threads_per_rank is not None),
+        planner_fn=lambda m: rank_plan(parts, m, launch.plan_digest, cfg.threads_per_rank is not None, launch),
         on_plan=(lambda plan: _record_plan_run(plan, launch, out)) if rank == 0 else None,
         sharders_fn=lambda: checked_sharders(parts.planner, parts.context),
         kernel=parts.kernel,
