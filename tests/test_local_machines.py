@@ -293,8 +293,8 @@ def test_a_plan_for_the_least_memory_is_saved_and_said_even_where_its_shards_are
                       notes=[f"{UNEQUAL_MACHINES} (1.00GiB to 8.00GiB of device memory a rank): planned for the least"])
     launch = Launch(2, "cpu", "gloo", True, plan_digest=plan_digest(plan))
     _record_plan_run(plan, launch, tmp_path)
-    assert "note: the ranks' machines give them unequal memory: the plan above, planned again for the least, puts " \
-           "the same shards on the same ranks" in capsys.readouterr().out
+    assert "note: the ranks' machines give them unequal memory (1.00GiB to 8.00GiB of device memory a rank): the plan " \
+           "above, planned again for the least, puts the same shards on the same ranks" in capsys.readouterr().out
     assert UNEQUAL_MACHINES in (tmp_path / "plan.txt").read_text()
     # alike machines, the same plan: nothing to save again or say
     (tmp_path / "plan.txt").unlink()

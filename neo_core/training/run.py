@@ -285,6 +285,8 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bo
 
 
 UNEQUAL_MACHINES = "The ranks' machines give them unequal memory"
+SHARED_HOST = "Ranks share a host's memory"
+LEAST_MEMORY = (UNEQUAL_MACHINES, SHARED_HOST)  # the notes of a plan made for less memory than rank 0's topology
 SAME_MEMORY = 0.01  # machines whose memory a rank differs by less than this share are alike
 
 
@@ -408,6 +410,10 @@ def least_memory(topology: Topology, every: list[tuple[Any, ...]] | None = None)
 
     if every is None and (every := ranks_machines(topology)) is None:
         return topology, None
+    if topology.name == "local" and "NEO_SPAWNED" not in os.environ:  # the recipe's emulated nodes share already
+        every, shared = _host_shares(every, topology.compute_device == "cpu")
+    else:
+        shared = None
     least = [min(e[at] for e in every) for at in (0, 1)]  # device, host
     said = []
     for kind, at in (("device memory", 0), ("host memory", 1)):
@@ -415,11 +421,39 @@ def least_memory(topology: Topology, every: list[tuple[Any, ...]] | None = None)
         if most > least[at] * (1 + SAME_MEMORY):  # "alike" machines differ by a few pages of RAM
             rank = next(r for r, e in enumerate(every) if e[at] == least[at])
             said.append(f"{kind} {_bytes(least[at], 3)} to {_bytes(most, 3)} a rank, the least rank {rank}'s machine's")
-    if not said:
+    if not said and not shared:
         return topology, None
     device, host = least
-    note = f"{UNEQUAL_MACHINES} ({'; '.join(said)}): planned for the least, as every rank runs this plan."
-    return topology.replace(device_memory=device, host_memory=host, memory_fix=topology.memory_fix), note
+    why = [f"{SHARED_HOST} ({shared})"] if shared else []
+    if said:
+        why.append(f"{UNEQUAL_MACHINES if not why else UNEQUAL_MACHINES.lower()} ({'; '.join(said)})")
+    note = f"{'; '.join(why)}: planned for the least, as every rank runs this plan."
+    return topology.replace(device_memory=int(device), host_memory=int(host), memory_fix=topology.memory_fix), note
+
+
+def _host_shares(every: list[tuple[Any, ...]], cpu: bool) -> tuple[list[tuple[Any, ...]], str | None]:
+    """``every`` (:func:`ranks_machines`) with each rank's memory its share of its host's, where
+    more ranks run on the host than the launch's ranks a machine (``LOCAL_WORLD_SIZE``: torchrun
+    started more than once on one host), and what that changed; else as it is, and None. Each
+    launch's ranks took the host's memory as their machine's (the ``local`` topology), so
+    together twice the host's where two launches share it. CUDA ranks share the host's memory,
+    not their devices'."""
+    from neo_core.sharding import _bytes
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or int(local) < 1:
+        return every, None
+    on_host = {h: sum(1 for e in every if e[2] == h) for h in {e[2] for e in every}}
+    crowded = {h: n for h, n in on_host.items() if n > int(local)}
+    if not crowded:
+        return every, None
+    shared = [(e[0] * (int(local) / on_host[e[2]] if cpu and e[2] in crowded else 1),
+               e[1] * (int(local) / on_host[e[2]] if e[2] in crowded else 1), *e[2:]) for e in every]
+    host, n = max(crowded.items(), key=lambda item: (item[1], item[0]))
+    rank = next(r for r, e in enumerate(every) if e[2] == host)
+    kinds = "memory" if cpu else "host memory"
+    return shared, (f"{n} ranks on {host}, though the launch says {local} a machine: {kinds} "
+                    f"{_bytes(shared[rank][0 if cpu else 1], 3)} a rank, not {_bytes(every[rank][0 if cpu else 1], 3)}")
 
 
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
@@ -1047,15 +1081,17 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
     environment), plan.json and plan.txt are made the plan run, and the run says so."""
     from neo_core.training.module import plan_digest
 
-    least = bool(plan.notes) and plan.notes[0].startswith(UNEQUAL_MACHINES)
+    least = bool(plan.notes) and plan.notes[0].startswith(LEAST_MEMORY)
     if launch.plan_digest is None or (launch.plan_digest == plan_digest(plan) and not least):
         return
     _save_plan(plan, out)  # planned for the least memory: its capacities, even where its shards are the same
     if least and launch.plan_digest == plan_digest(plan):
-        said = ("note: the ranks' machines give them unequal memory: the plan above, planned again for the least, "
-                "puts the same shards on the same ranks; plan.json and plan.txt hold it with those capacities")
+        said = (f"note: {plan.notes[0][0].lower()}{plan.notes[0][1:].split(': planned')[0]}: the plan above, planned "
+                "again for the least, puts the same shards on the same ranks; plan.json and plan.txt hold it with those "
+                "capacities")
     else:
-        why = ("the ranks' machines give them unequal memory, and the plan is for the least" if least else
+        why = ("some ranks have less memory than rank 0's machine gave each before they started, and the plan is for "
+               "the least" if least else
                "a plugin whose result depends on the process: its rank, the time or its environment")
         said = f"warning: the ranks built another plan than the one printed above ({why}); they run rank 0's, which " \
                "plan.json and plan.txt now hold"

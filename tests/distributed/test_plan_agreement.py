@@ -134,3 +134,45 @@ def test_ranks_sharing_cores_take_threads_of_their_share_and_rank_0_says_so() ->
     # bound to cores of their own: each rank its own, as it took them; nothing to say
     out = MultiProcessRunner().run(_threads, 2, [cores[:1], cores[1:2]], 1)
     assert [(o["threads"], o["said"]) for o in out] == [(1, ""), (1, "")]
+
+
+def _on_one_host(rank: int, world_size: int, local: int, device: str) -> dict[str, Any]:
+    """Rank ``rank`` of a launch of ``local`` ranks a machine, all on this host (torchrun
+    started more than once on it): the memory it plans with."""
+    import os
+
+    from neo_core.training.run import least_memory
+    from neo_plugins.topology.local import local_topology
+
+    os.environ["LOCAL_WORLD_SIZE"] = str(local)
+    topology = local_topology(world_size=world_size, num_nodes=world_size // local, compute_device="cpu")
+    if device == "cuda":  # a GPU machine's topology: its devices' memory is each rank's own
+        topology = topology.replace(compute_device="cuda", memory_fix=topology.memory_fix)
+    planned, note = least_memory(topology)
+    return {"mine": (topology.device_memory, topology.host_memory),
+            "planned": (planned.device_memory, planned.host_memory), "note": note}
+
+
+@pytest.mark.slow  # spawns 2 gloo ranks
+def test_launches_sharing_a_host_plan_for_their_share_of_its_memory() -> None:
+    import socket
+
+    from neo_core.sharding import _bytes
+
+    # two torchrun agents of one rank each on one host: each took the host's memory as its
+    # machine's, so the plan could put twice the host's memory on it
+    out = MultiProcessRunner().run(_on_one_host, 2, 1, "cpu")
+    (device, host) = out[0]["mine"]
+    assert [o["planned"] for o in out] == [(device // 2, host // 2)] * 2
+    host_name = socket.gethostname()
+    assert out[0]["note"] == out[1]["note"] == (
+        f"Ranks share a host's memory (2 ranks on {host_name}, though the launch says 1 a machine: memory "
+        f"{_bytes(device // 2, 3)} a rank, not {_bytes(device, 3)}): planned for the least, as every rank runs this "
+        "plan."), out[0]["note"]
+    # CUDA ranks share the host's memory, not their devices'
+    out = MultiProcessRunner().run(_on_one_host, 2, 1, "cuda")
+    (device, host) = out[0]["mine"]
+    assert [o["planned"] for o in out] == [(device, host // 2)] * 2
+    assert f"though the launch says 1 a machine: host memory {_bytes(host // 2, 3)} a rank" in out[0]["note"]
+    # one launch of 2 ranks on this host: nothing shared beyond the launch's own ranks
+    assert [o["note"] for o in MultiProcessRunner().run(_on_one_host, 2, 2, "cpu")] == [None, None]
