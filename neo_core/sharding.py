@@ -164,6 +164,8 @@ class TableSpec:
                 isinstance(value, bool) or not isinstance(value, Real)
             ):
                 raise ConfigError(f"Table {self.name!r} has {key} {value!r}; it must be a number.")
+            if value is not None and type(value) is not float:  # numpy's float32 too: plan.json writes floats
+                object.__setattr__(self, key, float(value))
         if not self.pooling_factor > 0 or math.isinf(self.pooling_factor):
             raise ConfigError(
                 f"Table {self.name!r} has pooling_factor {self.pooling_factor!r}; it must be "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import replace
@@ -222,6 +223,20 @@ def test_numpy_integers_are_accepted_as_plain_ints():
     # whole numbers written as floats, as everywhere: 1e7 rows
     spec = TableSpec("t", 1e7, np.float64(16))
     assert (spec.num_embeddings, spec.embedding_dim) == (10_000_000, 16) and type(spec.num_embeddings) is int
+
+
+def test_numpy_floats_are_kept_as_plain_floats_and_the_plan_saves(tmp_path):
+    # statistics from float32 arrays planned, then saving the plan failed: float32 is no JSON number
+    from neo_core.api import plan_tables
+    from neo_plugins.sharding.planner.report import save_all
+    from neo_plugins.topology.local import local_topology
+
+    spec = TableSpec("t", 1000, 16, pooling_factor=np.float32(2.5), hot_fraction=np.float32(0.25))
+    assert type(spec.pooling_factor) is float and type(spec.hot_fraction) is float
+    assert (spec.pooling_factor, spec.hot_fraction) == (2.5, 0.25)
+    result = plan_tables([spec], local_topology(world_size=2, compute_device="cpu"), 64)
+    saved = json.loads(save_all(result, tmp_path)["json"].read_text())
+    assert [(t["spec"]["pooling_factor"], t["spec"]["hot_fraction"]) for t in saved["tables"]] == [(2.5, 0.25)]
 
 
 @pytest.mark.parametrize(
