@@ -398,7 +398,8 @@ def plan_model(
             if os.environ.get("RANK", "0") == "0":
                 print(f"note: {unequal}", file=sys.stderr)
     result.torchrec_sharders = checked_sharders(chosen, context)
-    check_ranks(result, kernel=context.kernel)  # the sharders' kernel, whatever a saved plan says
+    # the sharders' kernel and compressor, whatever a saved plan says
+    check_ranks(result, kernel=context.kernel, compressor=context.compressor, planner=chosen)
     return result
 
 
@@ -463,15 +464,17 @@ def _local_as_the_group(topology: Any) -> Any:
     return node
 
 
-def check_ranks(result: PlanResult, process_group: Any = None, kernel: EmbeddingKernel | None = None) -> None:
+def check_ranks(result: PlanResult, process_group: Any = None, kernel: EmbeddingKernel | None = None,
+                compressor: Compressor | None = None, planner: Planner | None = None) -> None:
     """Refuse a plan that the ranks of ``process_group`` (the default group; before it is
     formed, the launch's ``WORLD_SIZE``; nothing outside both) cannot execute: another number
     of ranks, another kind of device than the group's backend drives (NCCL: CUDA, gloo: CPU),
     a fused kernel FBGEMM has no CPU code for on CPU ranks (``kernel``: the one the sharders
     are built with; else the plan's settings), or nodes of another size than the machines'
     ranks (``LOCAL_WORLD_SIZE``, from which TorchRec forms the nodes of table-row-wise and grid
-    sharding). TorchRec failed deep inside on each, with an IndexError, a shard's device or
-    FBGEMM's AssertionError."""
+    sharding), or a precision of ``compressor`` the plan's collectives cannot send over gloo
+    (``planner``: the one that planned, for the fix). TorchRec failed deep inside on each, with
+    an IndexError, a shard's device or FBGEMM's AssertionError."""
     import torch.distributed as dist
 
     formed = dist_formed()
@@ -506,6 +509,11 @@ def check_ranks(result: PlanResult, process_group: Any = None, kernel: Embedding
                            else ("fused", result.settings.get("optimizer")))
         if problem := cpu_kernel_problem(used, optimizer):
             raise ConfigError(f"The kernel cannot run on these CPU ranks: {problem.replace('kernel.optimizer=', 'optimizer ')}")
+    if formed and compressor is not None and str(dist.get_backend(process_group)) == "gloo" and world > 1:
+        from neo_core.training.run import gloo_compression_problem
+
+        if problem := gloo_compression_problem(result, compressor, planner, api=True):
+            raise ConfigError(problem)  # TorchRec failed inside the first step, with a shape error or an assertion
     from neo_core.training.run import node_local_tables, node_size_problem, torchrec_local_size
 
     if not node_local_tables(result):

@@ -617,9 +617,11 @@ def check_compression_on_gloo(plan: PlanResult, launch: Launch, compressor: Comp
         raise ConfigError(problem)
 
 
-def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: Any = None) -> str | None:
+def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: Any = None,
+                             api: bool = False) -> str | None:
     """Why the plan's collectives cannot run over gloo in the compressor's precisions, with the
-    fix; None where they can (``recipes/plan.py`` says it as a note on CPU topologies)."""
+    fix; None where they can (``recipes/plan.py`` says it as a note on CPU topologies). ``api``:
+    the fix in ``plan_model``'s arguments, not the recipes' settings."""
     for precision, types in _GLOO_FAILS.items():
         if precision not in (compressor.forward_precision, compressor.backward_precision):
             continue
@@ -628,13 +630,17 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
             continue
         allowed = ",".join(s.short for s in ShardingType if s.value not in types)
         # only Neo's planner takes a list of sharding types
-        restrict = f"sharding.sharding_types=[{allowed}]"
+        restrict = f"sharding_types=[{allowed}]" if api else f"sharding.sharding_types=[{allowed}]"
         if not hasattr(planner, "allowed"):
-            restrict = f"sharding=neo {restrict}"
+            restrict = f"planner='neo', {restrict}" if api else f"sharding=neo {restrict}"
+        both = ("compressor={'name': 'fp16', 'backward': 'fp16'}" if api
+                else "compression=fp16 compression.backward=fp16")
         if precision == "fp8":  # RW runs, but sends bf16 (no fp8 reduce-scatter); DP sends nothing
+            int8 = ",".join(s.short for s in ShardingType if s.value not in _GLOO_FAILS["int8"])
             other = (
-                "no sharding type sends fp8 over gloo: row-wise tables send their gradients in bf16 instead "
-                "(TorchRec has no fp8 reduce-scatter) and data-parallel tables exchange no embeddings"
+                f"or int8 where every table is of a type that carries it ({int8}); no sharding type sends fp8 over "
+                "gloo: row-wise tables send their gradients in bf16 instead (TorchRec has no fp8 reduce-scatter) and "
+                "data-parallel tables exchange no embeddings"
             )
         else:
             other = f"or keep to the sharding types that can carry {precision}: {restrict}"
@@ -642,7 +648,7 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
             f"compression {compressor.name!r} sends {precision} "
             f"(forward {compressor.forward_precision}, backward {compressor.backward_precision}), which "
             f"TorchRec cannot run over gloo for {_some_tables(hit)}. On CPU ranks send fp32, fp16 or bf16 both ways "
-            f"(e.g. compression=fp16 compression.backward=fp16); {other}."
+            f"(e.g. {both}); {other}."
         )
     return None
 

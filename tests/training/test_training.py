@@ -151,6 +151,7 @@ def test_a_precision_gloo_cannot_carry_is_refused_before_the_ranks_start(backwar
         assert "keep to the sharding types that can carry int8: sharding.sharding_types=[DP,TW,CW,TWCW]" in message
     else:  # RW falls back to bf16 (no fp8 reduce-scatter): no type carries fp8 over gloo
         assert "sharding_types=[" not in message and "no sharding type sends fp8 over gloo" in message, message
+        assert "or int8 where every table is of a type that carries it (DP,TW,CW,TWCW)" in message, message
     assert not (tmp_path / "logs").exists()  # no rank started
 
 
