@@ -1016,7 +1016,7 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         from neo_core.training.interrupt import run_ranks
 
         made = _PLANNED_HERE.get(launch.plan_digest) if launch.plan_digest else None  # each rank runs it
-        asked = run_ranks(_spawned_rank, (launch, payload, _free_port(), made), launch.world_size,
+        asked = run_ranks(_spawned_rank, (launch, payload, _free_port(), made, os.getpid()), launch.world_size,
                           then=_after_stop(run.trainer))
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
@@ -1105,11 +1105,12 @@ def _record_plan_run(plan: PlanResult, launch: Launch, out: Path) -> None:
 
 
 def _spawned_rank(local_rank: int, launch: Launch, payload: dict[str, Any], port: int, made: PlanResult | None,
-                  stop: Any) -> None:
-    """A rank the starting process spawned. ``made``: the plan that process made (and printed,
-    saved and checked) for the run, which the rank runs rather than planning the model again
-    (``rank_plan``; TorchRec's planner takes minutes on large models, once per rank)."""
-    parent = os.getppid()  # the process that started this rank (run_ranks)
+                  parent: int, stop: Any) -> None:
+    """A rank the starting process (``parent``, its pid) spawned. ``made``: the plan that
+    process made (and printed, saved and checked) for the run, which the rank runs rather than
+    planning the model again (``rank_plan``; TorchRec's planner takes minutes on large models,
+    once per rank)."""
+    _end_when_orphaned(parent, local_rank, payload.get("output_dir"))
     from neo_core.plugins import QUIET_ENV
 
     if made is not None and launch.plan_digest is not None:
@@ -1173,6 +1174,42 @@ def _after_stop(trainer: Any) -> str:
     from neo_core.training.interrupt import after_stop
 
     return after_stop(trainer.checkpoint, trainer.checkpoint_every_n_steps, bool(trainer.val_batches))
+
+
+ORPHAN_POLL_S = 0.2  # how often a spawned rank looks for its starting process
+
+
+def _end_when_orphaned(parent: int, rank: int, out: str | None) -> None:
+    """End this rank at once, now or as soon as it happens, where the run's starting process
+    ``parent`` is gone (killed outright: ``kill -9``, the OOM killer). Its hold on the run's
+    folder went with it, so ranks that trained on (to their next agreement point, or all of
+    a run whose starting process died as they started) met a resumed run in the same folder:
+    both trained and wrote one record. Ended at once, the ranks leave the last checkpoint, as a
+    ``kill -9`` of the whole run does; rank 0 says so."""
+    import threading
+
+    def gone() -> bool:
+        return os.getppid() != parent
+
+    def end() -> None:
+        if rank == 0:
+            where = f" hydra.run.dir={out}" if out else ""
+            print(f"error: the run's starting process (pid {parent}) is gone (killed?): its ranks stop at once, "
+                  f"keeping the last checkpoint; continue with the run's command and trainer.resume=true{where}",
+                  file=sys.stderr, flush=True)
+        from neo_core.training.interrupt import leave_process
+
+        leave_process(1)
+
+    if gone():
+        end()
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(ORPHAN_POLL_S)
+        end()
+
+    threading.Thread(target=watch, name="neo-orphan-watch", daemon=True).start()
 
 
 def rank_main(

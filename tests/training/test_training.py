@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -1502,3 +1503,59 @@ def test_threads_are_each_ranks_cores_over_the_ranks_that_share_them() -> None:
         "(trainer.threads_per_rank sets them).")
     # cores shared in part: each rank's over the ranks it shares any with
     assert threads_by_cores(ranks("a", [(0, 1, 2, 3), (2, 3, 4, 5), (4, 5, 6, 7)], 1)) == [2, 1, 2]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_ranks_whose_starting_process_is_killed_as_they_start_end_at_once_and_free_the_folder(tmp_path: Path) -> None:
+    # kill -9 of the starting process as its ranks started: they read their parent after their
+    # slow start, found init, and trained the whole run with no one holding the folder; a
+    # resumed run then trained beside them into one record
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / "train.py"), *ENDLESS, f"hydra.run.dir={out}"],
+                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            ranks = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+            time.sleep(0.05)
+        assert len(ranks) == 2, proc.communicate(timeout=60)
+        os.kill(proc.pid, signal.SIGKILL)  # the starting process alone, as the ranks start
+        _, stderr = proc.communicate(timeout=120)  # the ranks hold its stderr: read to their end
+        deadline = time.monotonic() + 60
+        while any(Path(f"/proc/{r}").exists() for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(Path(f"/proc/{r}").exists() for r in ranks), stderr[-3000:]
+    finally:
+        for r in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r, signal.SIGKILL)
+    assert not (out / "checkpoint").exists() and not (out / "metrics.json").exists()
+    with open(out / ".neo-running", "a") as lock:  # no one holds the folder
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert f"error: the run's starting process (pid {proc.pid}) is gone (killed?): its ranks stop at once, keeping " \
+           f"the last checkpoint; continue with the run's command and trainer.resume=true hydra.run.dir={out}" in stderr, \
+        stderr[-3000:]
