@@ -35,6 +35,16 @@ class TrainingError(NeoError):
     """Training ended without the results it must leave."""
 
 
+class RankLost(TrainingError):
+    """A rank ended without a Python error (a signal, an exit code), and so the run.
+    ``resume_dir``: the run's folder where a checkpoint there can be continued (the recipe adds
+    the command that continues it)."""
+
+    def __init__(self, message: str, resume_dir: str | None = None) -> None:
+        super().__init__(message)
+        self.resume_dir = resume_dir
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Training stopped early on Ctrl-C, every rank after the same step (says where it saved).
     ``summary``: what stopped and where it saved; ``resume_dir``: the run's folder when a

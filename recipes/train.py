@@ -47,7 +47,7 @@ from neo_core.cli import (
     user_errors,
 )
 from neo_core.config import register_plugin_options
-from neo_core.errors import RunInterrupted
+from neo_core.errors import RankLost, RunInterrupted
 from neo_core.run_folders import (
     check_run_dirs,
     hold_given_dirs,
@@ -311,7 +311,12 @@ def main(cfg: DictConfig) -> float:
                 metrics = _sweep_job(config)
             else:
                 with user_errors():
-                    metrics = train(config)  # type: ignore[arg-type]
+                    try:
+                        metrics = train(config)  # type: ignore[arg-type]
+                    except RankLost as exc:  # a rank killed: the error says how to continue
+                        if exc.resume_dir is None:
+                            raise
+                        raise RankLost(f"{exc}; continue with: {_continue_command(exc.resume_dir)}") from None
                 from neo_core.training.interrupt import asked_as_it_finished
 
                 if asked_as_it_finished():

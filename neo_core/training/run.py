@@ -42,6 +42,7 @@ from neo_core.errors import (
     ConfigError,
     PlanningError,
     PluginError,
+    RankLost,
     RunInterrupted,
     TrainingError,
 )
@@ -1013,11 +1014,16 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
         with rank_in_this_process():
             rank_main(0, launch, payload, port=_free_port())
     else:
+        from torch.multiprocessing.spawn import ProcessExitedException
+
         from neo_core.training.interrupt import run_ranks
 
         made = _PLANNED_HERE.get(launch.plan_digest) if launch.plan_digest else None  # each rank runs it
-        asked = run_ranks(_spawned_rank, (launch, payload, _free_port(), made, os.getpid()), launch.world_size,
-                          then=_after_stop(run.trainer))
+        try:
+            asked = run_ranks(_spawned_rank, (launch, payload, _free_port(), made, os.getpid()), launch.world_size,
+                              then=_after_stop(run.trainer))
+        except ProcessExitedException as exc:  # a rank ended by a signal or an exit code, not a Python error
+            raise rank_lost(exc, out) from None
     metrics_path = out / "metrics.json"
     if rank0 and (not metrics_path.exists() or metrics_path.stat().st_mtime < launched - 1.0):
         # every rank ended without an error, yet none wrote this run's results (an earlier
@@ -1174,6 +1180,27 @@ def _after_stop(trainer: Any) -> str:
     from neo_core.training.interrupt import after_stop
 
     return after_stop(trainer.checkpoint, trainer.checkpoint_every_n_steps, bool(trainer.val_batches))
+
+
+def rank_lost(exc: Any, out: Path) -> RankLost:
+    """The error for a spawned rank that ended without a Python error (``exc``: torch's
+    ``ProcessExitedException``): a signal (the out-of-memory killer's SIGKILL) or an exit
+    code. The other ranks were ended; what the run kept and how to continue. It was torch's
+    traceback, naming neither the folder, the checkpoint nor the command."""
+    from neo_core.training.checkpoint import latest_checkpoint
+
+    how = (f"was ended by signal {exc.signal_name}" + (" (the out-of-memory killer ends processes so: `dmesg` says "
+                                                        "whether it did)" if exc.signal_name == "SIGKILL" else "")
+           if getattr(exc, "signal_name", None) else f"exited with code {exc.exit_code}")
+    try:
+        latest = latest_checkpoint(out / "checkpoint")
+    except CheckpointError:
+        latest = None
+    said = f"rank {exc.error_index} {how}; the other ranks were stopped"
+    if latest is None:
+        return RankLost(f"{said}; no checkpoint was saved in {out}: run the command again to start over "
+                        "(trainer.checkpoint_every_n_steps=<n> saves during training)")
+    return RankLost(f"{said}; the last finished checkpoint is at step {latest[1]} in {latest[0]}", resume_dir=str(out))
 
 
 ORPHAN_POLL_S = 0.2  # how often a spawned rank looks for its starting process

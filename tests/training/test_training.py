@@ -1559,3 +1559,41 @@ def test_ranks_whose_starting_process_is_killed_as_they_start_end_at_once_and_fr
     assert f"error: the run's starting process (pid {proc.pid}) is gone (killed?): its ranks stop at once, keeping " \
            f"the last checkpoint; continue with the run's command and trainer.resume=true hydra.run.dir={out}" in stderr, \
         stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_rank_killed_outright_ends_the_run_with_its_checkpoint_and_the_command_that_continues_it(
+        tmp_path: Path) -> None:
+    # the out-of-memory killer's SIGKILL of one rank ended the run in torch's traceback, naming
+    # neither the checkpoint nor how to continue; train.log held the same traceback
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "recipes" / "train.py"), *ENDLESS, f"hydra.run.dir={out}"],
+                            cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "checkpoint" / "meta.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ranks = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
+        assert len(ranks) == 2, proc.communicate(timeout=60)
+        os.kill(max(ranks), signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 2, stderr[-3000:]
+    step = json.loads((out / "checkpoint" / "meta.json").read_text())["step"]
+    said = re.search(r"error: rank [01] was ended by signal SIGKILL \(the out-of-memory killer ends processes so: "
+                     r"`dmesg` says whether it did\); the other ranks were stopped; the last finished checkpoint is at "
+                     rf"step (\d+) in {re.escape(str(out / 'checkpoint'))}; continue with: .*train\.py .*"
+                     rf"trainer\.resume=true hydra\.run\.dir={re.escape(str(out))}", stderr)
+    assert said and int(said.group(1)) == step, stderr[-3000:]
+    assert "Traceback" not in stderr and said.group(0) in (out / "train.log").read_text()
