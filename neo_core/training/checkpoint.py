@@ -231,14 +231,23 @@ class DistributedCheckpoint(pl.Callback):
             settle(self.path)  # a finished .tmp of a save cut short is swapped in, not deleted
             _remove(tmp)  # an unfinished save of an earlier run
         _barrier()
-        dcp.save(_state(trainer, module), checkpoint_id=str(tmp))
+        try:
+            dcp.save(_state(trainer, module), checkpoint_id=str(tmp))
+        except (Exception, CheckpointException) as exc:  # every rank's save failed alike (a collective)
+            if trainer.is_global_zero:
+                _remove(tmp)
+            raise CheckpointError(self._save_failed(step, tmp, exc)) from exc
         _barrier()
         if trainer.is_global_zero:
-            if self.config is not None:  # what resuming compares with: the run that wrote it
-                (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
-            # the record so far, so that metrics.json covers every step after a crash and resume
-            (tmp / "history.json").write_text(json.dumps(module.record()) + "\n")
-            _write_durably(tmp / "meta.json", json.dumps({"step": step}) + "\n")  # the save is finished
+            try:
+                if self.config is not None:  # what resuming compares with: the run that wrote it
+                    (tmp / "config.json").write_text(json.dumps(self.config, indent=2) + "\n")
+                # the record so far, so that metrics.json covers every step after a crash and resume
+                (tmp / "history.json").write_text(json.dumps(module.record()) + "\n")
+                _write_durably(tmp / "meta.json", json.dumps({"step": step}) + "\n")  # the save is finished
+            except OSError as exc:
+                _remove(tmp)
+                raise CheckpointError(self._save_failed(step, tmp, exc)) from exc
             _remove(old)
             if self.path.exists():
                 self.path.rename(old)
@@ -246,6 +255,32 @@ class DistributedCheckpoint(pl.Callback):
             _remove(old)
         _barrier()
         self._last_saved = step
+
+    def _save_failed(self, step: int, tmp: Path, exc: BaseException) -> str:
+        """What a failed save says, on one line: its cause (a rank's, where the collective save
+        wraps them: torch's message alone was "CheckpointException ranks:dict_keys([0, 1])"),
+        the room left, what is kept and how to continue once there is room. The unfinished
+        save is removed: it held the space a full disk needs."""
+        cause: BaseException = exc
+        failures = getattr(exc, "failures", None)
+        if isinstance(failures, dict) and failures:
+            first = failures[min(failures)]
+            cause = first[0] if isinstance(first, tuple) else first
+        text = (str(cause).strip().splitlines() or [""])[0]
+        said = f"{type(cause).__name__}: {text}" if text else type(cause).__name__
+        try:
+            room = f"; {shutil.disk_usage(self.path.parent).free / 2**20:,.0f} MiB free on its disk"
+        except OSError:
+            room = ""
+        try:
+            latest = latest_checkpoint(self.path)
+        except CheckpointError:
+            latest = None
+        kept = (f"the last finished checkpoint, of step {latest[1]}, is kept in {latest[0]}" if latest
+                else "no checkpoint was finished before it")
+        return (f"saving the checkpoint of step {step} into {tmp} failed ({said}{room}); the unfinished save was "
+                f"removed and {kept}: make room (a full disk, or a file-size limit: `ulimit -f`) and continue with "
+                f"trainer.resume=true hydra.run.dir={self.path.parent}")
 
     def on_fit_start(self, trainer: pl.Trainer, module: Any) -> None:
         if not self.resume:

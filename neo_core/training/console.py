@@ -61,25 +61,41 @@ class _LineFile:
             if self.dropped:
                 return
             *lines, rest = (self.partial[stream] + text).split("\n")
-            for line in lines:
-                if (shown := _shown(line)) is not None:
-                    self.fh.write(shown + "\n")
-            if "\r" in rest:  # a bar redrawn in place: only its last state can show
-                rest = "\r" + rest.rsplit("\r", 1)[-1]
-            self.partial[stream] = rest
-            if lines:
-                self.fh.flush()
+            try:
+                for line in lines:
+                    if (shown := _shown(line)) is not None:
+                        self.fh.write(shown + "\n")
+                if "\r" in rest:  # a bar redrawn in place: only its last state can show
+                    rest = "\r" + rest.rsplit("\r", 1)[-1]
+                self.partial[stream] = rest
+                if lines:
+                    self.fh.flush()
+            except OSError as exc:
+                self._lost(exc)
 
     def close(self) -> None:
         with self.lock:
             if self.dropped:
                 return
-            for stream, rest in self.partial.items():
-                shown = _shown(rest)
-                if shown:
-                    self.fh.write(shown + "\n")
-                self.partial[stream] = ""
-            self.fh.flush()
+            try:
+                for stream, rest in self.partial.items():
+                    shown = _shown(rest)
+                    if shown:
+                        self.fh.write(shown + "\n")
+                    self.partial[stream] = ""
+                self.fh.flush()
+            except OSError as exc:
+                self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        """The file can be written no more (a full disk): the transcript stops there, said once on
+        the console; the run goes on. It was a traceback of its own after the run's error."""
+        self.dropped = True
+        with contextlib.suppress(Exception):
+            sys.__stderr__.write(f"warning: {getattr(self.fh, 'name', 'the transcript')} can be written no more "
+                                 f"({exc.strerror or exc}): the run's transcript stops here\n")
+        with contextlib.suppress(OSError):  # what is buffered cannot reach the disk either
+            self.fh.close()
 
 
 class _Tee:
@@ -164,7 +180,8 @@ def console_log(
         _EARLIER.clear()
         _CURRENT.clear()
         lines.close()
-        lines.fh.close()
+        with contextlib.suppress(OSError):  # a full disk: said by lines.close()
+            lines.fh.close()
 
 
 # the transcript under way whose file still holds an earlier run's: (its lines, file, where this run's begin)

@@ -3,6 +3,7 @@ progress bars, in the run's folder."""
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
@@ -144,3 +145,25 @@ def test_a_run_refused_in_another_runs_folder_leaves_no_transcript_there(tmp_pat
         print("after")
     assert log.read_text() == "an earlier transcript\n"
     discard_transcript()  # outside a transcript: nothing to do
+
+
+def test_a_transcript_that_can_be_written_no_more_stops_with_one_warning_and_the_run_goes_on(capfd) -> None:
+    # a full disk: the transcript's flush raised inside the run's error report and again at its
+    # close, two tracebacks of its own after the run's error
+    import errno
+
+    from neo_core.training.console import _LineFile
+
+    class Full(io.StringIO):
+        name = "/full/train.log"
+
+        def flush(self) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    lines = _LineFile(Full())
+    lines.write("out", "a line\n")  # no error: the transcript stops
+    lines.write("err", "another\n")
+    lines.close()
+    assert lines.dropped
+    assert capfd.readouterr().err.count("warning: /full/train.log can be written no more (No space left on device): "
+                                        "the run's transcript stops here") == 1

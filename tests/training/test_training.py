@@ -1597,3 +1597,32 @@ def test_a_rank_killed_outright_ends_the_run_with_its_checkpoint_and_the_command
                      rf"trainer\.resume=true hydra\.run\.dir={re.escape(str(out))}", stderr)
     assert said and int(said.group(1)) == step, stderr[-3000:]
     assert "Traceback" not in stderr and said.group(0) in (out / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line_and_leaves_no_unfinished_save(
+        tmp_path: Path) -> None:
+    # a full disk (here a file-size limit, as `ulimit -f` sets) during a save ended in torch's
+    # "CheckpointException ranks:dict_keys([0, 1])" and nine tracebacks, the transcript's own
+    # among them, and the unfinished checkpoint.tmp kept the space
+    import resource
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, subprocess_env
+
+    out = tmp_path / "run"
+
+    def limited() -> None:  # the shards are larger than 3 MB; the run's logs smaller
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3 * 2**20, 3 * 2**20))
+
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "trainer=smoke", "trainer.checkpoint=true",
+                           f"hydra.run.dir={out}"], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                          preexec_fn=limited, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    said = (f"error: saving the checkpoint of step 5 into {out / 'checkpoint.tmp'} failed (RuntimeError: ")
+    assert said in proc.stderr and "MiB free on its disk); the unfinished save was removed and no checkpoint was " \
+        "finished before it: make room (a full disk, or a file-size limit: `ulimit -f`) and continue with " \
+        f"trainer.resume=true hydra.run.dir={out}" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and said in (out / "train.log").read_text()
+    assert not (out / "checkpoint.tmp").exists() and not (out / "checkpoint").exists()
