@@ -7,7 +7,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from neo_core.errors import ConfigError
-from neo_plugins.data.synthetic import synthetic
+from neo_plugins.data.synthetic import hot_rows, synthetic
 
 
 def test_same_seed_same_batches_and_other_seed_differs() -> None:
@@ -116,8 +116,11 @@ def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
               {"name": "item", "num_embeddings": 500, "embedding_dim": 16}]
     data = synthetic(tables=listed)
     tables = data.tables(16)
+    # the planner is told each table's share of lookups on its hottest 1% of rows: the declared one
+    # (which user's ids are drawn to have), and for item the one its Zipf(data.zipf_alpha) ids have
+    item_hot = _exact_hot_share(500, 1.1)
     assert [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor, t.hot_fraction) for t in tables] == [
-        ("user", 3000, 16, 2.0, 0.5), ("item", 500, 16, 1.0, None)]
+        ("user", 3000, 16, 2.0, 0.5), ("item", 500, 16, 1.0, pytest.approx(item_hot, abs=1e-9))]
     batch = data.global_batch("train", 0, 64)
     assert batch.sparse_features.keys() == ["user", "item"] == data.feature_names()
     assert int(batch.sparse_features["item"].values().max()) < 500
@@ -142,3 +145,80 @@ def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
     import json
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert sorted(t["name"] for t in plan["tables"]) == ["item", "user"]
+    assert {t["name"]: t["spec"]["hot_fraction"] for t in plan["tables"]} == {
+        "user": 0.5, "item": pytest.approx(item_hot, abs=1e-9)}
+
+
+def _exact_hot_share(rows: int, exponent: float) -> float:
+    """The share of the hottest ceil(1%) of rows when row i (from 1) has weight i ** -exponent, summed."""
+    weights = torch.arange(1, rows + 1, dtype=torch.float64).pow(-exponent)
+    return float(weights[: max(1, -(-rows // 100))].sum() / weights.sum())
+
+
+def _measured_hot_shares(data, steps: int = 16, batch: int = 1024) -> dict[str, float]:
+    """Each feature's share of drawn ids that fall on its table's hottest 1% of rows."""
+    drawn: dict[str, list[torch.Tensor]] = {key: [] for key in data.feature_names()}
+    for step in range(steps):
+        features = data.global_batch("train", step, batch).sparse_features
+        for key in drawn:
+            drawn[key].append(features[key].values())
+    return {key: float((torch.cat(ids) < hot_rows(n)).double().mean()) for (key, ids), n in zip(drawn.items(), data.rows)}
+
+
+def test_a_listed_tables_hot_fraction_shapes_its_ids() -> None:
+    # every table's ids were Zipf(data.zipf_alpha) whatever it declared: a (0.9) measured 0.75,
+    # b (0.3) 0.6, and the planner was told the declared shares
+    listed = [{"name": "a", "num_embeddings": 100_000, "pooling_factor": 2.0, "hot_fraction": 0.9},
+              {"name": "b", "num_embeddings": 5_000, "hot_fraction": 0.3},
+              {"name": "c", "num_embeddings": 50, "pooling_factor": 3.0, "hot_fraction": 0.5},  # 1% of it: 1 row
+              {"name": "d", "num_embeddings": 2_000}]
+    data = synthetic(tables=listed)
+    measured = _measured_hot_shares(data)
+    for table, declared in (("a", 0.9), ("b", 0.3), ("c", 0.5)):
+        assert abs(measured[table] - declared) < 0.02, (table, measured[table], declared)
+    assert [t.hot_fraction for t in data.tables(8)][:3] == [0.9, 0.3, 0.5]
+    # a table without one keeps data.zipf_alpha, and the others' exponents leave its ids as they were
+    assert abs(measured["d"] - _exact_hot_share(2_000, 1.1)) < 0.02
+    plain = synthetic(tables=[{k: v for k, v in t.items() if k != "hot_fraction"} for t in listed])
+    ours, theirs = data.global_batch("train", 0, 256).sparse_features, plain.global_batch("train", 0, 256).sparse_features
+    assert torch.equal(ours["d"].values(), theirs["d"].values())
+    assert all(torch.equal(ours[k].lengths(), theirs[k].lengths()) for k in "abcd")
+    assert not torch.equal(ours["a"].values(), theirs["a"].values())
+
+
+def test_tables_give_the_planner_the_share_the_ids_have() -> None:
+    # the default tables were planned with hot_fraction None (uniform access) while Zipf 1.1 ids
+    # put 0.26-0.75 of the lookups on each table's hottest 1% of rows
+    data = synthetic(num_sparse=8, zipf_alpha=1.1)
+    tables = data.tables(8)
+    exact = [_exact_hot_share(n, 1.1) for n in data.rows]
+    assert [t.hot_fraction for t in tables] == [pytest.approx(h, abs=1e-9) for h in exact]
+    measured = _measured_hot_shares(data, steps=8)
+    for table, key in zip(tables, data.feature_names()):
+        assert abs(measured[key] - table.hot_fraction) < 0.02, (table.name, measured[key], table.hot_fraction)
+    # another exponent, another share; a table too large to build its ids' distribution is told its
+    # share at once (the sum beyond its first rows in closed form), checked against Hurwitz's zeta
+    assert synthetic(num_sparse=1, rows=40_000, zipf_alpha=0.7).tables(8)[0].hot_fraction == pytest.approx(
+        _exact_hot_share(40_000, 0.7), abs=1e-9)
+    mpmath = pytest.importorskip("mpmath")
+
+    def power_sum(n: int, exponent: float) -> float:  # sum of i ** -exponent over i in 1..n
+        return mpmath.harmonic(n) if exponent == 1.0 else mpmath.zeta(exponent) - mpmath.zeta(exponent, n + 1)
+
+    for rows, exponent in ((10**12, 1.1), (10**9, 0.7), (3 * 10**7, 1.0)):
+        share = float(power_sum(hot_rows(rows), exponent) / power_sum(rows, exponent))
+        told = synthetic(num_sparse=1, rows=rows, zipf_alpha=exponent).tables(8)[0].hot_fraction
+        assert told == pytest.approx(share, abs=1e-9), (rows, exponent)
+
+
+def test_a_declared_share_at_or_below_uniform_gives_uniform_ids() -> None:
+    # the hottest 1% of 5000 rows take 0.01 of uniform lookups, of 150 rows (2 rows) 0.0133
+    data = synthetic(tables=[{"name": "a", "num_embeddings": 5_000, "pooling_factor": 2.0, "hot_fraction": 0.01},
+                             {"name": "b", "num_embeddings": 150, "hot_fraction": 0.01}])
+    drawn = [data.global_batch("train", step, 1024).sparse_features for step in range(8)]
+    for key, rows in (("a", 5_000), ("b", 150)):
+        ids = torch.cat([features[key].values() for features in drawn])
+        assert abs(float((ids < rows // 2).double().mean()) - 0.5) < 0.02, key  # Zipf 1.1: 0.9 of them
+        assert abs(float((ids < hot_rows(rows)).double().mean()) - hot_rows(rows) / rows) < 0.01, key
+    assert data.exponents == [0.0, 0.0]
+    assert [t.hot_fraction for t in data.tables(8)] == [0.01, 0.01]

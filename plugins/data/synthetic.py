@@ -1,7 +1,13 @@
 """Synthetic Criteo-like data: Zipf-skewed ids, labels from a hidden ground-truth model.
 
 Every sample has ``num_dense`` standard-normal dense features and one multi-hot feature per
-table. Ids follow a Zipf law (hot rows at small ids). The label is Bernoulli(sigmoid(z)) with
+table. A table's ids follow a Zipf law over its rows (hot rows at small ids): row ``i`` (from 1)
+is drawn with weight ``i ** -s``. ``s`` is ``zipf_alpha``, or, for a listed table that gives a
+``hot_fraction``, the exponent that puts that share of its lookups on its hottest 1% of rows
+(``ceil(rows / 100)`` rows, at least one; a share at or below those rows' share of the table
+gives uniform ids, ``s = 0``). ``tables()`` gives the planner each table's share of lookups on
+its hottest 1% of rows, computed from its distribution (a listed table's own ``hot_fraction``
+where it gives one). The label is Bernoulli(sigmoid(z)) with
 ``z = w·dense + sum_t mean_{ids in t}(effect_t[id]) * sparse_scale / sqrt(T) + bias``, where
 the weights ``w`` and per-row effects are fixed by ``seed``. A model that learns the hot rows'
 effects and the dense weights approaches the Bayes AUC, so the signal is learnable.
@@ -18,6 +24,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -32,6 +39,59 @@ _SPLIT_OFFSET = {"train": 0, "val": 1_000_003}
 # Criteo-like mix of table sizes and pooling factors, cycled over the tables.
 DEFAULT_ROWS = (100_000, 40_000, 10_000, 5_000, 2_000, 1_000, 200, 50)
 DEFAULT_POOLING = (1.0, 2.0, 1.0, 3.0, 1.0, 1.0, 4.0, 2.0)
+
+
+# Exact terms of a sum of i ** -s; beyond them the rest is summed with Euler-Maclaurin (its
+# error is below float64's resolution), so a table of any size costs the same.
+_EXACT_TERMS = 10_000
+_MAX_EXPONENT = 128.0  # the hottest row takes all but 2 ** -128 of the lookups
+
+
+def hot_rows(rows: int) -> int:
+    """The hottest 1% of a table's rows: ``ceil(rows / 100)``, at least one row."""
+    return max(1, -(-rows // 100))
+
+
+def _power_sum(n: int, s: float, head: np.ndarray) -> float:
+    """``sum(i ** -s for i in 1..n)``; ``head`` holds the cumulative sums of the first terms."""
+    if n <= len(head):
+        return float(head[n - 1])
+    m = len(head)  # the terms m..n: integral, end corrections, Bernoulli terms B2 and B4
+    c, log_ratio = 1.0 - s, math.log(n / m)
+    integral = m**c * (math.expm1(c * log_ratio) / c if c != 0.0 else log_ratio)
+    d1 = -s * (n ** (-s - 1) - m ** (-s - 1))
+    d3 = -s * (s + 1) * (s + 2) * (n ** (-s - 3) - m ** (-s - 3))
+    tail = integral + (m**-s + n**-s) / 2 + d1 / 12 - d3 / 720
+    return float(head[m - 2]) + tail
+
+
+def hot_share(rows: int, exponent: float) -> float:
+    """The share of lookups on the hottest 1% of ``rows`` rows (``hot_rows``) when row ``i`` (from
+    1) is drawn with weight ``i ** -exponent``: the ``hot_fraction`` of such a table's ids."""
+    k = hot_rows(rows)
+    if k >= rows:
+        return 1.0
+    head = np.cumsum(np.arange(1, min(rows, _EXACT_TERMS) + 1, dtype=np.float64) ** -float(exponent))
+    share = _power_sum(k, exponent, head) / _power_sum(rows, exponent, head)
+    return min(max(share, 0.01), 1.0)  # k / rows >= 0.01 and share >= k / rows: only rounding is clipped
+
+
+def zipf_exponent(rows: int, hot_fraction: float) -> float:
+    """The Zipf exponent that puts ``hot_fraction`` of ``rows`` rows' lookups on the hottest 1% of
+    them (bisection; 0, uniform ids, for a share at or below those rows' share of the table)."""
+    k = hot_rows(rows)
+    if k >= rows or hot_fraction <= k / rows:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while hi < _MAX_EXPONENT and hot_share(rows, hi) < hot_fraction:
+        lo, hi = hi, hi * 2
+    for _ in range(64):
+        mid = (lo + hi) / 2
+        if hot_share(rows, mid) < hot_fraction:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def _cycled(value: Any, n: int, key: str, cast: type) -> list[Any]:
@@ -69,6 +129,9 @@ class SyntheticData(DataSource):
         self.specs = list(specs)  # tables of one's own (``data.tables``): names, dims, hot fractions
         self.own_dims = list(own_dims) or [True] * len(self.specs)  # False: the model's dim
         self.zipf_alpha = zipf_alpha
+        # each table's Zipf exponent: a listed table's hot_fraction sets its own
+        hot = [t.hot_fraction for t in self.specs] or [None] * len(self.rows)
+        self.exponents = [zipf_alpha if h is None else zipf_exponent(n, h) for n, h in zip(self.rows, hot)]
         self.dense_scale = dense_scale
         self.sparse_scale = sparse_scale
         self.bias = bias
@@ -83,15 +146,16 @@ class SyntheticData(DataSource):
         """Per-table row effects and Zipf CDFs (the same values whenever first built)."""
         if self._per_row is None:
             effects = [torch.randn(n, generator=self._truth) for n in self.rows]
-            self._per_row = (effects, [self._zipf_cdf(n) for n in self.rows])
+            self._per_row = (effects, [self._zipf_cdf(n, s) for n, s in zip(self.rows, self.exponents)])
         return self._per_row
 
     @property
     def effects(self) -> list[torch.Tensor]:
         return self._per_row_truth()[0]
 
-    def _zipf_cdf(self, n: int) -> torch.Tensor:
-        weights = torch.arange(1, n + 1, dtype=torch.float64).pow(-self.zipf_alpha)
+    @staticmethod
+    def _zipf_cdf(n: int, exponent: float) -> torch.Tensor:
+        weights = torch.arange(1, n + 1, dtype=torch.float64).pow(-exponent)
         cdf = torch.cumsum(weights, 0)
         return (cdf / cdf[-1]).to(torch.float32)
 
@@ -105,9 +169,13 @@ class SyntheticData(DataSource):
         return [f"cat_{i}" for i in range(len(self.rows))]
 
     def tables(self, embedding_dim: int) -> list[TableSpec]:
+        """The tables, each with the hot_fraction its ids have (a listed table's own, which its
+        ids were drawn to match)."""
         if self.specs:  # as listed; a table without its own dim takes the model's
-            return [t if own else dataclasses.replace(t, embedding_dim=embedding_dim)
-                    for t, own in zip(self.specs, self.own_dims)]
+            return [dataclasses.replace(
+                t, embedding_dim=t.embedding_dim if own else embedding_dim,
+                hot_fraction=hot_share(t.num_embeddings, s) if t.hot_fraction is None else t.hot_fraction)
+                for t, own, s in zip(self.specs, self.own_dims, self.exponents)]
         return [
             TableSpec(
                 name=f"t_cat_{i}",
@@ -115,8 +183,9 @@ class SyntheticData(DataSource):
                 embedding_dim=embedding_dim,
                 pooling_factor=p,
                 feature_names=(f"cat_{i}",),
+                hot_fraction=hot_share(n, s),
             )
-            for i, (n, p) in enumerate(zip(self.rows, self.pooling))
+            for i, (n, p, s) in enumerate(zip(self.rows, self.pooling, self.exponents))
         ]
 
     def global_batch(self, split: str, step: int, global_batch_size: int) -> Batch:
