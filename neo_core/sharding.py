@@ -853,6 +853,42 @@ def context_notes(plan: PlanResult, context: PlanningContext) -> list[str]:
     return notes
 
 
+def sent_precision(plan: PlanResult) -> str | None:
+    """The precisions, forward/backward, the plan's tables send their pooled embeddings and
+    gradients in ("fp16/fp8"); None where the plan does not say (no ``settings``).
+
+    TorchRec has no fp8 reduce-scatter (``Compressor.reduce_scatter_*_precision``): row-split
+    tables send another precision in their reduce-scatters, as the plan's note says. Where every
+    table that sends anything sends only reduce-scatters (row-wise tables; table-row-wise and
+    grid tables on one node) that precision is given ("fp16/bf16"); where tables differ, both
+    ("fp16/fp8 (fp16/bf16 in row-split tables' reduce-scatters)"). A plan that sends nothing
+    (one rank, every table replicated) gives the precisions asked for: its notes say they are
+    not used.
+    """
+    from neo_core.compression import Compressor
+
+    comp = (plan.settings or {}).get("compression") or {}
+    if not comp.get("forward") or not comp.get("backward"):
+        return None
+    asked = f"{comp['forward']}/{comp['backward']}"
+    try:
+        compressor = Compressor(str(comp.get("name", "")), comp["forward"], comp["backward"])
+    except Exception:  # a precision this version does not know: said as planned
+        return asked
+    scattered = f"{compressor.reduce_scatter_forward_precision}/{compressor.reduce_scatter_backward_precision}"
+    world = len(plan.ranks) or int(plan.topology.get("world_size") or 1)
+    sending = [t for t in plan.tables if t.sharding_type != "data_parallel"]
+    split = [t for t in sending if t.sharding_type in _ROW_SPLIT]
+    if scattered == asked or not split or world <= 1:
+        return asked
+    # table-row-wise and grid tables send to the other nodes by all-to-all, in the precision asked
+    nodes = int(plan.topology.get("num_nodes") or max(1, world // plan.devices_per_node()))
+    all_to_all = [t for t in sending if t.sharding_type not in _ROW_SPLIT or (t.sharding_type != "row_wise" and nodes > 1)]
+    if not all_to_all:
+        return scattered
+    return f"{asked} ({scattered} in row-split tables' reduce-scatters)"
+
+
 def checked_sharders(planner: Planner, context: PlanningContext) -> list[Any]:
     """``planner.sharders(context)``, checked before any rank builds its model with them: a list
     of TorchRec ``ModuleSharder``s with one for the model's ``EmbeddingBagCollection`` (a plugin

@@ -57,6 +57,7 @@ from neo_core.sharding import (
     TableSpec,
     check_plan,
     checked_sharders,
+    sent_precision,
 )
 from neo_core.topology import Topology
 from neo_core.training import dist_formed, started_as_rank
@@ -1498,12 +1499,11 @@ def _write_results(
     # the plugins each stretch of steps trained with (a resumed run may change some: the
     # top-level fields are the last stretch's)
     planned = (module.plan.settings if module.plan else None) or {}
-    sent = planned.get("compression") or {}
     settings = {
         "sharding": run.sharding["name"], "kernel": run.kernel["name"], "compression": run.compression["name"],
-        # forward/backward, as the plan costed them ("fp16/fp8"); null where no plan says
-        "compression_precision": f"{sent['forward']}/{sent['backward']}" if sent.get("forward") and sent.get("backward")
-        else None,
+        # forward/backward, as the plan's tables send them ("fp16/fp8"; "fp16/bf16" where row-wise
+        # tables fall back from fp8, neo_core.sharding.sent_precision); null where no plan says
+        "compression_precision": sent_precision(module.plan) if module.plan else None,
         "cache": run.cache["name"],
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
         "cache_prefetch_pipeline": bool((planned.get("cache") or {}).get("prefetch_pipeline")),

@@ -246,6 +246,31 @@ def test_fp8_gradients_of_row_split_tables_are_costed_and_noted_as_bf16() -> Non
     assert any("TorchRec has no fp8 reduce-scatter" in n for n in twrw8.notes)
 
 
+def test_the_precision_a_plan_sends_is_what_its_tables_send() -> None:
+    # metrics.json's compression_precision said fp16/fp8 where row-wise tables sent bf16 gradients
+    from neo_core.compression import Compressor
+    from neo_core.sharding import sent_precision
+
+    tables = [TableSpec(f"t{i}", 100_000, 64, 8.0) for i in range(4)]
+
+    def sent(forward: str, backward: str, types: list[str]) -> str | None:
+        plan = plan_tables(tables, {"name": "zionex", "num_nodes": 2}, 256, sharding_types=types,
+                           compressor=Compressor("mine", forward, backward))
+        return sent_precision(plan)
+
+    assert sent("fp16", "fp8", ["RW"]) == "fp16/bf16"
+    assert sent("fp8", "fp16", ["RW"]) == "fp16/fp16"  # a custom compressor's fp8 forward
+    assert sent("fp16", "fp8", ["TW"]) == "fp16/fp8"
+    assert sent("fp16", "bf16", ["RW"]) == "fp16/bf16"
+    # table-row-wise sends fp8 across nodes, bf16 inside
+    assert sent("fp16", "fp8", ["TWRW"]) == "fp16/fp8 (fp16/bf16 in row-split tables' reduce-scatters)"
+    mixed = plan_tables(tables, {"name": "zionex", "num_nodes": 2}, 256, compressor={"name": "fp16", "backward": "fp8"},
+                        table_sharding_types={"t0": ["RW"], "t1": ["TW"], "t2": ["TW"], "t3": ["TW"]})
+    assert sent_precision(mixed) == "fp16/fp8 (fp16/bf16 in row-split tables' reduce-scatters)"
+    # every table replicated: nothing is sent, and the notes say the compression is not used
+    assert sent("fp16", "fp8", ["DP"]) == "fp16/fp8"
+
+
 @pytest.mark.parametrize(
     ("params", "why", "noted"),
     [
