@@ -981,6 +981,49 @@ def help_groups(conf: str | os.PathLike[str], groups: Sequence[str], argv: Seque
     return "\n".join(f"{shown.get(g, g)}: {', '.join(option_names(conf, g, argv))}" for g in groups)
 
 
+def _selected_in_files(argv: Sequence[str], conf: str | os.PathLike[str], config_name: str, group: str) -> bool:
+    """Whether the recipe's config (``config_name``, or ``-cn``'s) or an experiment the command
+    line chooses selects an option of ``group`` other than ``none``."""
+    from omegaconf import OmegaConf
+
+    names, args = [f"{config_name}.yaml"], list(argv)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config-name", "-cn"):
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            names = [f"{value.removesuffix('.yaml')}.yaml"] if value else names
+        elif flag.lstrip("+") == "experiment" and eq:
+            names += [f"experiment/{v.strip()}.yaml" for v in value.split(",") if v.strip()]
+    for name in names:
+        found = next((d / name for d in reversed(config_dirs(conf, argv)) if (d / name).is_file()), None)
+        if found is None:
+            continue
+        with contextlib.suppress(Exception):  # a broken file is check_yaml_files' to name
+            for entry in OmegaConf.to_container(OmegaConf.load(found)).get("defaults") or []:  # type: ignore[union-attr]
+                for key, option in (entry.items() if isinstance(entry, dict) else ()):
+                    if str(key).removeprefix("override").strip().lstrip("/") == group and option not in (None, "none"):
+                        return True
+    return False
+
+
+def cache_keys_select_lru(argv: Sequence[str], conf: str | os.PathLike[str], config_name: str,
+                          doing: str) -> tuple[list[str], str | None]:
+    """``cache.<key>`` given without a cache policy selects ``cache=lru``, in recipes/plan.py and
+    recipes/train.py alike: the default ``none`` takes no keys, and LRU takes every cache key with
+    every value (LFU refuses ``cache.prefetch_pipeline=true``: FBGEMM prefetches only under LRU).
+    Returns ``argv`` with ``cache=lru`` added last (Hydra applies a group choice before values)
+    and the note that says so, ``doing`` naming the run ("planning"); ``argv`` itself and None
+    where the command line selects a policy (``cache=``, ``cache.name=``), or the recipe's
+    config or an experiment chosen does."""
+    keys = [a.partition("=")[0].lstrip("+") for a in argv]
+    cache_keys = [k for k in keys if k.startswith("cache.") and k != "cache.name"]
+    if (not cache_keys or "cache" in keys or "cache.name" in keys
+            or _selected_in_files(argv, conf, config_name, "cache")):
+        return list(argv), None
+    return [*argv, "cache=lru"], (f"note: {cache_keys[0]} without a cache policy: {doing} with cache=lru (the "
+                                  "default, none, takes no keys)")
+
+
 def repeated_settings(argv: Sequence[str]) -> list[str]:
     """Notes for a setting given twice on the command line (``trainer.batch_size=64 ...
     trainer.batch_size=32``): the last is used, as Hydra applies them in order, and the note

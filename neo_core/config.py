@@ -21,7 +21,7 @@ from typing import Any
 from neo_core.checks import as_whole, is_number
 from neo_core.errors import ConfigError, NeoError, PluginClash
 from neo_core.plugins import KINDS, Plugins, get_plugins
-from neo_core.registry import meanwhile
+from neo_core.registry import meanwhile, suggested_order
 
 PLUGIN_GROUPS: tuple[str, ...] = tuple(group for _, group in KINDS.values())
 DEFAULT_TOPOLOGY = "local"
@@ -92,7 +92,7 @@ def owner_hint(
         others += [(group, e.name) for e in registry.entries() if e.name != name and key in e.parameters()]
     if others:  # a key of a plugin not selected: cache.load_factor while cache=none
         group = others[0][0]
-        names = [name for g, name in others if g == group]
+        names = suggested_order(group, [name for g, name in others if g == group])
         return (f" {group}.{key} is a key of {' and '.join(f'{group}={n}' for n in names)}: select one with it, "
                 f"e.g. {group}={names[0]} {group}.{key}=<value>.")
     return ""

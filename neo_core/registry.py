@@ -63,6 +63,16 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
 
 
 # a key no plugin of the group takes but users reach for: where its setting is given instead
+# the option a message suggests first where several options of a group take a key: LRU takes
+# every cache key with every value (LFU refuses cache.prefetch_pipeline=true)
+SUGGESTED_FIRST = {"cache": "lru"}
+
+
+def suggested_order(group: str, names: list[str]) -> list[str]:
+    """``names`` (options of ``group``) with the one to suggest first (``SUGGESTED_FIRST``) first."""
+    return sorted(names, key=lambda n: n != SUGGESTED_FIRST.get(group))
+
+
 KEY_NOTES = {
     ("compression", "forward"): "The forward precision is the option's name (compression=bf16 sends bf16 "
                                 "forward); compression.backward sets the backward one.",
@@ -310,6 +320,7 @@ class Registry(Generic[T]):
             match = key if key in keys else next(iter(difflib.get_close_matches(key, keys, n=1)), None)
             if match:
                 owners.setdefault(match, []).append(other.name)
+        owners = {k: suggested_order(self.group, v) for k, v in owners.items()}
         close = [] if key in owners else difflib.get_close_matches(key, accepted, n=1)
         hint = f" Did you mean {self.group}.{close[0]}?" if close else ""
         if not close and owners:

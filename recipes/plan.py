@@ -31,6 +31,7 @@ from neo_core.cli import (
     TYPED_KEYS,
     SweepFailures,
     as_typed,
+    cache_keys_select_lru,
     check_command_line,
     check_group_options,
     check_sweep_jobs,
@@ -232,7 +233,7 @@ def _model_alias(argv: list[str]) -> list[str]:
     """Accept ``model=<name>`` for a table set in conf/plan_model/ (``plan_model=<name>``), or in
     the plan_model/ folder of a ``--config-dir``; ``model=<a>,<b>`` (a sweep) too. Give
     ``cache.load_factor`` (or another cache key) without a cache policy and the policy is LRU
-    (the cache a plan model's share applies to)."""
+    (``cache_keys_select_lru``)."""
     names = _options(argv, "plan_model")
     TYPED_KEYS.pop("plan_model", None)
     out = []
@@ -242,11 +243,8 @@ def _model_alias(argv: list[str]) -> list[str]:
             arg = f"plan_model={value}"
             TYPED_KEYS["plan_model"] = "model"  # a job's label, Hydra's launch line
         out.append(arg)
-    keys = [a.partition("=")[0].lstrip("+") for a in out]
-    cache_keys = [k for k in keys if k.startswith("cache.") and k != "cache.name"]
-    if cache_keys and "cache" not in keys and "cache.name" not in keys:
-        NOTES.append(f"note: {cache_keys[0]} without a cache policy: planning with cache=lru")
-        out.append("cache=lru")  # after any Hydra flag; Hydra applies a group choice before values
+    out, note = cache_keys_select_lru(out, CONF, "plan", "planning")  # as recipes/train.py
+    NOTES.extend([note] if note else [])
     return out
 
 

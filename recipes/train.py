@@ -25,6 +25,7 @@ from neo_core.cli import (
     APPENDED_GROUPS,
     SweepFailures,
     as_typed,
+    cache_keys_select_lru,
     check_command_line,
     check_group_options,
     check_not_a_sweep_under_torchrun,
@@ -95,6 +96,7 @@ ARGV: list[str] = []
 # the command that continues the run under way, for a second Ctrl-C that stops at once
 CONTINUE: list[str] = []
 OUTPUT_DIR: list[str] = []  # the run's folder, once Hydra has made it
+NOTES: list[str] = []  # notes on the command line, printed when the run starts (so its train.log has them)
 SWEEPING: list[bool] = []  # [True] in a sweep (-m)
 
 
@@ -302,6 +304,8 @@ def main(cfg: DictConfig) -> float:
     # the transcript of a run going on from a checkpoint follows the earlier one's
     resuming = continues_earlier_run(log.parent, bool(config["trainer"].get("resume")), config)  # type: ignore[index, union-attr, arg-type]
     with console_log(log, interrupted_message, append=resuming) if rank0 else contextlib.nullcontext():
+        for note in NOTES if rank0 else ():
+            print(note, file=sys.stderr)
         for note in experiment_replaced(dict(HydraConfig.get().runtime.choices), ARGV, config) if rank0 else ():  # type: ignore[arg-type]
             print(note)
         try:
@@ -350,6 +354,9 @@ if __name__ == "__main__":
             hold_given_dirs(sys.argv[1:])
             use_fresh_run_dirs()
             argv = select_by_name(sys.argv[1:], CONF, GROUPS)
+            # cache.<key> without a cache policy: cache=lru, as recipes/plan.py
+            argv, note = cache_keys_select_lru(argv, CONF, "train", "training")
+            NOTES[:] = [note] if note else []
             typed = list(sys.argv[1:])
             OmegaConf.register_new_resolver("neo_train_groups", lambda: help_groups(CONF, GROUPS, typed), replace=True)
     except KeyboardInterrupt:  # a traceback through the libraries' imports said nothing more

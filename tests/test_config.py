@@ -221,8 +221,12 @@ def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -
     ("override", "said"),
     [
         ("+cache.load_factr=0.1", "Unknown key cache.load_factr for cache policy plugin 'none', which takes no keys. "
-         "Did you mean cache.load_factor? cache.load_factor is a key of 'lfu', 'lru': select one with it, "
-         "e.g. cache=lfu cache.load_factor=<value>."),
+         "Did you mean cache.load_factor? cache.load_factor is a key of 'lru', 'lfu': select one with it, "
+         "e.g. cache=lru cache.load_factor=<value>."),
+        # LFU takes the key but refuses true (FBGEMM prefetches only under LRU): the fix said is lru
+        ("+cache.prefetch_pipeline=true", "Unknown key cache.prefetch_pipeline for cache policy plugin 'none', which "
+         "takes no keys. cache.prefetch_pipeline is a key of 'lru', 'lfu': select one with it, e.g. cache=lru "
+         "cache.prefetch_pipeline=<value>."),
         ("+compression.backward=fp16", "Unknown key compression.backward for compressor plugin 'none', which takes "
          "no keys. compression.backward is a key of 'bf16', 'fp16': select one with it, e.g. compression=bf16 "
          "compression.backward=<value>."),
@@ -233,7 +237,7 @@ def test_misspelled_plugin_key_names_it_and_suggests_the_right_one(hydra_conf) -
          "check_settings_s, col_shard_counts, collective_latency_s, estimator, fewer_types_share, host_reserve_fraction, index_bytes, min_col_width, "
          "packing_targets, progress, refine, reserve_fraction, sharding_types, table_sharding_types, time_budget_s."),
     ],
-    ids=["typo", "key-of-another-plugin", "key-of-none", "exact-key-of-another-plugin"],
+    ids=["typo", "prefetch-of-none", "key-of-another-plugin", "key-of-none", "exact-key-of-another-plugin"],
 )
 def test_a_key_of_another_plugin_of_the_group_says_how_to_select_it(hydra_conf, override, said) -> None:
     # cache=none and compression=none take no keys: the key (or its close match) belongs to a
@@ -254,7 +258,7 @@ def test_misspelled_top_level_key() -> None:
     [
         ("progress=false", "Did you mean sharding.progress?"),
         ("max_steps=5", "Did you mean trainer.max_steps?"),
-        ("load_factor=0.1", "cache.load_factor is a key of cache=lfu and cache=lru: select one with it"),
+        ("load_factor=0.1", "cache.load_factor is a key of cache=lru and cache=lfu: select one with it, e.g. cache=lru"),
         ("refine=false", "Did you mean sharding.refine?"),  # an exact key before a close one ('trainer')
     ],
 )

@@ -648,6 +648,33 @@ def test_plan_recipe_applies_the_models_cache_share_unless_one_is_given(tmp_path
     assert expected in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_cache_key_without_a_cache_policy_selects_lru_in_both_recipes(tmp_path: Path) -> None:
+    # plan.py planned cache.prefetch_pipeline=true with cache=lru; train.py refused it and
+    # suggested cache=lfu, which refuses prefetch_pipeline=true
+    from neo_core.cli import cache_keys_select_lru
+
+    for config_name in ("plan", "train"):
+        argv, note = cache_keys_select_lru(["cache.prefetch_pipeline=true"], CONF, config_name, "training")
+        assert argv == ["cache.prefetch_pipeline=true", "cache=lru"]
+        assert note == ("note: cache.prefetch_pipeline without a cache policy: training with cache=lru (the default, "
+                        "none, takes no keys)")
+    for chosen in (["cache=lfu"], ["cache.name=lfu"], ["+cache=none"]):
+        assert cache_keys_select_lru([*chosen, "cache.load_factor=0.1"], CONF, "train", "training") == (
+            [*chosen, "cache.load_factor=0.1"], None)
+    # an experiment (of a --config-dir) that selects a cache keeps it
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "cached.yaml").write_text("# @package _global_\ndefaults:\n"
+                                                                  "  - override /cache: lfu\n")
+    given = ["--config-dir", str(tmp_path / "conf"), "experiment=cached", "cache.load_factor=0.1"]
+    assert cache_keys_select_lru(given, CONF, "train", "training") == (given, None)
+    assert cache_keys_select_lru(given[:2] + given[3:], CONF, "train", "training")[0][-1] == "cache=lru"
+    proc = run_recipe("trainer=smoke", "trainer.world_size=1", "trainer.max_steps=1", "trainer.val_batches=0",
+                      "cache.prefetch_pipeline=true", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: cache.prefetch_pipeline without a cache policy: training with cache=lru" in proc.stderr
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["cache"]["name"] == "lru"
+
+
 def test_plan_recipe_sweeps_plan_models_by_their_model_name(tmp_path: Path) -> None:
     proc = run_plan("-m", "+topology=zionex", "topology.num_nodes=2", "model=mlperf_dcnv2,production_like",
                     "cache.load_factor=0.3", f"hydra.sweep.dir={tmp_path}")  # a share alone: LRU, after -m
