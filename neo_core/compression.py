@@ -13,6 +13,21 @@ from typing import Any
 _PRECISION_BYTES: dict[str, float] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1.25}
 
 
+def not_a_precision(key: str, value: Any) -> str:
+    """"<key>=<value> is not a precision; choose one of ...", with the precision a number given
+    for one stands for (16 or '16': fp16) where one does."""
+    close, bits = None, ""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        bits = str(int(value))
+    elif isinstance(value, str) and value.strip().isdigit():  # '16', quoted
+        bits = value.strip()
+    if bits:
+        fits = [p for p in _PRECISION_BYTES if p.endswith(bits) and p[: -len(bits)].isalpha()]
+        close = next((p for p in fits if p.startswith("fp")), fits[0] if fits else None)
+    hint = f" (did you mean {close}?)" if close else ""
+    return f"{key}={value!r} is not a precision; choose one of {', '.join(_PRECISION_BYTES)}{hint}."
+
+
 @dataclass(frozen=True)
 class Compressor:
     """Precision of the forward (pooled embeddings) and backward (gradients) all-to-alls."""
@@ -26,11 +41,8 @@ class Compressor:
 
         for key in ("forward_precision", "backward_precision"):
             value = getattr(self, key)
-            if value not in _PRECISION_BYTES:
-                raise ConfigError(
-                    f"compression {self.name!r}: {key}={value!r} is not a precision; choose one of "
-                    f"{', '.join(_PRECISION_BYTES)}."
-                )
+            if not isinstance(value, str) or value not in _PRECISION_BYTES:
+                raise ConfigError(f"compression {self.name!r}: {not_a_precision(key, value)}")
 
     @property
     def forward_bytes(self) -> float:

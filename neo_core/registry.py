@@ -48,6 +48,10 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
         return value
     if text == "str":
         if not isinstance(value, str):
+            if isinstance(value, (int, float)) and key.rpartition(".")[2] in PRECISION_KEYS.get(key.partition(".")[0], ()):
+                from neo_core.compression import not_a_precision
+
+                raise ConfigError(not_a_precision(key, value))  # 16: no text quoted would do
             quoted = f" (quote it to give it as text: {key}='{value}')" if isinstance(value, (int, float)) else ""
             raise ConfigError(f"{key} must be text{' (or null)' if optional else ''}, got {value!r}{quoted}.")
         return value
@@ -61,6 +65,9 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{key} must be {kind}{' (or null)' if optional else ''}, got {value!r}.")
     return int(value) if text == "int" else value
 
+
+# keys that take a precision's name (compression.backward=16 is answered with the precisions)
+PRECISION_KEYS = {"compression": ("forward", "backward")}
 
 # a key no plugin of the group takes but users reach for: where its setting is given instead
 # the option a message suggests first where several options of a group take a key: LRU takes

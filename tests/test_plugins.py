@@ -543,6 +543,19 @@ def test_compressor_precisions_are_checked() -> None:
     with pytest.raises(ConfigError, match=r"compression 'fp16': compression.backward='fp12' is not a precision"):
         fp16_compression(backward="fp12")
     assert fp16_compression(backward="int8").backward_bytes == 1.25  # over gloo: checked against the plan
+    # compression.backward=16 was told to quote it, and '16' was then refused: the precisions, and fp16
+    said = "is not a precision; choose one of fp32, fp16, bf16, fp8, int8 (did you mean fp16?)."
+    for given in (16, 16.0):
+        with pytest.raises(ConfigError) as err:
+            get_plugins().registry("compression").create("fp16", {"backward": given})
+        assert str(err.value) == f"compression.backward={given!r} {said}"
+    with pytest.raises(ConfigError, match=re.escape(f"compression.backward='16' {said}")):
+        fp16_compression(backward="16")
+    with pytest.raises(ConfigError, match=re.escape("backward_precision=8 is not a precision; choose one of fp32, "
+                                                    "fp16, bf16, fp8, int8 (did you mean fp8?).")):
+        Compressor("mine", "fp16", 8)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"int8\.$"):  # no precision is 4 bits
+        Compressor("mine", "fp16", "4")
     # FBGEMM's own count: int8 rows of 32 elements carry an fp32 scale and bias, fp8 (table-wise) none
     from fbgemm_gpu.quantize_comm import QuantizedCommCodec
     from fbgemm_gpu.split_embedding_configs import SparseType
