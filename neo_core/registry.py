@@ -306,7 +306,10 @@ class Registry(Generic[T]):
 
     def _unknown(self, name: str) -> str:
         choices = self.names()
-        close = difflib.get_close_matches(str(name), choices, n=1)
+        # a name in other case first ('LRU': 'lru'), which difflib's close matches miss
+        close = [c for c in choices if c.lower() == str(name).lower()] or difflib.get_close_matches(
+            str(name).lower(), [c.lower() for c in choices], n=1)
+        close = [next((c for c in choices if c.lower() == m), m) for m in close]
         hint = f" Did you mean {close[0]!r}?" if close else ""
         return (
             f"Unknown {self.kind} plugin {name!r} for {self.group}.name.{hint} "

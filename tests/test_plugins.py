@@ -115,6 +115,17 @@ def test_unknown_name_names_group_choices_and_close_match() -> None:
     assert "Did you mean" not in str(err.value) and "Available: neo, torchrec." in str(err.value)
 
 
+@pytest.mark.parametrize(("group", "given", "meant"), [("cache", "LRU", "lru"), ("compression", "FP16", "fp16"),
+                                                       ("sharding", "Neo", "neo"), ("kernel", "FUSED", "fused"),
+                                                       ("topology", "ZionEX", "zionex"), ("cache", "LFRU", "lru")])
+def test_an_unknown_plugin_name_in_other_case_is_told_its_match(group, given, meant) -> None:
+    # neo_core.api.plan_tables(..., cache="LRU") said "Unknown cache policy plugin 'LRU'" and no more
+    from neo_core.api import resolve
+
+    with pytest.raises(PluginError, match=re.escape(f"plugin {given!r} for {group}.name. Did you mean {meant!r}?")):
+        resolve(group, given)
+
+
 def test_temporary_plugin_is_global_then_reset(register_plugin) -> None:
     plugins = register_plugin(TempCache())
     assert get_plugins() is plugins
