@@ -973,6 +973,11 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
                 metrics[key] = math.nan
         return metrics
     if rank0 and changes:
+        # the weights come from the checkpoint (every model key, or the load fails) and the data
+        # from data.seed and the step: seed (torch's, NumPy's and Python's generators, and the
+        # tables' initial weights) shapes nothing after the load
+        changes = [f"{c} (no effect on a resumed run: its weights come from the checkpoint and its data from "
+                   "data.seed and the step)" if c.startswith("seed:") else c for c in changes]
         more = f" (and {len(changes) - 6} more)" if len(changes) > 6 else ""
         print(f"note: resuming from step {resumed_from[1]} with settings that differ from the run that wrote "
               f"the checkpoint: {'; '.join(changes[:6])}{more}")
@@ -1507,6 +1512,9 @@ def _write_results(
         "cache": run.cache["name"],
         "cache_load_factor": cache.load_factor if cache is not None else run.cache.get("load_factor"),  # as built
         "cache_prefetch_pipeline": bool((planned.get("cache") or {}).get("prefetch_pipeline")),
+        # the batch its steps ran at: a resumed run may change trainer.batch_size or the ranks
+        "global_batch_size": module.global_batch_size,
+        "batch_size_per_rank": run.trainer.batch_size,
         # the plan: a resumed run can plan anew with the same plugins (another calibration, a
         # sharding setting), and its steps then ran another plan, predicted otherwise
         "plan_digest": plan_digest(module.plan)[:12] if module.plan else None,

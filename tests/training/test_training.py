@@ -1384,7 +1384,7 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
     assert len(segment.pop("plan_digest")) == 12
     assert segment == {"from_step": 1, "to_step": 2, "sharding": "neo", "kernel": "fused", "compression": "none",
                        "compression_precision": "fp32/fp32", "cache": "none", "cache_load_factor": None,
-                       "cache_prefetch_pipeline": False}
+                       "cache_prefetch_pipeline": False, "global_batch_size": 64, "batch_size_per_rank": 64}
     more = train(composed([*smoke, "trainer.max_steps=4", "trainer.resume=true", "compression=fp16",
                            "compression.backward=fp8"], tmp_path))
     assert [(s["from_step"], s["to_step"], s["compression"]) for s in more["segments"]] == [(1, 2, "none"), (3, 4, "fp16")]
@@ -1402,6 +1402,27 @@ def test_metrics_json_says_which_settings_each_resumed_stretch_trained_with(tmp_
     assert [(s["from_step"], s["to_step"]) for s in other["segments"]] == [(1, 2), (3, 5), (6, 6)]
     assert other["segments"][2]["plan_digest"] != other["segments"][1]["plan_digest"]
     assert other["segments"][2]["predicted_step_time_s"] == other["predicted_step_time_s"]
+
+
+def test_metrics_json_says_the_batch_each_resumed_stretch_ran_at(tmp_path: Path, capsys) -> None:
+    # resumed with trainer.batch_size 64 -> 32, the segments held no batch size and the top-level
+    # global_batch_size was the last stretch's; seed: 0 -> 3 was noted as if it changed the run
+    from neo_core.training.run import train
+
+    smoke = ["trainer=smoke", "trainer.world_size=1", "trainer.val_batches=1", "trainer.progress_bar=false",
+             "trainer.checkpoint=true"]
+    train(composed([*smoke, "trainer.max_steps=2"], tmp_path))
+    capsys.readouterr()
+    more = train(composed([*smoke, "trainer.max_steps=3", "trainer.resume=true", "trainer.batch_size=32", "seed=3"],
+                          tmp_path))
+    said = capsys.readouterr().out
+    assert [(s["from_step"], s["to_step"], s["global_batch_size"], s["batch_size_per_rank"])
+            for s in more["segments"]] == [(1, 2, 64, 64), (3, 3, 32, 32)]
+    assert more["global_batch_size"] == 32 and more["batch_size_per_rank"] == 32  # the last stretch's
+    assert "trainer.batch_size: 64 -> 32" in said
+    assert ("seed: 0 -> 3 (no effect on a resumed run: its weights come from the checkpoint and its data from "
+            "data.seed and the step)") in said
+    assert "trainer.batch_size: 64 -> 32 (no effect" not in said
 
 
 def test_a_run_recorded_before_a_settings_field_existed_resumes_as_one_stretch(tmp_path: Path) -> None:
