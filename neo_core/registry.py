@@ -69,7 +69,6 @@ def check_kind(key: str, value: Any, annotation: Any) -> Any:
 # keys that take a precision's name (compression.backward=16 is answered with the precisions)
 PRECISION_KEYS = {"compression": ("forward", "backward")}
 
-# a key no plugin of the group takes but users reach for: where its setting is given instead
 # the option a message suggests first where several options of a group take a key: LRU takes
 # every cache key with every value (LFU refuses cache.prefetch_pipeline=true)
 SUGGESTED_FIRST = {"cache": "lru"}
@@ -80,6 +79,7 @@ def suggested_order(group: str, names: list[str]) -> list[str]:
     return sorted(names, key=lambda n: n != SUGGESTED_FIRST.get(group))
 
 
+# a key no plugin of the group takes but users reach for: where its setting is given instead
 KEY_NOTES = {
     ("compression", "forward"): "The forward precision is the option's name (compression=bf16 sends bf16 "
                                 "forward); compression.backward sets the backward one.",
