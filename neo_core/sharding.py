@@ -292,6 +292,10 @@ class TableAssignment:
     ranks: list[int]
     shard_shapes: list[tuple[int, int]] = field(default_factory=list)  # (rows, cols) per shard
     why: str = ""
+    # of a table in host memory behind the device cache (``fused_uvm_caching``): the share of its
+    # lookups the cost model predicts the cache serves (0-1), which its times assume; None for a
+    # table not cached, or where the plan's times are not Neo's cost model's
+    predicted_hit_rate: float | None = None
     # the table as planned (num_embeddings, embedding_dim, pooling_factor, hot_fraction), so a
     # plan.json can be checked on its own; filled by check_plan where a planner leaves it out
     spec: dict[str, Any] = field(default_factory=dict)
@@ -310,6 +314,10 @@ class RankReport:
     host_memory_capacity: float = 0.0
     # Predicted bytes this rank sends per step, by "intra_node" / "inter_node"; empty when unknown.
     comm_bytes: dict[str, float] = field(default_factory=dict)
+    # Predicted bytes its cached shards move over its host link per step (rows the cache missed
+    # read in, evicted rows written back, element-wise optimizer state); None where no table is
+    # cached or the plan's times are not Neo's cost model's.
+    host_link_bytes: float | None = None
 
     @property
     def memory_total(self) -> float:
@@ -484,6 +492,7 @@ class PlanResult:
                     "host_memory_bytes": r.host_memory,
                     "host_memory_capacity_bytes": r.host_memory_capacity,
                     "comm_bytes": r.comm_bytes,
+                    **({"host_link_bytes": r.host_link_bytes} if r.host_link_bytes is not None else {}),
                 }
                 for r in self.ranks
             ],
@@ -526,7 +535,7 @@ class PlanResult:
                         rank=r["rank"], memory=r["memory_bytes"], memory_capacity=r["memory_capacity_bytes"],
                         time=r["time_s"], host_memory=r.get("host_memory_bytes", {}),
                         host_memory_capacity=r.get("host_memory_capacity_bytes", 0.0),
-                        comm_bytes=r.get("comm_bytes", {}),
+                        comm_bytes=r.get("comm_bytes", {}), host_link_bytes=r.get("host_link_bytes"),
                     )
                     for r in data["ranks"]
                 ],
@@ -574,6 +583,8 @@ class PlanResult:
                 refuse(where, "ranks", t.ranks, "a list of rank numbers")
             if not all(len(shape) == 2 and all(whole(x) and x >= 0 for x in shape) for shape in t.shard_shapes):
                 refuse(where, "shard_shapes", [list(x) for x in t.shard_shapes], "a list of [rows, cols] pairs of whole numbers")
+            if t.predicted_hit_rate is not None and not (number(t.predicted_hit_rate) and 0 <= t.predicted_hit_rate <= 1):
+                refuse(where, "predicted_hit_rate", t.predicted_hit_rate, "a share from 0 to 1, or null")
         for r in self.ranks:
             if not whole(r.rank) or r.rank < 0:
                 refuse("a rank", "rank", r.rank, "a rank number")
@@ -586,6 +597,8 @@ class PlanResult:
                                ("host_memory_capacity_bytes", r.host_memory_capacity)):
                 if not number(value):
                     refuse(where, key, value, "a number of bytes")
+            if r.host_link_bytes is not None and not number(r.host_link_bytes):
+                refuse(where, "host_link_bytes", r.host_link_bytes, "a number of bytes")
         if not whole(self.batch_size_per_rank):
             refuse("the plan", "batch_size_per_rank", self.batch_size_per_rank, "a whole number")
         return self
@@ -711,6 +724,7 @@ class PlanResult:
         if len(shown_tables) < len(self.tables):
             lines.append(f"  ... {len(self.tables) - len(shown_tables)} more tables ({rest})")
         has_bytes = any(r.comm_bytes for r in self.ranks)
+        has_link = any(r.host_link_bytes is not None for r in self.ranks)  # some table cached
         kinds = list(dict.fromkeys(k for r in self.ranks for k in r.memory))  # device memory by kind
         has_host = self.holds_host_memory
         lines.append(
@@ -724,6 +738,9 @@ class PlanResult:
                                if has_host else "")
             + ("; 'intra-node'/'inter-node' are the bytes the rank's shards move per step (their ids, pooled "
                "rows and gradients, charged to the shard's rank as its time is)" if has_bytes else "")
+            + ("; 'host link' the bytes its cached tables move over its host link per step (rows the cache missed "
+               "read in, evicted rows written back, element-wise optimizer state), part of its compute time"
+               if has_link else "")
         )
         lines.append(
             f"  {'rank':<6} " + "".join(f"{k[:10]:>11}" for k in kinds)
@@ -731,6 +748,7 @@ class PlanResult:
             + (f" {'host':>10} {'node host':>10}" if has_host else "")
             + f" {'compute':>10} {'comm':>10} {'total':>10}"
             + (f" {'intra-node':>10} {'inter-node':>10}" if has_bytes else "")
+            + (f" {'host link':>10}" if has_link else "")
         )
         if has_host:  # a node's host memory, which its ranks share
             per_node = self.devices_per_node()
@@ -748,6 +766,8 @@ class PlanResult:
                     f" {_bytes(r.comm_bytes.get('intra_node', 0.0)):>10}"
                     f" {_bytes(r.comm_bytes.get('inter_node', 0.0)):>10}"
                 )
+            if has_link:
+                sent += f" {_bytes(r.host_link_bytes or 0.0):>10}"
             by_kind = "".join(f"{_bytes(r.memory.get(k, 0.0)):>11}" for k in kinds)
             host = ""
             if has_host:
@@ -787,6 +807,13 @@ class PlanResult:
                 f"  predicted bytes sent per step (all ranks): intra-node {_bytes(intra, 3)}, "
                 f"inter-node {_bytes(inter, 3)}"
                 + (f"; most inter-node from one rank: {_bytes(most, 3)} (rank {rank})" if inter > 0 else "")
+            )
+        if has_link:
+            link = max(self.ranks, key=lambda r: (r.host_link_bytes or 0.0, -int(r.rank)))
+            lines.append(
+                f"  predicted bytes over the host links per step (cache misses; all ranks): "
+                f"{_bytes(sum(r.host_link_bytes or 0.0 for r in self.ranks), 3)}; most on one rank: "
+                f"{_bytes(link.host_link_bytes or 0.0, 3)} (rank {link.rank})"
             )
         lines.append(
             f"  predicted step {self.predicted_step_time * 1e3:.3f} ms, "

@@ -116,6 +116,45 @@ def test_a_cache_with_a_prefetch_pipeline_keeps_a_lock_counter_per_slot():
     assert piped["device"] - plain["device"] == pytest.approx(4 * 128)
 
 
+def link_bytes(stype: str, dim: int = 128, k: int = 1, hot: float | None = None, kernel=None,
+               cache=None, topo: Topology | None = None) -> float:
+    """``CostModel.host_link_bytes`` of one table of 1000 rows and pooling 10 (G P = 8000 ids)."""
+    ctx = make_context(topo or topology(), 100, kernel=kernel, cache=cache or CachePolicy("lru", load_factor=0.1))
+    arrays = TableArrays.from_specs([TableSpec("t", 1000, dim, 10.0, hot_fraction=hot, feature_names=("f",))])
+    return float(CostModel(ctx).host_link_bytes(arrays, ShardingType(stype), k)[0])
+
+
+def test_a_cached_shards_host_link_bytes_are_its_misses_read_and_written_back_and_host_state():
+    # 8000 ids, 90% missed, 512-byte rows: each miss reads a row in and writes an evicted one back
+    assert link_bytes("table_wise") == pytest.approx(8000 * 0.9 * 512 * 2)
+    # element-wise Adagrad's state stays in host memory: read and written for each id (512 bytes)
+    assert link_bytes("table_wise", kernel=kernel(SparseOptimizer.ADAGRAD)) == pytest.approx(
+        8000 * (0.9 * 512 * 2 + 2 * 512))
+    # a row split has its share of the ids (RW 1/8, TWRW 1/4); the hot share raises the hit rate
+    assert link_bytes("row_wise") == pytest.approx(1000 * 0.9 * 512 * 2)
+    assert link_bytes("table_row_wise", hot=0.5) == pytest.approx(2000 * (1 - (0.5 + 0.5 * 0.09 / 0.99)) * 512 * 2)
+    # a 16-column shard is read as 32 columns by the table-wise family, not by a row split
+    assert link_bytes("column_wise", dim=64, k=4) == pytest.approx(8000 * 0.9 * 128 * 2)
+    assert link_bytes("grid_shard", dim=32, k=2) == pytest.approx(2000 * 0.9 * 64 * 2)
+    # nothing crosses the host link without a cache, on CPUs, or for a replica
+    assert link_bytes("table_wise", cache=CachePolicy("lru")) == 0.0
+    assert link_bytes("table_wise", topo=topology("cpu")) == 0.0
+    assert link_bytes("data_parallel") == 0.0
+
+
+@pytest.mark.parametrize("stype, dim, k", [("table_wise", 128, 1), ("column_wise", 256, 2), ("row_wise", 128, 1),
+                                           ("table_row_wise", 128, 1), ("grid_shard", 256, 2)])
+@pytest.mark.parametrize("optimizer", [SparseOptimizer.ROWWISE_ADAGRAD, SparseOptimizer.ADAGRAD])
+def test_host_link_bytes_are_what_the_cached_time_charges_to_the_host_link(stype, dim, k, optimizer):
+    # full 128-column shards (no block penalty): the time's 1/H terms are the bytes over H
+    lru = CachePolicy("lru", load_factor=0.1)
+    times = [costs(stype, dim=dim, k=k, placement=CACHED, hot=0.3, cache=lru, kernel=kernel(optimizer),
+                   topo=topology(host_to_device_bw=bw)) for bw in (1e10, 2e10)]
+    charged = sum(times[0][c] - times[1][c] for c in ("compute_fwd", "compute_bwd"))
+    moved = link_bytes(stype, dim=dim, k=k, hot=0.3, cache=lru, kernel=kernel(optimizer))
+    assert moved > 0 and charged == pytest.approx(moved * (1 / 1e10 - 1 / 2e10), rel=1e-9)
+
+
 def test_cached_rows_are_stored_at_the_kernels_weight_precision():
     # fp16 weights: the cache holds 128 slots of 128 columns at 2 bytes, the host the table at 2
     got = costs("table_wise", placement=CACHED, cache=CachePolicy("lru", load_factor=0.1), kernel=kernel(weight_bytes=2))

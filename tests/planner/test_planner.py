@@ -1040,6 +1040,77 @@ def test_why_says_a_cached_table_gave_up_device_memory_not_speed():
     assert cached and not any("hit rate" in a.why for a in cached), [a.why for a in cached]
 
 
+def cached_plan(**kwargs) -> PlanResult:
+    """16 tables of 1.43 GiB, table-wise on 8 ranks of 2 GiB behind a 5% LRU cache: half of them
+    go to host memory; odd ones have half their lookups on their hottest 1% of rows, every
+    third one pools 2 ids a sample, the others 8."""
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 2.0 if i % 3 == 0 else 8.0, hot_fraction=0.5 if i % 2 else None)
+              for i in range(16)]
+    cache = kwargs.pop("cache", CachePolicy("lru", load_factor=0.05))
+    return plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096, cache=cache,
+                       sharding_types=["TW"], **kwargs)
+
+
+def test_plan_json_gives_a_cached_tables_predicted_hit_rate(tmp_path: Path) -> None:
+    # the rate was only in the why-line's text ("predicted hit rate 52%"): each cached table's
+    # is the cost model's for its load factor and hot share, null for a table in device memory
+    from neo_plugins.sharding.planner.cost import cache_hit_rate
+
+    result = cached_plan()
+    result.save_json(tmp_path / "plan.json")
+    saved = json.loads((tmp_path / "plan.json").read_text())["tables"]
+    cached = [t for t in saved if t["compute_kernel"] == "fused_uvm_caching"]
+    assert 0 < len(cached) < len(saved)
+    for t in saved:
+        hot = np.array([np.nan if t["spec"]["hot_fraction"] is None else t["spec"]["hot_fraction"]])
+        if t["compute_kernel"] == "fused_uvm_caching":
+            assert t["predicted_hit_rate"] == pytest.approx(float(cache_hit_rate(0.05, hot)[0])), t
+            assert f"(predicted hit rate {t['predicted_hit_rate']:.0%}," in t["why"]
+        else:
+            assert t["predicted_hit_rate"] is None, t
+    assert {round(t["predicted_hit_rate"], 4) for t in cached} == {0.05, round(0.5 + 0.5 * 0.04 / 0.99, 4)}
+    back = PlanResult.load_json(tmp_path / "plan.json")  # read back as written
+    assert [a.predicted_hit_rate for a in back.tables] == [t["predicted_hit_rate"] for t in saved]
+    # TorchRec's estimator's times do not assume it: no rate is given
+    scored = cached_plan(estimator="torchrec")
+    assert scored.cached_tables and all(a.predicted_hit_rate is None for a in scored.tables)
+    assert all(r.host_link_bytes is None for r in scored.ranks)
+
+
+def test_a_ranks_host_link_bytes_are_its_cached_shards_misses_where_a_table_is_cached(tmp_path: Path) -> None:
+    # the traffic over the host link (cache misses) was folded into compute_fwd/compute_bwd
+    from neo_plugins.sharding.planner.cost import CostModel, TableArrays
+    from neo_plugins.topology.zionex import zionex_topology
+
+    result = cached_plan()
+    specs = [TableSpec(a.name, a.spec["num_embeddings"], a.spec["embedding_dim"], a.spec["pooling_factor"],
+                       hot_fraction=a.spec["hot_fraction"]) for a in result.tables]
+    context = make_context(zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                           cache=CachePolicy("lru", load_factor=0.05))
+    per_table = CostModel(context).host_link_bytes(TableArrays.from_specs(specs), ShardingType.TABLE_WISE)
+    expected = [0.0] * len(result.ranks)
+    for a, b in zip(result.tables, per_table):
+        if a.compute_kernel == "fused_uvm_caching":
+            expected[a.ranks[0]] += float(b)
+    assert sum(expected) > 0
+    assert [r.host_link_bytes for r in result.ranks] == pytest.approx(expected)
+    result.save_json(tmp_path / "plan.json")
+    saved = json.loads((tmp_path / "plan.json").read_text())
+    assert [r["host_link_bytes"] for r in saved["ranks"]] == pytest.approx(expected)
+    text = result.format_text(max_tables=0)
+    assert "'host link' the bytes its cached tables move over its host link per step" in text
+    assert text.count(" host link\n") == 1  # the rank table's last column
+    assert PlanResult.load_json(tmp_path / "plan.json").format_text() == result.format_text()
+    # nothing cached: no field, and plan.txt as before
+    roomy = plan_tables(specs, zionex_topology(num_nodes=1), 4096, cache=CachePolicy("lru", load_factor=0.05),
+                        sharding_types=["TW"])
+    assert roomy.cached_tables == 0
+    assert all("host_link_bytes" not in r for r in roomy.to_dict()["ranks"])
+    assert "host link" not in roomy.format_text()
+
+
 @pytest.mark.slow
 def test_tables_the_first_greedy_cannot_place_are_placed_by_the_memory_priced_runs():
     # 12T with a 10% LFU cache (8 bytes of cache state per row): the first greedy leaves one

@@ -415,6 +415,34 @@ class CostModel:
         across = out / L * (N - 1) / N  # pooled rows to the same local rank of the other nodes
         return ids * a2a_in + scattered * (L - 1) / L, ids * a2a_out + across
 
+    def host_link_bytes(
+        self, t: TableArrays, sharding_type: ShardingType, num_col_shards: int = 1
+    ) -> np.ndarray:
+        """Bytes one cached shard moves over its rank's host link per step, as the time formulas
+        of ``_lookup`` charge them at ``1/H``: the missed rows read into the device cache, as many
+        evicted rows written back, and element-wise optimizer state (left in host memory) read
+        and written for each id; zero without a cache (CPU topologies, no load factor) and for
+        data parallel, which is never cached."""
+        n = len(t)
+        st = ShardingType(sharding_type)
+        if self.cache_load_factor is None or st is ShardingType.DATA_PARALLEL:
+            return np.zeros(n)
+        d = t.dims.astype(np.float64)
+        P = t.pooling * t.features  # ids per sample over the table's features
+        k = float(num_col_shards)
+        split_cols = st in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
+        cols = d / k if split_cols else d
+        ids = self.G * P / {ShardingType.ROW_WISE: float(self.W), ShardingType.TABLE_ROW_WISE: float(self.L),
+                            ShardingType.GRID_SHARD: float(self.L)}.get(st, 1.0)
+        table_wise = st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+        # the table-wise family reads at least 32 columns a row on GPUs (``block_terms``)
+        cuda = self.context.topology.compute_device == "cuda"
+        rb = self.row_bytes(np.maximum(cols, MIN_LOOKUP_COLS) if cuda and table_wise else cols)
+        miss = 1.0 - cache_hit_rate(self.cache_load_factor, t.hot)
+        state = self.opt_row_bytes(cols)
+        host_state = np.zeros_like(state) if self.rowwise_state() else state
+        return ids * (2.0 * miss * rb + 2.0 * host_state)
+
     def latency_time(self, types_used: set[str]) -> float:
         """Fixed collective latency per step: three all-to-alls per sharding type, one all-reduce."""
         n = sum(3 for s in types_used if s != ShardingType.DATA_PARALLEL.value)

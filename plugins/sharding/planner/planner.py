@@ -1245,6 +1245,10 @@ def build_result(
     host = {k: np.zeros(W) for k in ("weights", "optimizer")}
     sent = np.zeros((W, 2))  # bytes sent per step: intra-node, inter-node
     option_bytes: dict[int, np.ndarray] = {}
+    # where the times are the cost model's: the hit rate they assume, the bytes over the host link
+    own_rates = model.cache_load_factor is not None and not search.torchrec_times
+    linked = np.zeros(W)  # bytes over each rank's host link per step (cached shards)
+    link_bytes: dict[int, np.ndarray] = {}
     assignments: list[TableAssignment] = []
     types_used: set[str] = set()
     for i, spec in enumerate(tables):
@@ -1258,6 +1262,9 @@ def build_result(
         if W > 1:
             np.add.at(sent, ranks, option_bytes[o][i])
         if opt.placement == CACHED:  # optimizer state: row-wise on the device, else on the host
+            if o not in link_bytes:
+                link_bytes[o] = model.host_link_bytes(search.t, opt.sharding_type, opt.k)
+            np.add.at(linked, ranks, link_bytes[o][i])
             np.add.at(mem["cache"], ranks, c.cache[i])
             # what is left of the sums: 0 where the state is elsewhere, not a rounding's -1e-10
             np.add.at(mem["optimizer"], ranks, max(float(c.mem_device[i] - c.cache[i] - c.batch[i]), 0.0))
@@ -1295,6 +1302,8 @@ def build_result(
                 compute_kernel=kernel,
                 ranks=[int(r) for r in ranks],
                 shard_shapes=shapes,
+                predicted_hit_rate=(float(cache_hit_rate(model.cache_load_factor, search.t.hot[i : i + 1])[0])
+                                    if own_rates and opt.placement == CACHED else None),
                 why=_why(opt, search, i, fused=context.kernel.compute_kernel == "fused", left_out=left_out)
                 + (f"; held to {', '.join(sorted(st.short for st in held[spec.name]))} by "
                    "sharding.table_sharding_types" if held and held.get(spec.name) else ""),
@@ -1311,6 +1320,8 @@ def build_result(
         rep = RankReport(rank=r, memory=memory, memory_capacity=model.capacity_device, time=timed)
         rep.comm_bytes = {"intra_node": float(sent[r, 0]), "inter_node": float(sent[r, 1])}
         rep.host_memory_capacity = model.capacity_host  # what cached tables could use, used or not
+        if own_rates and link_bytes:  # some table cached: its misses' traffic, beside the collectives'
+            rep.host_link_bytes = float(linked[r])
         if host["weights"].any():
             rep.host_memory = {k: float(v[r]) for k, v in host.items()}
             if model.host_reserve:
