@@ -99,6 +99,17 @@ def cache_said(plan: Any) -> str:
     return "none" if share is None else f"{cache.get('name')} {share:g}"
 
 
+def cache_hit_rate(plan: Any) -> float | None:
+    """The mean predicted hit rate of the plan's cached tables (plan.json's
+    ``predicted_hit_rate``), weighted by their lookups (ids per sample: each table's
+    ``pooling_factor``, where its spec gives one); None where no table is cached or the plan
+    gives no rate (TorchRec's estimator's times)."""
+    rated = [(rate, float((getattr(t, "spec", None) or {}).get("pooling_factor") or 1.0))
+             for t in getattr(plan, "tables", ()) if (rate := getattr(t, "predicted_hit_rate", None)) is not None]
+    weight = sum(w for _, w in rated)
+    return sum(rate * w for rate, w in rated) / weight if rated and weight > 0 else None
+
+
 def compression_said(plan: Any) -> str:
     """The plan's communication precisions, forward/backward ("fp16/fp32")."""
     comp = (getattr(plan, "settings", None) or {}).get("compression") or {}
@@ -151,6 +162,8 @@ SWEEP = SweepFailures(lambda plan: {
     "busiest rank inter-node": (most_inter_node(plan), ",.1f", "MiB per step"),
     # tables in host memory behind the device cache: a larger cache can move more there
     "cached tables": (plan.cached_tables, ""),
+    # the share of their lookups the device cache serves, as the cost model predicts it
+    "cache hit rate": (cache_hit_rate(plan), ".1%"),
     **memory_columns(plan),
 }, stopped_note="no plan written", unsaid=("global batch",))
 

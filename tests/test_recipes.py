@@ -738,6 +738,37 @@ def test_a_plan_sweeps_summary_gives_the_batch_and_the_fullest_memory(tmp_path: 
     assert "global batch" not in rows[0]  # in summary.csv: the line is long already
 
 
+def test_a_plan_sweeps_summary_gives_the_cached_tables_hit_rate_weighted_by_their_lookups() -> None:
+    # summary.csv said how many tables were cached, not how often their cache hits: the row's
+    # "cache hit rate" is the cached tables' predicted rates, weighted by their ids per sample
+    import importlib.util
+
+    from neo_core.api import plan_tables
+    from neo_core.cache import CachePolicy
+    from neo_core.sharding import TableSpec
+    from neo_plugins.topology.zionex import zionex_topology
+
+    spec = importlib.util.spec_from_file_location("plan_recipe", PLAN_RECIPE)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    # 16 tables of 1.43 GiB on 8 ranks of 2 GiB: half behind the cache; odd ones hot, every fourth pools 2 ids
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 2.0 if i % 4 == 0 else 8.0, hot_fraction=0.5 if i % 2 else None)
+              for i in range(16)]
+    cached = plan_tables(tables, zionex_topology(num_nodes=1, device_memory_gib=2.0), 4096,
+                         cache=CachePolicy("lru", load_factor=0.05), sharding_types=["TW"])
+    rated = [(a.predicted_hit_rate, a.spec["pooling_factor"]) for a in cached.tables if a.predicted_hit_rate is not None]
+    assert len(rated) == cached.cached_tables > 1 and len({r for r, _ in rated}) == 2 and len({w for _, w in rated}) == 2
+    weighted = sum(r * w for r, w in rated) / sum(w for _, w in rated)
+    assert weighted != pytest.approx(sum(r for r, _ in rated) / len(rated))  # the weights matter here
+    row = recipe.SWEEP.row(cached)
+    assert row["cache hit rate"] == (pytest.approx(weighted), ".1%")
+    assert list(row).index("cache hit rate") == list(row).index("cached tables") + 1
+    # nothing cached: empty in summary.csv ("n/a" in the printed line), no panel of its own
+    roomy = plan_tables(tables, zionex_topology(num_nodes=1), 4096, cache=CachePolicy("lru", load_factor=0.05),
+                        sharding_types=["TW"])
+    assert roomy.cached_tables == 0 and recipe.SWEEP.row(roomy)["cache hit rate"][0] is None
+
+
 def test_a_plan_of_more_local_ranks_than_cores_says_they_share_them(tmp_path: Path) -> None:
     # a what-if of 4 ranks on a 2-core machine predicted twice the samples/s of 2 ranks; measured, fewer
     from neo_core.training.run import usable_cores
