@@ -156,3 +156,31 @@ def test_the_columns_legend_names_a_fixed_latency_only_where_one_is_charged() ->
     assert "'comm' the collectives with their fixed latency, per step" in charged
     uncharged = plan({"compute_fwd": 1e-3, "comm_fwd": 1e-3}).format_text()
     assert "'comm' the collectives, per step" in uncharged and "fixed latency" not in uncharged
+
+
+def test_a_plan_charts_title_names_the_cache_and_the_compression_where_set(tmp_path: Path, monkeypatch) -> None:
+    # charts of runs that differ in cache or compression alone had the same title
+    import matplotlib.figure
+
+    from neo_core.api import plan_tables
+    from neo_core.cache import CachePolicy
+    from neo_core.sharding import TableSpec
+    from neo_plugins.sharding.planner.report import chart_title, save_chart
+
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 8.0) for i in range(16)]  # half go behind a cache on 2 GiB
+    topology = {"name": "zionex", "num_nodes": 1, "device_memory_gib": 2.0}
+    both = plan_tables(tables, topology, 4096, cache=CachePolicy("lru", load_factor=0.2), compressor="fp16",
+                       sharding_types=["TW"])
+    assert chart_title(both).splitlines()[1] == "cache lru 0.2, compression fp16/fp16"
+    piped = plan_tables(tables, topology, 4096, cache=CachePolicy("lru", load_factor=0.05, prefetch_pipeline=True),
+                        sharding_types=["TW"])
+    assert chart_title(piped).splitlines()[1] == "cache lru 0.05 with prefetch pipeline"
+    said = []  # what save_chart draws
+    real = matplotlib.figure.Figure.suptitle
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, text, **kw: said.append(text) or real(fig, text, **kw))
+    save_chart(both, tmp_path / "plan.png")
+    assert "\ncache lru 0.2, compression fp16/fp16\n" in said[-1], said
+    # neither set (no cache, compression none): the title as before, the cluster on its second line
+    plain = plan_tables(tables[:4], "zionex", 4096)
+    assert "cache" not in chart_title(plain) and "compression" not in chart_title(plain)
+    assert chart_title(plain).splitlines()[1].startswith("zionex: ")

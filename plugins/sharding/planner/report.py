@@ -33,6 +33,39 @@ def chart_ranks(result: PlanResult, max_ranks: int = 128) -> list[RankReport]:
     return sorted(chosen, key=lambda r: r.rank)
 
 
+def settings_line(result: PlanResult) -> str:
+    """The cache and the compression a plan was made with, where set ("cache lru 0.2,
+    compression fp16/fp32"; "" with neither), for a chart's title: charts of runs that differ
+    in them alone are told apart by it."""
+    settings = result.settings or {}
+    said = []
+    cache = settings.get("cache") or {}
+    if isinstance(cache, dict) and isinstance(cache.get("load_factor"), (int, float)):
+        said.append(f"cache {cache.get('name')} {cache['load_factor']:g}"
+                    + (" with prefetch pipeline" if cache.get("prefetch_pipeline") else ""))
+    comp = settings.get("compression") or {}
+    if isinstance(comp, dict) and comp.get("name") not in (None, "none"):
+        said.append(f"compression {comp.get('forward', '?')}/{comp.get('backward', '?')}")
+    return ", ".join(said)
+
+
+def chart_title(result: PlanResult, shown: int | None = None) -> str:
+    """A plan chart's title, a line each: the planner, ranks, step (whose times: two planners'
+    charts side by side are on one scale only if this matches) and imbalance, with ``shown``
+    ranks of more drawn; the cache and compression where set (:func:`settings_line`); the
+    cluster; the key to its assumed figures."""
+    shown = len(result.ranks) if shown is None else shown
+    source = f" ({result.times_from})" if result.times_from else ""
+    return (
+        f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms"
+        f"{source}, imbalance {result.imbalance:.2f}"
+        + (f" ({shown} shown: the slowest and the fullest)" if shown < len(result.ranks) else "")
+        + (f"\n{settings}" if (settings := settings_line(result)) else "")
+        + (f"\n{cluster}" if (cluster := result.topology_summary()) else "")
+        + (f"\n{note}" if (note := result.assumed_note()) else "")
+    )
+
+
 def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Path:
     """Stacked bars of each rank's predicted time by kind (ms), with memory use on top (device,
     and host where cached tables use it). Past ``max_ranks`` ranks, the slowest are drawn and the
@@ -96,15 +129,7 @@ def save_chart(result: PlanResult, path: str | Path, max_ranks: int = 128) -> Pa
         ax_mem.bar(x, use * 100, width=0.85, color="gray")
         ax_mem.set_ylabel("device mem %")
     ax_mem.set_ylim(0, 100)
-    # whose times: two planners' charts side by side are on one scale only if this matches
-    source = f" ({result.times_from})" if result.times_from else ""
-    title = (
-        f"{result.planner}: {counted(len(result.ranks), 'rank')}, step {result.predicted_step_time * 1e3:.3f} ms"
-        f"{source}, imbalance {result.imbalance:.2f}"
-        + (f" ({len(ranks)} shown: the slowest and the fullest)" if len(ranks) < len(result.ranks) else "")
-        + (f"\n{cluster}" if (cluster := result.topology_summary()) else "")
-        + (f"\n{note}" if (note := result.assumed_note()) else "")
-    )
+    title = chart_title(result, len(ranks))
     # wrapped to the figure's width (about 13 characters an inch at this size): a narrow
     # chart of few ranks cut the cluster's line off at both ends
     chars = int(fig.get_figwidth() * 13)
