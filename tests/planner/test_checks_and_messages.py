@@ -125,6 +125,32 @@ def test_a_plans_settings_say_no_prefetch_where_nothing_is_cached() -> None:
                                         "prefetch_pipeline": False}
 
 
+def test_a_plan_with_a_prefetch_pipeline_says_its_overlap_is_not_modelled() -> None:
+    # prefetch_pipeline=true only added memory; the plan said "(load factor 0.05, prefetch
+    # pipeline)" and predicted a step that no overlap shortens, as if the pipeline were costed
+    from pathlib import Path
+
+    from neo_plugins.sharding.planner.planner import PREFETCH_NOTE
+
+    tables = [TableSpec(f"t{i}", 6_000_000, 64, 8.0) for i in range(16)]  # half go behind a cache on 2 GiB
+    small = {"name": "zionex", "num_nodes": 1, "device_memory_gib": 2.0}
+
+    def notes(topology, prefetch: bool) -> tuple[int, list[str]]:
+        result = plan_tables(tables, topology, 4096, sharding_types=["TW"],
+                             cache=CachePolicy("lru", load_factor=0.05, prefetch_pipeline=prefetch))
+        return result.cached_tables, result.notes
+
+    cached, said = notes(small, True)
+    assert cached and PREFETCH_NOTE in said
+    assert "the predicted step is an upper bound for a pipeline that overlaps them" in PREFETCH_NOTE
+    assert PREFETCH_NOTE not in notes(small, False)[1]  # no pipeline
+    cached, said = notes({**small, "device_memory_gib": 40.0}, True)  # nothing cached: nothing prefetched
+    assert not cached and PREFETCH_NOTE not in said
+    # docs/cost_model.md says the same where it counts the pipeline's memory
+    docs = " ".join((Path(__file__).parents[2] / "docs" / "cost_model.md").read_text().split())
+    assert PREFETCH_NOTE.removeprefix("cache.prefetch_pipeline=true: ") in docs
+
+
 def test_plan_json_gives_each_nodes_host_memory_where_one_rank_holds_more_than_its_share(tmp_path) -> None:
     # a cached table of 107 GiB of host memory, table-wise on one rank: over that rank's share
     # (64 GiB) of its node's 128 GiB, which the node's two ranks share. plan.json alone must show

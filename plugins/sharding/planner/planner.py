@@ -57,6 +57,12 @@ PACKING_TARGETS = 12
 MULTI_COL = (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE, ShardingType.GRID_SHARD)
 COL_SHARD_COUNTS = (2, 4, 8)  # sharding.col_shard_counts by default
 MIN_COL_WIDTH = 16  # sharding.min_col_width by default
+# the plan note where cache.prefetch_pipeline=true and some table is cached (docs/cost_model.md)
+PREFETCH_NOTE = (
+    "cache.prefetch_pipeline=true: its memory is counted, the overlap of prefetch with the step is not (the "
+    "recipes' training loop does not run a prefetching pipeline: missed rows are fetched inside the forward), "
+    "so the predicted step is an upper bound for a pipeline that overlaps them"
+)
 
 
 @dataclasses.dataclass
@@ -503,6 +509,8 @@ class NeoPlanner(Planner):
         result = build_result(self.name, search, tables, context, left_out=types - search.types_used(), held=held)
         result.times_from = "TorchRec's estimator" if self.estimator == "torchrec" else "Neo's cost model"
         result.notes.extend(context_notes(result, context))
+        if context.cache.prefetch_pipeline and result.cached_tables:
+            result.notes.append(PREFETCH_NOTE)
         # on the fused kernel, where a type besides DP was allowed
         shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
         odd = [t for t in tables if t.embedding_dim % 4] if context.kernel.compute_kernel == "fused" and shardable else []
