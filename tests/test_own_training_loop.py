@@ -282,10 +282,10 @@ def test_plan_model_refuses_a_plan_the_process_groups_ranks_cannot_execute_and_r
     assert said[9].startswith("compression 'fp16' sends fp8 (forward fp16, backward fp8), which TorchRec cannot run "
                               "over gloo for user_id (TW), item_id (TW). On CPU ranks send fp32, fp16 or bf16 both "
                               "ways (e.g. compressor={'name': 'fp16', 'backward': 'fp16'}); or int8 where every table "
-                              "is of a type that carries it (DP,TW,CW,TWCW)"), said[9]
+                              "is of a type that carries it ('DP', 'TW', 'CW', 'TWCW')"), said[9]
     assert said[10].startswith("compression 'fp16' sends int8 (forward fp16, backward int8), which TorchRec cannot "
                                "run over gloo for user_id (RW)") and said[10].endswith(
-        "or keep to the sharding types that can carry int8: sharding_types=[DP,TW,CW,TWCW]."), said[10]
+        "or keep to the sharding types that can carry int8: sharding_types=['DP', 'TW', 'CW', 'TWCW']."), said[10]
     assert said[11] == "accepted" and every[1][9:12] == said[9:12]
     (own0, ran0, built0), (own1, ran1, built1) = (rank[-1] for rank in every)
     assert own0 != own1 and sorted(map(tuple, own0)) == [(0,), (1,)], (own0, own1)  # rank 1 planned otherwise

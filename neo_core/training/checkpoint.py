@@ -276,11 +276,13 @@ class DistributedCheckpoint(pl.Callback):
             latest = latest_checkpoint(self.path)
         except CheckpointError:
             latest = None
-        kept = (f"the last finished checkpoint, of step {latest[1]}, is kept in {latest[0]}" if latest
-                else "no checkpoint was finished before it")
+        fix = "make room (a full disk, or a file-size limit: `ulimit -f`) and "
+        if latest:
+            return (f"saving the checkpoint of step {step} into {tmp} failed ({said}{room}); the unfinished save was "
+                    f"removed and the last finished checkpoint, of step {latest[1]}, is kept in {latest[0]}: {fix}"
+                    f"continue with the run's command and trainer.resume=true hydra.run.dir={self.path.parent}")
         return (f"saving the checkpoint of step {step} into {tmp} failed ({said}{room}); the unfinished save was "
-                f"removed and {kept}: make room (a full disk, or a file-size limit: `ulimit -f`) and continue with "
-                f"trainer.resume=true hydra.run.dir={self.path.parent}")
+                f"removed and no checkpoint was finished before it: {fix}run the command again")
 
     def on_fit_start(self, trainer: pl.Trainer, module: Any) -> None:
         if not self.resume:

@@ -248,8 +248,11 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then:
             for process in context.processes:
                 process.join()
             raise
-        except (ProcessExitedException, ProcessRaisedException):
-            if stop.is_set():  # a rank that got the interrupt outside training, on another path
+        except (ProcessExitedException, ProcessRaisedException) as exc:
+            # a rank that got the interrupt outside training, on another path; not one a signal
+            # other than the user's ended (the out-of-memory killer's SIGKILL as a SIGTERM came)
+            killed = isinstance(exc, ProcessExitedException) and exc.signal_name not in (None, "SIGINT", "SIGTERM")
+            if stop.is_set() and not killed:
                 raise KeyboardInterrupt from None
             raise
     finally:

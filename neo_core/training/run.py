@@ -278,7 +278,7 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bo
     if made is not None:
         return made
     result = checked_plan(parts, model)
-    if launch is not None:
+    if launch is not None and dist_rank() == 0:  # every rank runs rank 0's plan: another rank's is not run
         check_compression_on_gloo(result, launch, parts.compressor, parts.planner)
         check_node_layout(result, launch, parts.topology)
     if unequal:
@@ -357,7 +357,7 @@ def threads_note(every: list[tuple[Any, ...]], threads: list[int]) -> str | None
     r = changed[0]
     host, cores = every[r][2], every[r][3] or ()
     sharing = sum(1 for e in every if e[2] == host and (not e[3] or set(cores).intersection(e[3])))
-    whose = f"rank {r}" if len(changed) == 1 else f"{len(changed)} ranks (rank {r}:"
+    whose = f"rank {r}:" if len(changed) == 1 else f"{len(changed)} ranks (rank {r}:"
     return (f"torch threads set by the cores the ranks may run on: {whose} {every[r][4]} -> {threads[r]}"
             f"{')' if len(changed) > 1 else ''}, {len(cores)} core(s) shared by {sharing} rank(s) on {host} "
             "(trainer.threads_per_rank sets them).")
@@ -630,7 +630,11 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
         hit = [t for t in plan.tables if t.sharding_type in types]
         if not hit:
             continue
-        allowed = ",".join(s.short for s in ShardingType if s.value not in types)
+        def listed(excluded: tuple[str, ...]) -> str:  # Python's list in plan_model's arguments
+            names = [s.short for s in ShardingType if s.value not in excluded]
+            return ", ".join(map(repr, names)) if api else ",".join(names)
+
+        allowed = listed(types)
         # only Neo's planner takes a list of sharding types
         restrict = f"sharding_types=[{allowed}]" if api else f"sharding.sharding_types=[{allowed}]"
         if not hasattr(planner, "allowed"):
@@ -638,7 +642,7 @@ def gloo_compression_problem(plan: PlanResult, compressor: Compressor, planner: 
         both = ("compressor={'name': 'fp16', 'backward': 'fp16'}" if api
                 else "compression=fp16 compression.backward=fp16")
         if precision == "fp8":  # RW runs, but sends bf16 (no fp8 reduce-scatter); DP sends nothing
-            int8 = ",".join(s.short for s in ShardingType if s.value not in _GLOO_FAILS["int8"])
+            int8 = listed(_GLOO_FAILS["int8"])
             other = (
                 f"or int8 where every table is of a type that carries it ({int8}); no sharding type sends fp8 over "
                 "gloo: row-wise tables send their gradients in bf16 instead (TorchRec has no fp8 reduce-scatter) and "

@@ -1520,7 +1520,7 @@ def test_threads_are_each_ranks_cores_over_the_ranks_that_share_them() -> None:
     mixed = ranks("a", [(0, 1, 2, 3)], 2) + ranks("b", [(0, 1, 2, 3)], 2) + ranks("b", [None], 3)
     assert threads_by_cores(mixed) == [4, 2, 3]
     assert threads_note(mixed, [4, 2, 3]) == (
-        "torch threads set by the cores the ranks may run on: rank 0 2 -> 4, 4 core(s) shared by 1 rank(s) on a "
+        "torch threads set by the cores the ranks may run on: rank 0: 2 -> 4, 4 core(s) shared by 1 rank(s) on a "
         "(trainer.threads_per_rank sets them).")
     # cores shared in part: each rank's over the ranks it shares any with
     assert threads_by_cores(ranks("a", [(0, 1, 2, 3), (2, 3, 4, 5), (4, 5, 6, 7)], 1)) == [2, 1, 2]
@@ -1584,10 +1584,12 @@ def test_ranks_whose_starting_process_is_killed_as_they_start_end_at_once_and_fr
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+@pytest.mark.parametrize("then_sigterm", [False, True])
 def test_a_rank_killed_outright_ends_the_run_with_its_checkpoint_and_the_command_that_continues_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, then_sigterm: bool) -> None:
     # the out-of-memory killer's SIGKILL of one rank ended the run in torch's traceback, naming
-    # neither the checkpoint nor how to continue; train.log held the same traceback
+    # neither the checkpoint nor how to continue; train.log held the same traceback. With a
+    # SIGTERM just after (a preemption), the run said it stopped on SIGTERM and would save
     import re
     import signal
     import subprocess
@@ -1606,6 +1608,9 @@ def test_a_rank_killed_outright_ends_the_run_with_its_checkpoint_and_the_command
         ranks = [c for c in _children(proc.pid) if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]
         assert len(ranks) == 2, proc.communicate(timeout=60)
         os.kill(max(ranks), signal.SIGKILL)
+        if then_sigterm:
+            time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -1643,7 +1648,7 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line_and_leaves
     assert proc.returncode == 2, proc.stderr[-3000:]
     said = (f"error: saving the checkpoint of step 5 into {out / 'checkpoint.tmp'} failed (RuntimeError: ")
     assert said in proc.stderr and "MiB free on its disk); the unfinished save was removed and no checkpoint was " \
-        "finished before it: make room (a full disk, or a file-size limit: `ulimit -f`) and continue with " \
-        f"trainer.resume=true hydra.run.dir={out}" in proc.stderr, proc.stderr[-3000:]
+        "finished before it: make room (a full disk, or a file-size limit: `ulimit -f`) and run the command again" \
+        in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and said in (out / "train.log").read_text()
     assert not (out / "checkpoint.tmp").exists() and not (out / "checkpoint").exists()
