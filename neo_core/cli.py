@@ -999,11 +999,19 @@ def _selected_in_files(argv: Sequence[str], conf: str | os.PathLike[str], config
         if found is None:
             continue
         with contextlib.suppress(Exception):  # a broken file is check_yaml_files' to name
-            for entry in OmegaConf.to_container(OmegaConf.load(found)).get("defaults") or []:  # type: ignore[union-attr]
-                for key, option in (entry.items() if isinstance(entry, dict) else ()):
-                    if str(key).removeprefix("override").strip().lstrip("/") == group and option not in (None, "none"):
-                        return True
+            content = OmegaConf.to_container(OmegaConf.load(found))
+            if any(g == group and option not in (None, "none") for g, option in defaults_choices(content)):
+                return True
     return False
+
+
+def defaults_choices(content: Any) -> Iterator[tuple[str, Any]]:
+    """The group options a config file's ``defaults:`` list selects, as (group, option):
+    ``override /cache: lru`` is ``("cache", "lru")``."""
+    entries = content.get("defaults") if isinstance(content, dict) else None
+    for entry in entries or []:
+        for key, option in (entry.items() if isinstance(entry, dict) else ()):
+            yield str(key).removeprefix("override").strip().lstrip("/"), option
 
 
 def cache_keys_select_lru(argv: Sequence[str], conf: str | os.PathLike[str], config_name: str,

@@ -35,6 +35,7 @@ from neo_core.cli import (
     config_dir_shadows,
     config_dirs,
     config_groups,
+    defaults_choices,
     flags_first,
     force_add_overrides,
     help_groups,
@@ -252,12 +253,10 @@ def experiment_replaced(choices: dict[str, Any], argv: list[str], config: dict[s
             here = here.get(part) if isinstance(here, dict) else None
         if config is not None and here != value:
             notes.append(f"note: {key}={here} on the command line replaces experiment {name}'s {key}={value}")
-    for entry in content.get("defaults") or []:
-        for key, option in (entry.items() if isinstance(entry, dict) else ()):
-            group = str(key).removeprefix("override").strip().lstrip("/")
-            if group in choices and option is not None and choices[group] != option:
-                notes.append(f"note: {group}={choices[group]} on the command line replaces experiment "
-                             f"{name}'s {group}={option}")
+    for group, option in defaults_choices(content):
+        if group in choices and option is not None and choices[group] != option:
+            notes.append(f"note: {group}={choices[group]} on the command line replaces experiment "
+                         f"{name}'s {group}={option}")
     return notes
 
 
@@ -267,13 +266,9 @@ def interrupted_message(exc: KeyboardInterrupt) -> str:
         return f"interrupted: {exc}"
     if not OUTPUT_DIR:  # stopped before Hydra gave the run its folder
         return "interrupted before the run started: nothing was written"
-    from neo_core.errors import CheckpointError
-    from neo_core.training.checkpoint import latest_checkpoint
+    from neo_core.training.checkpoint import readable_checkpoint
 
-    try:
-        latest = latest_checkpoint(Path(OUTPUT_DIR[0]) / "checkpoint")
-    except CheckpointError:
-        latest = None
+    latest = readable_checkpoint(Path(OUTPUT_DIR[0]) / "checkpoint")
     if latest is None and SWEEPING:  # the sweep's command: finished jobs report, this one starts afresh
         return f"interrupted: no checkpoint of this job was saved in {OUTPUT_DIR[0]}; continue the sweep with: {CONTINUE[0]}"
     if latest is None:

@@ -99,6 +99,15 @@ def settle(path: Path) -> None:
         old.rename(path)
 
 
+def readable_checkpoint(path: Path) -> tuple[Path, int] | None:
+    """:func:`latest_checkpoint`, or None where a damaged one cannot be read: what an error
+    message may say is kept."""
+    try:
+        return latest_checkpoint(path)
+    except CheckpointError:
+        return None
+
+
 def latest_checkpoint(path: Path) -> tuple[Path, int] | None:
     """The newest finished checkpoint among ``path`` and its ``.tmp``/``.old`` siblings."""
     found = [(step, folder) for folder in (path, _sibling(path, ".tmp"), _sibling(path, ".old"))
@@ -272,10 +281,7 @@ class DistributedCheckpoint(pl.Callback):
             room = f"; {shutil.disk_usage(self.path.parent).free / 2**20:,.0f} MiB free on its disk"
         except OSError:
             room = ""
-        try:
-            latest = latest_checkpoint(self.path)
-        except CheckpointError:
-            latest = None
+        latest = readable_checkpoint(self.path)
         fix = "make room (a full disk, or a file-size limit: `ulimit -f`) and "
         if latest:
             return (f"saving the checkpoint of step {step} into {tmp} failed ({said}{room}); the unfinished save was "

@@ -272,7 +272,7 @@ def rank_plan(parts: RunParts, model: Any, digest: str | None, threads_given: bo
     hosts = [e[2] for e in every] if every is not None else None
     if every is not None and not threads_given:
         set_threads_by_cores(every)
-    if started_as_rank() and (crowded := ranks_sharing_a_host(hosts)) and int(os.environ.get("RANK", "0")) == 0:
+    if started_as_rank() and (crowded := ranks_sharing_a_host(hosts)) and dist_rank() == 0:
         print(f"warning: {crowded}", file=sys.stderr, flush=True)
     made = _PLANNED_HERE.pop(digest, None) if digest is not None and not unequal else None
     if made is not None:
@@ -325,15 +325,28 @@ def threads_by_cores(every: list[tuple[Any, ...]]) -> list[int]:
     --numa-binding``: 16 cores a rank gave 2 threads of 8 ranks), too many where several
     launches share a host (two torchrun agents of one rank each took both of 2 cores, 8.5x
     slower). A rank whose cores are unknown keeps its threads."""
-    threads = []
-    for *_, host, cores, now in every:
-        if not cores:
-            threads.append(now)
-            continue
-        mine = set(cores)
-        sharing = sum(1 for e in every if e[2] == host and (not e[3] or mine.intersection(e[3])))
-        threads.append(max(1, len(mine) // sharing))
-    return threads
+    return [max(1, len(e[3]) // n) if e[3] else e[4] for e, n in zip(every, _core_sharers(every))]
+
+
+def _by_host(hosts: Sequence[str]) -> dict[str, list[int]]:
+    """The ranks on each host, from every rank's host name (one pass)."""
+    on: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        on.setdefault(host, []).append(rank)
+    return on
+
+
+def _core_sharers(every: list[tuple[Any, ...]]) -> list[int]:
+    """For each rank (:func:`ranks_machines`' ``every``), the ranks of its host, itself too, that
+    may run on any of its cores; a rank whose cores are unknown shares every core of its host.
+    Compared within a host only: every pair of a large launch's ranks was thousands of ranks'
+    cores each."""
+    on = _by_host([e[2] for e in every])
+    sharers = []
+    for e in every:
+        mine = set(e[3] or ())
+        sharers.append(sum(1 for o in on[e[2]] if not every[o][3] or mine.intersection(every[o][3])))
+    return sharers
 
 
 def set_threads_by_cores(every: list[tuple[Any, ...]]) -> int:
@@ -355,34 +368,24 @@ def threads_note(every: list[tuple[Any, ...]], threads: list[int]) -> str | None
     if not changed:
         return None
     r = changed[0]
-    host, cores = every[r][2], every[r][3] or ()
-    sharing = sum(1 for e in every if e[2] == host and (not e[3] or set(cores).intersection(e[3])))
+    host, cores, sharing = every[r][2], every[r][3] or (), _core_sharers(every)[r]
     whose = f"rank {r}:" if len(changed) == 1 else f"{len(changed)} ranks (rank {r}:"
     return (f"torch threads set by the cores the ranks may run on: {whose} {every[r][4]} -> {threads[r]}"
             f"{')' if len(changed) > 1 else ''}, {len(cores)} core(s) shared by {sharing} rank(s) on {host} "
             "(trainer.threads_per_rank sets them).")
 
 
-def ranks_sharing_a_host(hosts: list[str] | None = None) -> str | None:
+def ranks_sharing_a_host(hosts: list[str] | None) -> str | None:
     """Where more of a launch's ranks run on one host than its ranks a machine
     (``LOCAL_WORLD_SIZE``: several torchrun agents started on one host), what that costs and the
     fix; else None. The plan gives each machine of the launch a machine's memory, and without
     :func:`threads_by_cores` each rank took the host's cores over its machine's ranks as its
     threads (two agents of one rank each ran 2 threads a rank on 2 cores, 8x slower).
-    ``hosts``: every rank's host name, where gathered already; else collective."""
-    import torch.distributed as dist
-
+    ``hosts``: every rank's host name (:func:`ranks_machines`); None outside a group of ranks."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not local.isdigit():
+    if not local.isdigit() or not hosts:
         return None
-    if hosts is None:
-        if not dist_formed():
-            return None
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, socket.gethostname())
-        hosts = gathered
-    crowded = {h: [r for r, e in enumerate(hosts) if e == h] for h in set(hosts)}
-    host, ranks = max(crowded.items(), key=lambda item: (len(item[1]), item[0]))
+    host, ranks = max(_by_host(hosts).items(), key=lambda item: (len(item[1]), item[0]))
     if len(ranks) <= int(local):
         return None
     return (f"ranks {', '.join(map(str, ranks[:8]))}{' ...' if len(ranks) > 8 else ''} run on one host ({host}), though "
@@ -445,7 +448,7 @@ def _host_shares(every: list[tuple[Any, ...]], cpu: bool) -> tuple[list[tuple[An
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     if not local.isdigit() or int(local) < 1:
         return every, None
-    on_host = {h: sum(1 for e in every if e[2] == h) for h in {e[2] for e in every}}
+    on_host = {h: len(ranks) for h, ranks in _by_host([e[2] for e in every]).items()}
     crowded = {h: n for h, n in on_host.items() if n > int(local)}
     if not crowded:
         return every, None
@@ -1197,15 +1200,12 @@ def rank_lost(exc: Any, out: Path) -> RankLost:
     ``ProcessExitedException``): a signal (the out-of-memory killer's SIGKILL) or an exit
     code. The other ranks were ended; what the run kept and how to continue. It was torch's
     traceback, naming neither the folder, the checkpoint nor the command."""
-    from neo_core.training.checkpoint import latest_checkpoint
+    from neo_core.training.checkpoint import readable_checkpoint
 
     how = (f"was ended by signal {exc.signal_name}" + (" (the out-of-memory killer ends processes so: `dmesg` says "
                                                         "whether it did)" if exc.signal_name == "SIGKILL" else "")
            if getattr(exc, "signal_name", None) else f"exited with code {exc.exit_code}")
-    try:
-        latest = latest_checkpoint(out / "checkpoint")
-    except CheckpointError:
-        latest = None
+    latest = readable_checkpoint(out / "checkpoint")
     said = f"rank {exc.error_index} {how}; the other ranks were stopped"
     if latest is None:
         return RankLost(f"{said}; no checkpoint was saved in {out}: run the command again to start over "
