@@ -491,7 +491,8 @@ def check_sweep_jobs(check: Callable[[dict[str, Any]], None]) -> None:
     """Before a ``-m`` sweep launches a job, check every job: ``check(config)`` gets each one's
     config as the job itself will (resolved, ``output_dir`` its folder). If any would fail with
     a Neo error, none is started: the failing jobs are listed and the process exits 2. What a
-    check cannot know ahead (a plan that does not fit) still fails only its own job.
+    check cannot know ahead (a plan that does not fit; ``recipes/train.py`` plans only the jobs
+    whose compression gloo may not carry) still fails only its own job.
 
     Hydra composes every job of a batch before launching it (``Sweeper.validate_batch_is_legal``);
     the check runs there, so a sweep from the config (``hydra.sweeper.params``) and an added

@@ -200,14 +200,15 @@ def _sweep_job(config: dict) -> dict:
 
 def check_job(config: dict[str, Any]) -> None:
     """What a job checks before it trains (its keys and values, the launch, its plugins, the
-    model's tables, a checkpoint in its folder), for every job of a sweep before the first starts."""
+    model's tables, a checkpoint in its folder; where its compression sends fp8 or int8 over gloo,
+    its plan), for every job of a sweep before the first starts."""
     from neo_core.config import validate
-    from neo_core.training.run import build_parts, check_before_start, resolve_launch
+    from neo_core.training.run import build_parts, check_before_start, check_job_plan, resolve_launch
 
     run = validate(config)
     launch = resolve_launch(run)
     check_before_start(run, write=False)
-    build_parts(run, launch)
+    check_job_plan(build_parts(run, launch), launch)
 
 
 def _continue_command(run_dir: str) -> str:

@@ -990,13 +990,13 @@ def test_the_text_hint_is_for_numbers_and_switches_only() -> None:
 
 @pytest.mark.slow
 def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
-    # a failure only the job's plan shows (fp8 over gloo for its table-wise tables): the
-    # check before the sweep cannot know it, so the job fails alone
-    proc = run_recipe("-m", "compression=fp16", "compression.backward=fp8,fp16", "trainer=smoke",
+    # a failure only the job's plan shows (its tables do not fit the memory it is given): the
+    # check before the sweep does not plan it, so the job fails alone
+    proc = run_recipe("-m", "topology.memory_fraction=0.0001,0.5", "trainer=smoke",
                       "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}", timeout=600)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    job = "compression=fp16 compression.backward=fp8 trainer=smoke trainer.max_steps=2"
-    said = "compression 'fp16' sends fp8 (forward fp16, backward fp8), which TorchRec cannot run over gloo for "
+    job = "topology.memory_fraction=0.0001 trainer=smoke trainer.max_steps=2"
+    said = "Table 't_cat_0' (100,000 rows x 16) is larger than the whole cluster allows"
     assert f"error: job #0 ({job}): {said}" in proc.stderr
     assert (tmp_path / "0" / "error.txt").read_text().startswith(said)
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["steps"] == 2  # the next job ran
@@ -1006,6 +1006,25 @@ def test_a_failing_job_does_not_stop_the_sweep(tmp_path: Path) -> None:
     second = (tmp_path / "1" / "train.log").read_text()
     assert "Sharding plan (neo), 2 ranks" in second and "done: 2 steps, val AUC" in second and "error" not in second
     assert "1 job(s) of the sweep failed" in proc.stderr and f"  #0 {job}: {said}" in proc.stderr
+
+
+def test_a_sweep_plans_a_job_whose_compression_gloo_may_not_carry(tmp_path: Path) -> None:
+    # fp8 over gloo fails where the job's plan makes a table table-wise: the job's own plan,
+    # made before the sweep starts, says so (it failed an hour into a sweep, at its own turn)
+    proc = run_recipe("-m", "compression=fp16", "compression.backward=fp16,fp8,int8", "trainer=smoke",
+                      "trainer.max_steps=2", f"hydra.sweep.dir={tmp_path}")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert lines[-2:] == [
+        "error: 1 of the 3 jobs of the sweep would fail, so none was started (fix them, or leave them out of the "
+        "sweep):",
+        "  #1 compression=fp16 compression.backward=fp8 trainer=smoke trainer.max_steps=2: compression 'fp16' sends "
+        "fp8 (forward fp16, backward fp8), which TorchRec cannot run over gloo for " + lines[-1].split(" for ", 1)[1],
+    ], proc.stderr[-2000:]
+    assert "gloo for t_cat_0 (TW), t_cat_1 (TW)" in lines[-1]  # the tables the job's plan makes table-wise
+    # int8 is carried by the table-wise tables this plan makes: that job was not refused
+    assert "#2" not in proc.stderr
+    assert "Launching" not in proc.stderr + proc.stdout and not [p for p in tmp_path.iterdir() if p.is_dir()]
 
 
 def test_a_sweep_with_a_job_that_would_fail_starts_none(tmp_path: Path) -> None:

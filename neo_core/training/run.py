@@ -461,6 +461,35 @@ def _host_shares(every: list[tuple[Any, ...]], cpu: bool) -> tuple[list[tuple[An
                     f"{_bytes(shared[rank][0 if cpu else 1], 3)} a rank, not {_bytes(every[rank][0 if cpu else 1], 3)}")
 
 
+@contextlib.contextmanager
+def quiet_torchrec() -> Iterator[None]:
+    """TorchRec's planner logs every step of its work at INFO (hundreds of lines with
+    ``sharding=torchrec``): within this, warnings and worse only."""
+    torchrec_log = logging.getLogger("torchrec")
+    level = torchrec_log.level
+    torchrec_log.setLevel(max(torchrec_log.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        torchrec_log.setLevel(level)
+
+
+def check_job_plan(parts: RunParts, launch: Launch) -> None:
+    """A sweep's check of one job before any starts (``recipes/train.py::check_job``), where only
+    the job's plan can tell: a compression that sends a precision gloo cannot carry for some
+    sharding types (fp8, int8) fails the job where its plan gives a table such a type. The job's
+    plan is made here as the job will make it. Other jobs are not planned ahead (a sweep's
+    planning would double): a plan that does not fit still fails its own job alone."""
+    if launch.backend != "gloo" or launch.world_size < 2:
+        return
+    if not {parts.compressor.forward_precision, parts.compressor.backward_precision} & set(_GLOO_FAILS):
+        return
+    with quiet_torchrec():
+        model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+        plan = checked_plan(parts, model)
+    check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
+
+
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
     """The run's planner on ``model``, its result checked before any rank builds it."""
     result = parts.planner.plan_module(model, parts.tables, parts.context)
@@ -990,16 +1019,9 @@ def train(cfg: Mapping[str, Any] | RunConfig) -> dict[str, Any]:
               f"the checkpoint: {'; '.join(changes[:6])}{more}")
     elif rank0 and resumed_from is not None:
         print(f"note: resuming from step {resumed_from[1]} ({resumed_from[0]})")
-    # TorchRec's planner logs every step of its work at INFO (hundreds of lines with
-    # sharding=torchrec); the plan text below says what matters
-    torchrec_log = logging.getLogger("torchrec")
-    level = torchrec_log.level
-    torchrec_log.setLevel(max(torchrec_log.getEffectiveLevel(), logging.WARNING))
-    try:
+    with quiet_torchrec():  # the plan text below says what matters
         parts = build_parts(run, launch)
         plan = plan_run(parts)
-    finally:
-        torchrec_log.setLevel(level)
     check_fits_this_machine(plan, launch, parts.topology)
     check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
     check_node_layout(plan, launch, parts.topology)
