@@ -1338,3 +1338,15 @@ def test_a_checkouts_recipe_run_with_another_checkouts_code_is_warned_of(monkeyp
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "elsewhere" / "run.py")])
     load_plugins(autoload=False)
     assert "checkouts mixed" not in capsys.readouterr().err
+
+
+def test_a_zionex_shape_given_is_cited_as_given_not_as_the_paper() -> None:
+    # a 4-node cluster of 4 GPUs each was cited in plan.json as "128 GPUs in 16 ZionEX nodes"
+    # and "8 GPUs, one RoCE NIC per GPU"
+    from neo_plugins.topology.zionex import zionex_topology
+
+    given = zionex_topology(num_nodes=4, devices_per_node=4)
+    assert given.sources["num_nodes"] == "given: topology.num_nodes=4"
+    assert given.sources["devices_per_node"] == "given: topology.devices_per_node=4"
+    default = zionex_topology()
+    assert "16 ZionEX nodes" in default.sources["num_nodes"] and "8 GPUs" in default.sources["devices_per_node"]

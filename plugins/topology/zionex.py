@@ -100,7 +100,10 @@ def zionex_topology(
             "host_memory": "1.5 TiB DDR per node assumed",
             "host_memory_bw": "4 sockets x ~100 GB/s per node assumed",
             "host_to_device_bw": "PCIe Gen4 x16, 32 GB/s assumed (TorchRec's default is 32 GiB/s, 7% more)",
-        } | {FIELDS[key]: f"given: topology.{key}={value:g}" for key, value in given.items() if value != DEFAULTS[key]},
+        } | {FIELDS[key]: f"given: topology.{key}={value:g}" for key, value in given.items() if value != DEFAULTS[key]}
+        # the cluster's shape given other than ZionEX's is the user's too, not the paper's
+        | {key: f"given: topology.{key}={value}" for key, value in (("num_nodes", num_nodes),
+           ("devices_per_node", devices_per_node)) if value != DEFAULTS[key]},
         # a figure given other than the default is the user's, not an assumption (a what-if of
         # inter_node_bw_gbps=2.5 was marked "* assumed, not verified against a primary source")
         assumed=tuple(field for key, field in FIELDS.items() if given[key] == DEFAULTS[key]),
