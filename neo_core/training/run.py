@@ -713,7 +713,7 @@ def check_fits_this_machine(plan: PlanResult, launch: Launch, topology: Topology
     raise PlanningError(
         f"The plan puts {need / 2**30:,.1f} GiB of embedding tables, optimizer state and gradients on "
         f"this machine's {launch.world_size} CPU rank(s) (topology {topology.name}), but only "
-        f"{available / 2**30:,.1f} GiB of memory is available; make the tables smaller (data.rows), {fix}."
+        f"{available / 2**30:,.1f} GiB of memory is available; make the tables smaller (data.rows, or num_embeddings in data.tables), {fix}."
     )
 
 

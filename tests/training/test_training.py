@@ -800,6 +800,17 @@ def test_a_plan_larger_than_this_machines_memory_is_refused_before_ranks_start(t
     assert not (tmp_path / "metrics.json").exists() and not (tmp_path / "plan.json").exists()
 
 
+def test_a_plan_too_large_for_this_machine_names_the_listed_tables_key(tmp_path: Path, monkeypatch) -> None:
+    # tables given as data.tables are shrunk by their num_embeddings: the message named data.rows alone
+    from neo_core.errors import PlanningError
+    from neo_core.training import run
+
+    monkeypatch.setattr(run, "_available_memory", lambda: 2**20)
+    tables = "data.tables=[{name: big, num_embeddings: 100000}, {name: small, num_embeddings: 100}]"
+    with pytest.raises(PlanningError, match=r"make the tables smaller \(data\.rows, or num_embeddings in data\.tables\)"):
+        run.train(composed(["trainer=smoke", "+topology=zionex", tables], tmp_path))
+
+
 def test_resume_check_counts_a_left_out_key_as_its_default(tmp_path: Path) -> None:
     from neo_core.config import validate
     from neo_core.errors import ConfigError
