@@ -64,12 +64,31 @@ def specs() -> list[Any]:
     return [TableSpec(n, r, d, float(p)) for n, (r, d, p) in TABLES.items()]
 
 
-def context(calibration: str | None) -> Any:
+def context(calibration: str | None, compression: str = "none") -> Any:
     from neo_core.api import make_context
     from neo_plugins.topology.local import local_topology
 
     topo = local_topology(world_size=WORLD_SIZE, compute_device="cpu", calibration=calibration)
-    return make_context(topo, BATCH_PER_RANK)
+    return make_context(topo, BATCH_PER_RANK, compressor=compression)
+
+
+# the plans also run compressed (``--compression``): those that send pooled embeddings, each
+# sharding type's way (data parallel sends none)
+COMPRESSED = ("TW balanced", "RW", "CW x2", "Neo planner")
+
+
+def every_plan(calibration: str | None, compressions: list[str]) -> dict[str, tuple[Any, Any]]:
+    """Plan name -> (PlanResult, its context): every plan uncompressed, and those of
+    ``COMPRESSED`` with each compressor of ``compressions`` (named "<plan> <compressor>")."""
+    out = {}
+    for compression in compressions:
+        ctx = context(calibration, compression)
+        for name, result in plans(ctx).items():
+            if compression == "none":
+                out[name] = (result, ctx)
+            elif name in COMPRESSED:
+                out[f"{name} {compression}"] = (result, ctx)
+    return out
 
 
 def plans(ctx: Any) -> dict[str, Any]:
@@ -104,13 +123,14 @@ def plans(ctx: Any) -> dict[str, Any]:
     return out
 
 
-def torchrec_predictions(ctx: Any, results: dict[str, Any]) -> dict[str, float]:
-    """Plan name -> TorchRec's estimate of its step (s) on the same topology: the slowest
-    rank's summed ``Perf.total``, which has no dense part and no fixed cost per step."""
+def torchrec_predictions(results: dict[str, tuple[Any, Any]]) -> dict[str, float]:
+    """Plan name -> TorchRec's estimate of its step (s) on the same topology and compressor
+    (``results``: plan name -> (PlanResult, context)): the slowest rank's summed ``Perf.total``,
+    which has no dense part and no fixed cost per step."""
     from neo_plugins.sharding.planner.torchrec_score import score_plan
 
     tables = specs()
-    return {name: score_plan(tables, result, ctx) / 1e3 for name, result in results.items()}
+    return {name: score_plan(tables, result, ctx) / 1e3 for name, (result, ctx) in results.items()}
 
 
 # ---- measurement (2 gloo ranks) -----------------------------------------------------
@@ -131,7 +151,8 @@ def _batches(rank: int, steps: int) -> list[Any]:
     return out
 
 
-def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int, out: str, nice: int) -> None:
+def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int, out: str, nice: int,
+          compressions: list[str]) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD_SIZE), RANK=str(rank),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
@@ -155,21 +176,22 @@ def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int
     from neo_plugins.sharding.sharders import make_sharders
 
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
-    ctx = context(calibration)
-    sharders = make_sharders(ctx)
     configs = [
         EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f_{n}"])
         for n, (r, d, _) in TABLES.items()
     ]
     batches = _batches(rank, steps)
     models = {}
-    for name, result in plans(ctx).items():
+    sharders = {}  # by context: a compressor's codecs are its sharders'
+    for name, (result, ctx) in every_plan(calibration, compressions).items():
+        if id(ctx) not in sharders:
+            sharders[id(ctx)] = make_sharders(ctx)
         torch.manual_seed(0)
         ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        plan = build_sharding_plan(ebc, result, ctx, sharders)
+        plan = build_sharding_plan(ebc, result, ctx, sharders[id(ctx)])
         dmp = DistributedModelParallel(
             ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
-            plan=plan, sharders=sharders,
+            plan=plan, sharders=sharders[id(ctx)],
         )
         dense = dict(in_backward_optimizer_filter(dmp.named_parameters()))
         # replicated tables: torch.optim's Adagrad, as training steps them under row-wise Adagrad
@@ -203,7 +225,8 @@ def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int
     dist.destroy_process_group()
 
 
-def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0) -> dict[str, list[float]]:
+def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0,
+            compressions: list[str] | None = None) -> dict[str, list[float]]:
     """Per plan, the seconds of every timed step: barrier to barrier, the larger of the two ranks' clocks."""
     import torch.multiprocessing as mp
 
@@ -214,7 +237,8 @@ def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0) -> 
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _rank, args=(port, calibration, rounds, steps, tmp, nice), nprocs=WORLD_SIZE, start_method="spawn"
+            _rank, args=(port, calibration, rounds, steps, tmp, nice, compressions or ["none"]), nprocs=WORLD_SIZE,
+            start_method="spawn"
         )
         per_rank = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(WORLD_SIZE)]
     return {name: [max(ts) for ts in zip(*(t[name] for t in per_rank))] for name in per_rank[0]}
@@ -284,8 +308,16 @@ def main(argv: list[str] | None = None) -> int:
         "--nice", type=int, default=0,
         help="run the ranks this much above normal priority, 0 or more (needs root): concurrent jobs disturb them less",
     )
+    parser.add_argument(
+        "--compression", default="none",
+        help="comma-separated compressors: the plans that send pooled embeddings also run with each (e.g. none,fp16,bf16; "
+             "default none); a compressor's encoding and decoding run on the ranks' cores",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
+    if "none" not in compressions:
+        compressions.insert(0, "none")
     for flag, value in (("--rounds", args.rounds), ("--steps", args.steps)):
         if value < 1:
             parser.error(f"{flag} {value}: must be at least 1")
@@ -299,17 +331,17 @@ def main(argv: list[str] | None = None) -> int:
                      f"`.venv/bin/python -m neo_plugins.sharding.planner.calibrate --out {args.calibration}`")
     start = time.perf_counter()
     try:
-        ctx = context(args.calibration)
-    except ConfigError as exc:  # a missing or damaged calibration file: one line, before any work
+        results = every_plan(args.calibration, compressions)
+    except ConfigError as exc:  # a missing or damaged calibration file, an unknown compressor: one line
         parser.error(str(exc))
-    results = plans(ctx)
-    torchrec = torchrec_predictions(ctx, results)
+    ctx = next(iter(results.values()))[1]
+    torchrec = torchrec_predictions(results)
     print(ctx.topology.describe())
     load_before = os.getloadavg()
-    times = measure(args.calibration, args.rounds, args.steps, args.nice)
+    times = measure(args.calibration, args.rounds, args.steps, args.nice, compressions)
     load_after = os.getloadavg()
     rows = []
-    for name, result in results.items():
+    for name, (result, _) in results.items():
         measured = _quantile(times[name], args.quantile)
         predicted = result.predicted_step_time
         types = sorted({a.sharding_type for a in result.tables})

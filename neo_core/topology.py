@@ -81,6 +81,9 @@ class Topology:
     reduce_scatter_bw: float | None = None  # bytes/s a rank sends in a reduce-scatter (None: intra)
     all_gather_bw: float | None = None  # bytes/s a rank sends in an all-gather (None: intra)
     allreduce_bw: float | None = None  # bytes/s of an all-reduce, 2 S (L-1)/L per second (None: intra)
+    # bytes/s of fp32 values a rank encodes into a compressed precision and decodes back (the
+    # quantized-communication codec, run on the rank's own device); None: the cost model's default
+    codec_bw: float | None = None
     # what a plan for this cluster should say of its figures (a calibration figure outside the
     # range a CPU gives, taken as given): the plan's notes, whichever planner made it
     notes: tuple[str, ...] = ()
@@ -132,6 +135,7 @@ class Topology:
         optional = {
             "collective_latency_s": 0.0, "lookup_fwd_id_s": 0.0, "lookup_bwd_id_s": 0.0,
             "bucketize_id_s": 0.0, "reduce_scatter_bw": None, "all_gather_bw": None, "allreduce_bw": None,
+            "codec_bw": None,
         }
         for key, least in optional.items():
             value = getattr(self, key)

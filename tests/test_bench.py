@@ -252,13 +252,16 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
     sys.path.insert(0, str(ROOT / "bench"))
     import fidelity
 
-    ctx = fidelity.context(None)
-    results = fidelity.plans(ctx)
-    torchrec = fidelity.torchrec_predictions(ctx, results)
+    results = fidelity.every_plan(None, ["none", "fp16"])
+    torchrec = fidelity.torchrec_predictions(results)
     assert set(torchrec) == set(results) and all(t > 0 for t in torchrec.values()), torchrec
-    neo = {name: r.predicted_step_time for name, r in results.items()}
+    neo = {name: r.predicted_step_time for name, (r, _) in results.items()}
     for model in (neo, torchrec):
         assert 1.5 < model["TW on rank 0"] / model["TW balanced"] <= 2.0, model
+    # the plans that send pooled embeddings also run compressed, each with its compressor's context
+    assert {n for n in results if n.endswith(" fp16")} == {f"{n} fp16" for n in fidelity.COMPRESSED}
+    assert {ctx.compressor.name for name, (_, ctx) in results.items() if name.endswith(" fp16")} == {"fp16"}
+    assert results["RW fp16"][0].predicted_step_time != results["RW"][0].predicted_step_time
 
 
 def test_alltoall_share_bench_times_every_share(tmp_path):

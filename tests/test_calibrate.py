@@ -39,6 +39,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     **dict.fromkeys(("torchrec_step_small_s", "torchrec_step_large_s"), (1e-5, 10.0)),
     "lookup_rate_ids_per_s": (1e5, 1e11),
     "lookup_concurrency_slowdown": (0.2, 50.0),
+    "codec_bw": (1e8, 1e11),  # FBGEMM's fp16 codec on one core, fp32 bytes encoded and decoded
 }
 TABLES = [TableSpec(f"t{i}", 200_000 * (i + 1), 64, 8.0) for i in range(6)]
 
@@ -77,6 +78,8 @@ def test_stored_figures_are_positive_finite_and_plausible(calibration) -> None:
     # one machine: the "host" copy and the "intra/inter-node" all-to-all are the same measurement
     assert data["host_to_device_bw"] == data["host_memory_bw"]
     assert data["inter_node_bw"] == data["intra_node_bw"]
+    # the codec reads and writes every value twice, converting it: slower than a copy
+    assert data["codec_bw"] < data["host_memory_bw"], data
 
 
 def test_local_topology_plans_with_the_calibration(calibration, monkeypatch: pytest.MonkeyPatch) -> None:

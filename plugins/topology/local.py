@@ -59,6 +59,7 @@ CALIBRATED_EXTRAS = (
     "reduce_scatter_bw",
     "all_gather_bw",
     "allreduce_bw",
+    "codec_bw",
 )
 
 # Plausible ranges of the figures `neo calibrate` writes, for a CPU machine running gloo ranks; a
@@ -76,6 +77,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "intra_node_bw": _GLOO,
     "inter_node_bw": _GLOO,
     "allreduce_bw": _GLOO,
+    "codec_bw": (1e8, 1e11),  # FBGEMM's fp16 codec on one core: 1-10 GB/s of fp32 values
     "reduce_scatter_bw": _GLOO,
     "all_gather_bw": _GLOO,
     "lookup_fwd_id_s": _PER_ID,

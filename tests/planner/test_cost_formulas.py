@@ -25,6 +25,7 @@ A = 5.375e-11  # all-to-all seconds per byte sent
 INTRA = 0.75 / 1e11  # (L-1)/(L X): the intra-node stage of TWRW and GRID
 CROSS = 0.5 / 1e10  # (N-1)/(N I): their cross-node stage, among the ranks of one local rank
 COPY = 2.455 / 1e12  # batched copy of gathered gradients (GPU row-split types)
+CODEC = 12 / 1e12  # compression's codec per value on GPUs: read 4, write 2, read 2, write 4 bytes at 1e12
 
 
 def topology(device: str = "cuda", **calibrated) -> Topology:
@@ -67,17 +68,43 @@ def test_table_wise_on_gpu():
 
 
 def test_fp16_comms_halve_only_the_pooled_all_to_alls():
+    # ... and add the codec: each value encoded by its sender and decoded by its receiver
     check(costs("table_wise", compressor="fp16"),
-          comm_fwd=800 * 128 * 2 * A, comm_bwd=800 * 128 * 2 * A, comm_input=8000 * 8 * A)
+          comm_fwd=800 * 128 * (2 * A + CODEC), comm_bwd=800 * 128 * (2 * A + CODEC), comm_input=8000 * 8 * A)
+
+
+def test_the_codec_costs_what_the_topology_measured_on_cpus():
+    # 1e9 fp32 bytes/s encoded and decoded (neo calibrate's codec_bw): 4e-9 s a value, which on
+    # CPU ranks is more than the 2 bytes fp16 saves over this network (2 * A = 1.1e-10 s)
+    check(costs("table_wise", compressor="fp16", device="cpu", codec_bw=1e9),
+          comm_fwd=800 * 128 * (2 * A + 4e-9), comm_bwd=800 * 128 * (2 * A + 4e-9))
+    check(costs("row_wise", compressor="bf16", device="cpu", codec_bw=1e9),
+          comm_fwd=800 * 128 * (2 * A + 4e-9), comm_bwd=800 * 128 * (2 * A + 4e-9))
+    # unmeasured: the model's assumed CPU codec, 2 GB/s
+    check(costs("table_wise", compressor="fp16", device="cpu"), comm_fwd=800 * 128 * (2 * A + 2e-9))
+    # uncompressed: no codec runs
+    check(costs("table_wise", device="cpu", codec_bw=1e9), comm_fwd=800 * 128 * 4 * A, comm_bwd=800 * 128 * 4 * A)
+    # nor on one rank, which sends nothing; on one node, TWRW encodes its reduce-scatter alone
+    arrays = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])
+    for nodes, per_node, twrw_values in ((1, 1, 0.0), (1, 4, 400 * 128)):
+        one = Topology(name="one", num_nodes=nodes, devices_per_node=per_node, compute_device="cpu",
+                       device_memory=10**11, host_memory=10**12, device_memory_bw=1e12, host_memory_bw=5e10,
+                       host_to_device_bw=1e10, intra_node_bw=1e11, inter_node_bw=1e10, codec_bw=1e9)
+        plain, packed = (CostModel(make_context(one, 100, compressor=c)) for c in (None, "fp16"))
+        twrw = [m.costs(arrays, ShardingType.TABLE_ROW_WISE).time[0, 4] for m in (plain, packed)]
+        assert twrw[1] - twrw[0] / 2 == pytest.approx(twrw_values * 4e-9, abs=1e-18), (nodes, per_node)
 
 
 def test_fp8_sends_its_bytes_where_torchrec_can_and_fp16_or_bf16_in_reduce_scatters():
     # TorchRec has no fp8 reduce-scatter: forward fp8 goes as fp16 there, backward fp8 as bf16
     fp8 = Compressor("x", "fp8", "fp8")
-    check(costs("row_wise", compressor=fp8), comm_fwd=800 * 128 * 2 * A, comm_bwd=800 * 128 * 2 * (A + COPY))
-    check(costs("table_row_wise", compressor=fp8),
-          comm_fwd=800 * 128 * (2 * INTRA + 1 * CROSS / 4), comm_bwd=800 * 128 * (2 * (INTRA + COPY) + 1 * CROSS / 4))
-    check(costs("table_wise", compressor=fp8), comm_fwd=800 * 128 * 1 * A, comm_bwd=800 * 128 * 1 * A)
+    check(costs("row_wise", compressor=fp8), comm_fwd=800 * 128 * (2 * A + CODEC),
+          comm_bwd=800 * 128 * (2 * (A + COPY) + CODEC))
+    # TWRW's codec: the reduce-scatter's values, then the quarter of them sent across nodes
+    check(costs("table_row_wise", compressor=fp8), comm_fwd=800 * 128 * (2 * INTRA + 1 * CROSS / 4 + CODEC * 1.25),
+          comm_bwd=800 * 128 * (2 * (INTRA + COPY) + 1 * CROSS / 4 + CODEC * 1.25))
+    check(costs("table_wise", compressor=fp8), comm_fwd=800 * 128 * (1 * A + CODEC),
+          comm_bwd=800 * 128 * (1 * A + CODEC))
     # the bytes the report says a rank sends follow the same precisions
     model = CostModel(make_context(topology(), 100, compressor=Compressor("h", "fp16", "bf16")))
     arrays = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])

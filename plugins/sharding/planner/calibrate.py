@@ -8,7 +8,7 @@ Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
 ``all_gather_bw`` feed the CPU cost model (docs/cost_model.md, "CPU calibration"); the other
 extra keys (``lookup_rate_ids_per_s``, ``gloo_latency_s``, ``torchrec_step_*``,
 ``lookup_concurrency_slowdown``) are informational; ``allreduce_bw`` prices data-parallel
-gradient all-reduces. Takes about 25 s on 2 cores.
+gradient all-reduces, ``codec_bw`` the encoding and decoding compression adds to a collective. Takes about 25 s on 2 cores.
 
 Run by torchrun on every machine of several (``torchrun --nnodes=N --nproc-per-node=L ...
 $(command -v neo) calibrate``), it measures the network between them instead: each rank
@@ -153,6 +153,22 @@ def bucketize_cost(rows: int = 200_000, ids: int = 147_456, pooling: int = 32) -
         block = torch.tensor([-(-rows // 2)])
         op = torch.ops.fbgemm.block_bucketize_sparse_features
         return _best(lambda: op(lengths, values, False, False, block, 2), repeat=7) / ids
+    finally:
+        torch.set_num_threads(threads)
+
+
+def codec_bandwidth(values: int = 1 << 19) -> float:
+    """Bytes/s of fp32 values FBGEMM's quantized-communication codec (TorchRec's qcomms) encodes
+    to fp16 and decodes back, one thread: the work compression adds to each all-to-all."""
+    from fbgemm_gpu.quantize_comm import QuantizedCommCodec
+    from fbgemm_gpu.split_embedding_configs import SparseType
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        codec = QuantizedCommCodec(SparseType.FP16)
+        x = torch.randn(values)
+        return values * 4 / _best(lambda: codec.decode(codec.encode(x)), repeat=7)
     finally:
         torch.set_num_threads(threads)
 
@@ -372,6 +388,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
         "intra_node_bw": coll["a2a"],
         "inter_node_bw": coll["a2a"],
         "allreduce_bw": coll["allreduce"],
+        "codec_bw": codec_bandwidth(),
         "gloo_latency_s": coll["latency"],
         "lookup_rate_ids_per_s": ids,
         "lookup_concurrency_slowdown": conc["together"] / conc["alone"],

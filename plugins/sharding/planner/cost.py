@@ -57,6 +57,14 @@ DP_OPTIMIZER_PASSES = {"sgd": 3.4, "adagrad": 14.8, "adam": 20.6}
 # into the lookup kernel's layout, TorchRec's BATCHED_COPY_PERF_FACTOR passes over the
 # gathered bytes at device bandwidth. Empirical in TorchRec; an assumption here.
 BATCHED_COPY_PASSES = 2.455
+# The quantized-communication codec (``compression``): bytes/s of fp32 values a rank encodes
+# and decodes back, where the topology does not say (``Topology.codec_bw``, which `neo
+# calibrate` measures on CPUs). On GPUs a kernel pair moving 12 bytes of memory per fp32 value
+# (read 4, write 2; read 2, write 4 for fp16): a third of the device bandwidth. On CPUs FBGEMM's
+# codec on one core, an assumption: 1.4-2.8 GB/s measured for fp16 on this project's 2-core VM
+# (encode then decode of 0.1-1 M values, bench notes in docs/cost_model.md).
+CODEC_MEMORY_PASSES = 3.0
+DEFAULT_CPU_CODEC_BW = 2e9
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,13 @@ class CostModel:
         self.batched_copy = BATCHED_COPY_PASSES / self.dev_bw if topo.compute_device == "cuda" else 0.0
         self.host_bw = topo.host_memory_bw
         self.h2d_bw = topo.host_to_device_bw
+        codec_bw = getattr(topo, "codec_bw", None) or (
+            self.dev_bw / CODEC_MEMORY_PASSES if topo.compute_device == "cuda" else DEFAULT_CPU_CODEC_BW)
+        # seconds per element a collective sends in each precision: encoded by one rank, decoded
+        # by another, charged to the shard's rank as its bytes are; none where nothing is sent
+        self.codec_fb, self.codec_bb, self.codec_fs, self.codec_bs = (
+            4.0 / codec_bw if b < 4.0 and self.W > 1 else 0.0 for b in (self.fb, self.bb, self.fs, self.bs)
+        )
         self.capacity_device = float(topo.device_memory)
         self.reserve = self.params.reserve_fraction * self.capacity_device
         self.capacity_host = float(topo.host_memory)
@@ -348,8 +363,8 @@ class CostModel:
             fwd, bwd = self._lookup(t, ids, G * F, cols, placement, block_terms=True)
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P * self.ib * self.a2a
-            time[:, CMF] = G * F * cols * self.fb * self.a2a
-            time[:, CMB] = G * F * cols * self.bb * self.a2a
+            time[:, CMF] = G * F * cols * (self.fb * self.a2a + self.codec_fb)
+            time[:, CMB] = G * F * cols * (self.bb * self.a2a + self.codec_bb)
         elif st is ShardingType.ROW_WISE:
             cols = d
             rows = np.ceil(t.rows / W).astype(np.int64)
@@ -358,8 +373,8 @@ class CostModel:
             time[:, CF], time[:, CB] = fwd, bwd
             time[:, CIN] = G * P / W * (self.ib * self.a2a + self.id_bucketize)
             # reduce-scatter of pooled partial sums; all-gather of their gradients
-            time[:, CMF] = G * F * cols * self.fs * self.a2a * self.rs_factor
-            time[:, CMB] = G * F * cols * self.bs * (self.a2a * self.ag_factor + self.batched_copy)
+            time[:, CMF] = G * F * cols * (self.fs * self.a2a * self.rs_factor + self.codec_fs)
+            time[:, CMB] = G * F * cols * (self.bs * (self.a2a * self.ag_factor + self.batched_copy) + self.codec_bs)
         elif st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
             cols = d if st is ShardingType.TABLE_ROW_WISE else d / k
             rows = np.ceil(t.rows / L).astype(np.int64)
@@ -372,8 +387,13 @@ class CostModel:
             # reduce-scatter inside the node, then each rank's 1/L of the samples goes to the ranks
             # of its local rank on the other nodes (TorchRec's cross-node group): (N-1)/N of it leaves
             cross = (self.N - 1) / self.N / topo.inter_node_bw
-            time[:, CMF] = G * F * cols * (self.fs * intra * self.rs_factor + self.fb * cross / L)
-            time[:, CMB] = G * F * cols * (self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * cross / L)
+            # the codec: the reduce-scatter inside the node, then the rank's 1/L sent across
+            across = 1.0 / L if self.N > 1 else 0.0
+            codec_f = (self.codec_fs if L > 1 else 0.0) + self.codec_fb * across
+            codec_b = (self.codec_bs if L > 1 else 0.0) + self.codec_bb * across
+            time[:, CMF] = G * F * cols * (self.fs * intra * self.rs_factor + self.fb * cross / L + codec_f)
+            time[:, CMB] = G * F * cols * (
+                self.bs * (intra * self.ag_factor + self.batched_copy) + self.bb * cross / L + codec_b)
         else:  # pragma: no cover - all members handled above
             raise ValueError(st)
         mem_dev, mem_host, weights, opt, grads, cache = self._memory(rows, cols, placement)
