@@ -7,7 +7,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 
 from neo_core.errors import ConfigError
-from neo_plugins.data.synthetic import hot_rows, synthetic
+from neo_plugins.data.synthetic import hot_rows, hot_share, synthetic, zipf_exponent
 
 
 def test_same_seed_same_batches_and_other_seed_differs() -> None:
@@ -222,3 +222,12 @@ def test_a_declared_share_at_or_below_uniform_gives_uniform_ids() -> None:
         assert abs(float((ids < hot_rows(rows)).double().mean()) - hot_rows(rows) / rows) < 0.01, key
     assert data.exponents == [0.0, 0.0]
     assert [t.hot_fraction for t in data.tables(8)] == [0.01, 0.01]
+
+
+@pytest.mark.parametrize(("rows", "share"), [(5_000, 0.3), (100_000, 0.9), (10**6, 0.99), (1_000, 0.999), (10**12, 0.5)])
+def test_a_declared_shares_exponent_gives_that_share_exactly(rows, share) -> None:
+    # the exponent solved for a table's hot_fraction puts that share on its hottest 1% of rows
+    # to within rounding, steep ones (0.999 of 1000 rows' lookups on 10 rows: exponent 3.5) too:
+    # the planner is told the declared share, so the ids must have it
+    exponent = zipf_exponent(rows, share)
+    assert hot_share(rows, exponent) == pytest.approx(share, abs=1e-9), (rows, share, exponent)
