@@ -269,6 +269,18 @@ def test_the_precision_a_plan_sends_is_what_its_tables_send() -> None:
     assert sent_precision(mixed) == "fp16/fp8 (fp16/bf16 in row-split tables' reduce-scatters)"
     # every table replicated: nothing is sent, and the notes say the compression is not used
     assert sent("fp16", "fp8", ["DP"]) == "fp16/fp8"
+    # table-row-wise on one node (TorchRec's planner places it so) reduce-scatters alone, as
+    # row-wise does: bf16, no fp8
+    from neo_core.sharding import PlanResult, RankReport, TableAssignment
+
+    one_node = PlanResult("torchrec", [TableAssignment("t0", "table_row_wise", "fused", [0, 1, 2, 3])],
+                          [RankReport(rank=r) for r in range(4)], 256, {"num_nodes": 1, "devices_per_node": 4},
+                          settings={"compression": {"name": "mine", "forward": "fp16", "backward": "fp8"}})
+    assert sent_precision(one_node) == "fp16/bf16"
+    # one rank sends nothing, a table called row-wise or not: the precisions asked for
+    alone = PlanResult("torchrec", [TableAssignment("t0", "row_wise", "fused", [0])], [RankReport(rank=0)], 256,
+                       {"num_nodes": 1, "devices_per_node": 1}, settings=one_node.settings)
+    assert sent_precision(alone) == "fp16/fp8"
 
 
 @pytest.mark.parametrize(
