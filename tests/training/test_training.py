@@ -1537,6 +1537,23 @@ def test_threads_are_each_ranks_cores_over_the_ranks_that_share_them() -> None:
     assert threads_by_cores(ranks("a", [(0, 1, 2, 3), (2, 3, 4, 5), (4, 5, 6, 7)], 1)) == [2, 1, 2]
 
 
+def test_ranks_sharing_a_host_are_warned_of_only_beyond_the_launchs_ranks_a_machine(monkeypatch) -> None:
+    # two torchrun agents of 2 ranks each on one host: warned of; one launch of 2 ranks a machine
+    # on each of two hosts, or its 2 ranks on one: as launched, nothing said
+    from neo_core.training.run import ranks_sharing_a_host
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert ranks_sharing_a_host(["a", "a"]) is None
+    assert ranks_sharing_a_host(["a", "a", "b", "b"]) is None
+    said = ranks_sharing_a_host(["b", "a", "a", "a", "a", "b"])
+    assert said is not None and said.startswith("ranks 1, 2, 3, 4 run on one host (a), though the launch says 2 a "
+                                                "machine (LOCAL_WORLD_SIZE)"), said
+    assert ranks_sharing_a_host(["h1"] + ["h0"] * 9).startswith("ranks 1, 2, 3, 4, 5, 6, 7, 8 ... run on one host (h0)")
+    assert ranks_sharing_a_host(None) is None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # a launcher that does not say its ranks a machine
+    assert ranks_sharing_a_host(["a", "a", "a"]) is None
+
+
 def _children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     found = []
