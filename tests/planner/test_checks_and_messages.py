@@ -241,8 +241,10 @@ def test_a_saved_plans_negative_shard_shape_is_named_by_its_field(tmp_path) -> N
         (lambda d: d["tables"].append(d["tables"][0]), "table 'a' is listed twice"),
         (lambda d: d["ranks"][1].update(rank=0), "the plan reports rank 0 twice"),
         (lambda d: d["topology"].update(num_nodes=2), "the plan reports 2 ranks, but its topology has 4 (2 node(s) x 2)"),
+        (lambda d: d["tables"][0].update(predicted_hit_rate=1.5),
+         "table 'a' has predicted_hit_rate 1.5; it must be a share from 0 to 1, or null (as Neo writes it)"),
     ],
-    ids=["rank-outside", "tw-on-two", "shape-count", "shape-sum", "twice", "rank-twice", "topology"],
+    ids=["rank-outside", "tw-on-two", "shape-count", "shape-sum", "twice", "rank-twice", "topology", "hit-rate"],
 )
 def test_a_saved_plan_that_no_planner_could_make_is_refused_naming_the_file_and_table(tmp_path, edit, said) -> None:
     # a table on rank 5 of a 2-rank plan was read, charted, and called "cannot run" at most
