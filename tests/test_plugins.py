@@ -29,7 +29,7 @@ from neo_core.registry import Registry, check_kind
 from neo_core.topology import GiB, Topology
 
 BUILTINS = {
-    "topology": ["local", "zionex"],
+    "topology": ["cluster", "local", "zionex"],
     "sharding": ["neo", "torchrec"],
     "kernel": ["dense", "fused"],
     "cache": ["lfu", "lru", "none"],
@@ -1350,3 +1350,58 @@ def test_a_zionex_shape_given_is_cited_as_given_not_as_the_paper() -> None:
     assert given.sources["devices_per_node"] == "given: topology.devices_per_node=4"
     default = zionex_topology()
     assert "16 ZionEX nodes" in default.sources["num_nodes"] and "8 GPUs" in default.sources["devices_per_node"]
+
+
+CLUSTER = dict(label="a100_4x8", num_nodes=4, devices_per_node=8, device_memory_gib=40, device_memory_bw_gbps=1555,
+               intra_node_bw_gbps=300, host_memory_gib_per_node=1024)
+
+
+def test_a_cluster_of_your_own_is_planned_with_its_figures_and_named_by_its_label() -> None:
+    # a cluster other than ZionEX was described as `name: zionex` plus its keys: plans called it
+    # zionex, cited the paper for its shape and marked the figures typed in as assumed
+    from neo_core.api import plan_tables
+    from neo_core.sharding import TableSpec
+    from neo_core.topology import GB, GiB
+    from neo_plugins.topology.cluster import cluster_topology
+
+    # one 200 Gb/s NIC a node, shared by its 8 GPUs: 25 GB/s over 8
+    topo = cluster_topology(**CLUSTER, nics_per_node=1, nic_gbit_s=200)
+    assert (topo.name, topo.world_size, topo.compute_device) == ("a100_4x8", 32, "cuda")
+    assert topo.inter_node_bw == pytest.approx(3.125 * GB) and topo.device_memory == 40 * GiB
+    assert topo.host_memory == 128 * GiB  # the node's host memory over its GPUs
+    assert topo.sources["inter_node_bw"] == ("given: topology.nics_per_node=1 x topology.nic_gbit_s=200 (Gb/s) over 8 "
+                                             "GPU(s): 3.125 GB/s a GPU")
+    # what was given is unmarked; the two host figures left out are assumed, and marked
+    assert set(topo.assumed) == {"host_memory_bw", "host_to_device_bw"}
+    described = topo.describe()
+    assert described.startswith("topology a100_4x8: 4 node(s) x 8 cuda rank(s) = 32 ranks")
+    assert "device 40.0 GiB," in described and "inter-node 3.12 GB/s\n" in described and "host mem 50 GB/s*" in described
+    assert all(s.startswith("given: ") for k, s in topo.sources.items() if k not in topo.assumed)
+    # each GPU's share given instead; both host figures given: nothing assumed
+    share = cluster_topology(**CLUSTER, inter_node_bw_gbps=3.125, host_memory_bw_gbps_per_node=800,
+                             host_to_device_bw_gbps=64)
+    assert share.inter_node_bw == topo.inter_node_bw and share.assumed == ()
+    assert share.host_memory_bw == pytest.approx(100 * GB) and share.host_to_device_bw == pytest.approx(64 * GB)
+    # by its registered name, as a config gives it; the plan is the cluster's
+    result = plan_tables([TableSpec("t", 10_000_000, 128, 4.0)], {"name": "cluster", **CLUSTER,
+                                                                  "inter_node_bw_gbps": 3.125}, 1024)
+    assert result.topology["name"] == "a100_4x8" and len(result.ranks) == 32
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"device_memory_gib": None, "intra_node_bw_gbps": None},
+     "topology cluster 'a100_4x8' needs topology.device_memory_gib, topology.intra_node_bw_gbps, "
+     "topology.inter_node_bw_gbps (or nics_per_node and nic_gbit_s): nothing is assumed for a cluster of your own. "
+     "For example: topology.num_nodes=4"),
+    ({"inter_node_bw_gbps": 3.125, "nic_gbit_s": 200}, "give the network once, either topology.inter_node_bw_gbps"),
+    ({"nics_per_node": 2}, "needs topology.nic_gbit_s: nothing is assumed"),
+    ({"label": "zionex", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not 'zionex'"),
+    ({"devices_per_node": 0, "inter_node_bw_gbps": 3.0}, "topology.devices_per_node must be a whole number, at least 1"),
+    ({"device_memory_bw_gbps": 1.5e12, "inter_node_bw_gbps": 3.0}, "topology.device_memory_bw_gbps=1500000000000.0 GB/s is over 1 PB/s"),
+    ({"nics_per_node": 1, "nic_gbit_s": "200G"}, "topology.nic_gbit_s must be a positive number of Gb/s"),
+])
+def test_a_cluster_of_your_own_refuses_what_it_lacks_naming_it(changes, message) -> None:
+    from neo_plugins.topology.cluster import cluster_topology
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        cluster_topology(**(CLUSTER | changes))

@@ -33,6 +33,33 @@ FIELDS = {
 }
 
 
+def check_figures(given: dict[str, float]) -> None:
+    """Refuse a figure in GiB or GB/s (``topology.<key>``, by the key named as typed) that is no
+    positive number, or a bandwidth a slip of units made (under 1 MB/s or over 1 PB/s)."""
+    for key, value in given.items():  # named as given: the figures are converted to bytes after
+        unit = "GiB" if key.endswith(("_gib", "_gib_per_node")) else "GB/s"
+        if not is_number(value) or not 0 < value < math.inf:
+            raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
+        if unit == "GB/s" and value * GB < MIN_BW:  # the Topology's floor, said in the unit typed
+            raise ConfigError(f"topology.{key}={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
+        if unit == "GB/s" and value * GB > MAX_BW:  # and its ceiling: bytes/s typed where GB/s belongs
+            raise ConfigError(f"topology.{key}={value!r} GB/s is over 1 PB/s (1,000,000 GB/s), faster than any "
+                              f"memory or link: give it in GB/s ({value:g} bytes/s is {key}="
+                              f"{value / GB:g}).")
+
+
+def doubt_network(inter_node_bw_gbps: float) -> None:
+    """Warn of a per-GPU network figure faster than any NIC: most often a NIC's Gb/s typed where
+    GB/s belongs."""
+    if inter_node_bw_gbps > FASTEST_NIC_GBPS:
+        print(
+            f"warning: topology.inter_node_bw_gbps={inter_node_bw_gbps:g} is GB/s (bytes) per rank, "
+            f"{inter_node_bw_gbps * 8:,.0f} Gb/s: faster than any scale-out NIC; a NIC of "
+            f"{inter_node_bw_gbps:g} Gb/s is inter_node_bw_gbps={inter_node_bw_gbps / 8:g}.",
+            file=sys.stderr,
+        )
+
+
 def zionex_topology(
     num_nodes: int = 16,
     devices_per_node: int = 8,
@@ -56,23 +83,8 @@ def zionex_topology(
         "intra_node_bw_gbps": intra_node_bw_gbps,
         "inter_node_bw_gbps": inter_node_bw_gbps,
     }
-    for key, value in given.items():  # named as given: the figures below are converted to bytes
-        unit = "GiB" if key.endswith(("_gib", "_gib_per_node")) else "GB/s"
-        if not is_number(value) or not 0 < value < math.inf:
-            raise ConfigError(f"topology.{key} must be a positive number of {unit}, got {value!r}.")
-        if unit == "GB/s" and value * GB < MIN_BW:  # the Topology's floor, said in the unit typed
-            raise ConfigError(f"topology.{key}={value!r} GB/s is under 1 MB/s (0.001 GB/s); give it in GB/s.")
-        if unit == "GB/s" and value * GB > MAX_BW:  # and its ceiling: bytes/s typed where GB/s belongs
-            raise ConfigError(f"topology.{key}={value!r} GB/s is over 1 PB/s (1,000,000 GB/s), faster than any "
-                              f"memory or link: give it in GB/s ({value:g} bytes/s is {key}="
-                              f"{value / GB:g}).")
-    if inter_node_bw_gbps > FASTEST_NIC_GBPS:  # most often a NIC's Gb/s typed where GB/s belongs
-        print(
-            f"warning: topology.inter_node_bw_gbps={inter_node_bw_gbps:g} is GB/s (bytes) per rank, "
-            f"{inter_node_bw_gbps * 8:,.0f} Gb/s: faster than any scale-out NIC; a NIC of "
-            f"{inter_node_bw_gbps:g} Gb/s is inter_node_bw_gbps={inter_node_bw_gbps / 8:g}.",
-            file=sys.stderr,
-        )
+    check_figures(given)
+    doubt_network(inter_node_bw_gbps)
     return Topology(
         name="zionex",
         num_nodes=num_nodes,
