@@ -2,8 +2,10 @@
 
     .venv/bin/python -m neo_plugins.sharding.planner.calibrate --out calibration.json
     .venv/bin/python bench/fidelity.py --calibration calibration.json --json fidelity.json
+    .venv/bin/python bench/fidelity.py --model comm --compression none,fp16,bf16 ...  # compression
 
-One model (8 embedding tables: 4 large with heavy pooling, 4 small), several plans of it on
+One model (8 embedding tables: 4 large, 4 small; ``--model lookup``, the default, with heavy
+pooling, ``--model comm`` with one id per sample of wide rows), several plans of it on
 the ``local`` topology (2 CPU ranks, bandwidths from the calibration file), each costed by
 Neo's cost model (``score_assignments``: the same report ``NeoPlanner`` produces). Every plan
 is then run on 2 gloo ranks with DMP (one torch thread per rank, as ``neo_core/training/run.py``
@@ -51,11 +53,26 @@ from neo_core.errors import ConfigError  # noqa: E402
 
 WORLD_SIZE = 2
 BATCH_PER_RANK = 1024
-# name -> (rows, dim, ids per sample)
-TABLES: dict[str, tuple[int, int, int]] = {
-    **{f"large{i}": (200_000, 64, 32) for i in range(4)},
-    **{f"small{i}": (20_000, 32, 4) for i in range(4)},
+# the models (``--model``), each table as name -> (rows, dim, ids per sample): "lookup", heavy
+# pooling, whose steps are mostly lookups; "comm", one id per sample and wide rows, whose steps
+# are mostly all-to-alls of pooled rows (what compression changes)
+MODELS: dict[str, dict[str, tuple[int, int, int]]] = {
+    "lookup": {
+        **{f"large{i}": (200_000, 64, 32) for i in range(4)},
+        **{f"small{i}": (20_000, 32, 4) for i in range(4)},
+    },
+    "comm": {
+        **{f"large{i}": (100_000, 128, 1) for i in range(4)},
+        **{f"small{i}": (20_000, 64, 1) for i in range(4)},
+    },
 }
+TABLES: dict[str, tuple[int, int, int]] = dict(MODELS["lookup"])  # the model measured
+
+
+def use_model(name: str) -> None:
+    """Measure the model ``name`` of ``MODELS`` (in this process; the ranks are told)."""
+    TABLES.clear()
+    TABLES.update(MODELS[name])
 
 
 def specs() -> list[Any]:
@@ -152,7 +169,8 @@ def _batches(rank: int, steps: int) -> list[Any]:
 
 
 def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int, out: str, nice: int,
-          compressions: list[str]) -> None:
+          compressions: list[str], model: str) -> None:
+    use_model(model)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(WORLD_SIZE), RANK=str(rank),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(WORLD_SIZE),
@@ -226,7 +244,7 @@ def _rank(rank: int, port: int, calibration: str | None, rounds: int, steps: int
 
 
 def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0,
-            compressions: list[str] | None = None) -> dict[str, list[float]]:
+            compressions: list[str] | None = None, model: str = "lookup") -> dict[str, list[float]]:
     """Per plan, the seconds of every timed step: barrier to barrier, the larger of the two ranks' clocks."""
     import torch.multiprocessing as mp
 
@@ -237,7 +255,7 @@ def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0,
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
-            _rank, args=(port, calibration, rounds, steps, tmp, nice, compressions or ["none"]), nprocs=WORLD_SIZE,
+            _rank, args=(port, calibration, rounds, steps, tmp, nice, compressions or ["none"], model), nprocs=WORLD_SIZE,
             start_method="spawn"
         )
         per_rank = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(WORLD_SIZE)]
@@ -245,6 +263,20 @@ def measure(calibration: str | None, rounds: int, steps: int, nice: int = 0,
 
 
 # ---- statistics ----------------------------------------------------------------------
+def compression_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each compressed plan ("<plan> <compressor>"), its step over the same plan's
+    uncompressed one, measured and predicted."""
+    by_name = {r["plan"]: r for r in rows}
+    out = []
+    for r in rows:
+        base = by_name.get(r["plan"].rsplit(" ", 1)[0])
+        if base is None or base is r:
+            continue
+        out.append({"plan": r["plan"], "measured": r["measured_s"] / base["measured_s"],
+                    "predicted": r["predicted_s"] / base["predicted_s"]})
+    return out
+
+
 def _ranks(values: list[float]) -> list[float]:
     order = sorted(range(len(values)), key=lambda i: values[i])
     ranks = [0.0] * len(values)
@@ -313,8 +345,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated compressors: the plans that send pooled embeddings also run with each (e.g. none,fp16,bf16; "
              "default none); a compressor's encoding and decoding run on the ranks' cores",
     )
+    parser.add_argument(
+        "--model", choices=sorted(MODELS), default="lookup",
+        help="lookup: heavy pooling, steps mostly lookups (default); comm: one id per sample of wide rows, steps "
+             "mostly all-to-alls of pooled rows, which compression changes",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    use_model(args.model)
     compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
     if "none" not in compressions:
         compressions.insert(0, "none")
@@ -338,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     torchrec = torchrec_predictions(results)
     print(ctx.topology.describe())
     load_before = os.getloadavg()
-    times = measure(args.calibration, args.rounds, args.steps, args.nice, compressions)
+    times = measure(args.calibration, args.rounds, args.steps, args.nice, compressions, args.model)
     load_after = os.getloadavg()
     rows = []
     for name, (result, _) in results.items():
@@ -368,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['plan']:<22} {r['predicted_s'] * 1e3:>13.2f} {r['measured_s'] * 1e3:>12.2f} {r['error']:>+8.0%}"
               f"  {r['torchrec_predicted_s'] * 1e3:>12.2f} {r['torchrec_error']:>+8.0%}")
+    compressed = compression_ratios(rows)
+    if compressed:  # what compression changes, measured and predicted: the question it answers
+        print(f"\n{'compressed over uncompressed':<28} {'measured':>9} {'predicted':>10}")
+        for r in compressed:
+            print(f"{r['plan']:<28} {r['measured']:>9.3f} {r['predicted']:>10.3f}")
     print(f"\nSpearman {rho:.3f} (target >= 0.8), median |error| {mape:.1%} (target <= 30%), "
           f"{len(rows)} plans, {time.perf_counter() - start:.0f} s")
     print(f"TorchRec's estimator on the same topology: Spearman {tr_rho:.3f}, median |error| {tr_mape:.1%}")
@@ -384,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             "torchrec_median_abs_error": tr_mape,
             "batch_size_per_rank": BATCH_PER_RANK,
             "world_size": WORLD_SIZE,
+            "model": args.model,
+            "compression": compressions,
             "tables": TABLES,
             "topology": ctx.topology.to_dict(),
             "rounds": args.rounds,
@@ -394,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps,
             "machine": f"{platform.machine()} {os.cpu_count()} cpus{cpu_model()}, torch {torch.__version__}",
             "plans": rows,
+            "compressed_over_uncompressed": compressed,
         }, indent=2) + "\n")
         chart = fidelity_chart(json.loads(args.json.read_text()), args.json.with_suffix(".png"))
         print(f"wrote {args.json} and {chart}")

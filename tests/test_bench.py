@@ -264,6 +264,19 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
     assert results["RW fp16"][0].predicted_step_time != results["RW"][0].predicted_step_time
 
 
+def test_fidelity_bench_says_what_compression_changes_measured_and_predicted():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fidelity
+
+    rows = [{"plan": p, "measured_s": m, "predicted_s": q} for p, m, q in (
+        ("TW balanced", 0.010, 0.008), ("TW balanced fp16", 0.012, 0.0084), ("RW large, DP small", 0.05, 0.05),
+        ("RW", 0.02, 0.02), ("RW bf16", 0.018, 0.017))]
+    assert fidelity.compression_ratios(rows) == [
+        {"plan": "TW balanced fp16", "measured": pytest.approx(1.2), "predicted": pytest.approx(1.05)},
+        {"plan": "RW bf16", "measured": pytest.approx(0.9), "predicted": pytest.approx(0.85)},
+    ]
+
+
 def test_alltoall_share_bench_times_every_share(tmp_path):
     out = tmp_path / "results" / "share.json"  # a folder not there yet is made before the run
     proc = forked.run("bench/alltoall_share.py", "--mib", "1", "--repeats", "1", "--json", str(out),

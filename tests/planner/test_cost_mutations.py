@@ -606,3 +606,19 @@ def test_a_column_wise_plan_is_scored_at_its_shards_width_on_the_ranks_it_gives(
         return score_plan(tables, PlanResult("given", plan, [], 512, {}), context)
 
     assert score([0, 0]) == pytest.approx(2 * score([0, 1]))
+
+
+def test_the_codec_is_what_a_compressed_step_adds_beyond_the_bytes_it_saves(monkeypatch) -> None:
+    # one table-wise table of 128 columns, 1024 samples a rank, 2 ranks: E = 2 G d = 524,288
+    # elements, each encoded and decoded (4 E / Z) and 2 bytes fewer at a = (1/2) / 1e9 seconds
+    # a byte (a 1 GB/s all-to-all): t16 - t32 = 4 E / Z - 2 E a
+    elements, a = 2 * 2048 * 128, 0.5 / 1e9
+    for z in (1e9, 3e9):
+        t32 = 0.010
+        t16 = t32 + 4 * elements / z - 2 * elements * a
+        monkeypatch.setattr(calibrate, "_spawn", lambda target, world, t=(t32, t16): {"times": list(t)})
+        assert calibrate.codec_cost(2, 1e9, alone=1e10) == pytest.approx(z)
+    # never faster than the codec alone; noise that hides its cost leaves the codec alone's figure
+    assert calibrate.codec_cost(2, 1e9, alone=2e9) == pytest.approx(2e9)
+    monkeypatch.setattr(calibrate, "_spawn", lambda target, world: {"times": [0.010, 0.010 - 4 * elements * a]})
+    assert calibrate.codec_cost(2, 1e9, alone=5e9) == 5e9

@@ -8,7 +8,7 @@ Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
 ``all_gather_bw`` feed the CPU cost model (docs/cost_model.md, "CPU calibration"); the other
 extra keys (``lookup_rate_ids_per_s``, ``gloo_latency_s``, ``torchrec_step_*``,
 ``lookup_concurrency_slowdown``) are informational; ``allreduce_bw`` prices data-parallel
-gradient all-reduces, ``codec_bw`` the encoding and decoding compression adds to a collective. Takes about 25 s on 2 cores.
+gradient all-reduces, ``codec_bw`` the encoding and decoding compression adds to a collective. Takes about 30 s on 2 cores.
 
 Run by torchrun on every machine of several (``torchrun --nnodes=N --nproc-per-node=L ...
 $(command -v neo) calibrate``), it measures the network between them instead: each rank
@@ -250,6 +250,77 @@ def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
+# (rows, dim, batch per rank) of the table the codec steps send: one id per sample of wide rows,
+# so that the all-to-alls of pooled rows, which compression changes, are most of the step
+_CODEC_TABLE = (20_000, 128, 1024)
+
+
+def _codec_steps(rank: int, world: int, port: int, out: Any) -> None:
+    """Step times of one table-wise table on rank 0 (DMP, fused kernel) sending its pooled rows
+    and their gradients in fp32 and in fp16, interleaved: what TorchRec's quantized
+    communication adds to a step beyond the bytes it saves."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from neo_core.api import make_context
+    from neo_core.sharding import PlanResult, TableAssignment
+    from neo_core.topology import Topology
+    from neo_core.torchrec_plan import build_sharding_plan
+    from neo_plugins.sharding.sharders import make_sharders
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    topo = Topology("calibration", 1, world, "cpu", 2**30, 2**30, 1e9, 1e9, 1e9, 1e9, 1e9)
+    rows, dim, batch = _CODEC_TABLE
+    result = PlanResult("calibration", [TableAssignment("t", "table_wise", "fused", [0])], [], 1, {})
+    models = []
+    for compression in ("none", "fp16"):
+        ctx = make_context(topo, 1, compressor=compression)
+        sharders = make_sharders(ctx)
+        ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t", num_embeddings=rows, embedding_dim=dim, feature_names=["f"])],
+            device=torch.device("meta"),
+        )
+        models.append(DistributedModelParallel(
+            ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
+            plan=build_sharding_plan(ebc, result, ctx, sharders), sharders=sharders,
+        ))
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f"], values=torch.randint(0, rows, (batch,)), lengths=torch.ones(batch, dtype=torch.long))
+    times = [float("inf")] * len(models)
+    for rep in range(40):  # interleaved; each step from barrier to barrier (the slower rank)
+        for i, dmp in enumerate(models):
+            dist.barrier()
+            start = time.perf_counter()
+            dmp(kjt).values().sum().backward()
+            dist.barrier()
+            if rep >= 3:  # warm-up
+                times[i] = min(times[i], time.perf_counter() - start)
+    if rank == 0:
+        out.put({"times": times})
+    dist.destroy_process_group()
+
+
+def codec_cost(world: int, a2a_bw: float, alone: float) -> float:
+    """``codec_bw``: fp32 bytes a second that TorchRec's quantized communication encodes and
+    decodes, as a compressed all-to-all costs it in a step. An fp16 step of one table-wise
+    table sends ``E = 2 G d`` elements (pooled rows and their gradients), each encoded and
+    decoded (``4 E / Z``, as the cost model charges it to the table's rank) and 2 bytes fewer
+    (``2 E`` at the all-to-all's seconds per byte), so ``t16 - t32 = 4 E / Z - 2 E a``. No
+    faster than the codec alone (``alone``, :func:`codec_bandwidth`), which is taken where noise
+    leaves no cost to see."""
+    t32, t16 = _spawn(_codec_steps, world)["times"]
+    _, dim, batch = _CODEC_TABLE
+    elements = 2 * batch * world * dim
+    per_element = (t16 - t32) / elements + 2 * (world - 1) / world / a2a_bw
+    return min(4 / per_element, alone) if per_element > 0 else alone
+
+
 def _concurrency(rank: int, world: int, port: int, out: Any) -> None:
     """One fused lookup step (forward, backward, update) on rank 0 alone, then on every rank at once."""
     import torch.distributed as dist
@@ -388,7 +459,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
         "intra_node_bw": coll["a2a"],
         "inter_node_bw": coll["a2a"],
         "allreduce_bw": coll["allreduce"],
-        "codec_bw": codec_bandwidth(),
+        "codec_bw": codec_cost(world, coll["a2a"], codec_bandwidth()),
         "gloo_latency_s": coll["latency"],
         "lookup_rate_ids_per_s": ids,
         "lookup_concurrency_slowdown": conc["together"] / conc["alone"],
@@ -619,7 +690,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
     # about 15 s with nothing to show until the figures: say what runs, and that a busy machine
     # takes longer (61 s, said as 15 s)
     print(f"measuring this machine's memory bandwidth, lookup rate and gloo collectives on {args.ranks} ranks "
-          "(about 15 s on an idle machine, longer on a busy one) ...", file=sys.stderr, flush=True)
+          "(about 20 s on an idle machine, longer on a busy one) ...", file=sys.stderr, flush=True)
     data = _kept_network(path, calibrate(args.ranks))
     try:  # a path that passed the check can still refuse the write (/proc, a full disk)
         path.write_text(json.dumps(data, indent=2) + "\n")
