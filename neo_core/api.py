@@ -41,7 +41,8 @@ from neo_core.sharding import (
 from neo_core.topology import Topology
 from neo_core.training import dist_formed
 
-__all__ = ["check_ranks", "make_context", "plan_model", "plan_tables", "resolve", "seeded_table_init", "table_specs"]
+__all__ = ["check_ranks", "make_context", "plan_model", "plan_tables", "read_tables", "resolve", "seeded_table_init",
+           "table_specs"]
 
 _TYPES: dict[str, type] = {
     "topology": Topology,
@@ -134,7 +135,7 @@ _MEANT = {"compression": "compressor", "sharding": "planner", "batch_size": "bat
 _GROUP_PARAMS = {"kernel": "kernel", "compression": "compressor", "cache": "cache", "topology": "topology"}
 # the plugin an example selects where the call names none that takes the key: the default
 # kernel, and LRU, the cache FBGEMM also prefetches with (conf/cache/lru.yaml)
-_USUAL = {"kernel": "fused", "cache": "lru"}
+_USUAL = {"kernel": "fused", "cache": "lru", "topology": "zionex"}
 
 
 def _check_planner_params(params: Mapping[str, Any], planner: Any, given: Mapping[str, Any] | None = None,
@@ -206,7 +207,8 @@ def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[
             # the cluster given takes no such key: an example of another plugin's would plan another cluster
             which = "the Topology given" if isinstance(value, Topology) else f"topology {named!r}"
             made = "; a Topology's fields are set where it is made" if isinstance(value, Topology) else ""
-            return (f"{key} is not a key of {which} (it is of {owners[0]!r}: topology={{'name': {owners[0]!r}, "
+            other = _USUAL[group] if _USUAL[group] in owners else owners[0]
+            return (f"{key} is not a key of {which} (it is of {other!r}: topology={{'name': {other!r}, "
                     f"{key!r}: {stray[key]!r}}} plans for that cluster instead){made}")
         name = next((n for n in (named, _USUAL.get(group)) if n in owners), owners[0])
         node = dict(value) if isinstance(value, Mapping) and value.get("name") == name else {}
@@ -229,7 +231,7 @@ def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[
 
 
 def plan_tables(
-    tables: Sequence[TableSpec],
+    tables: Sequence[TableSpec] | str | os.PathLike[str],
     topology: Topology | str | Mapping[str, Any],
     batch_size_per_rank: int | None = None,
     kernel: EmbeddingKernel | str | Mapping[str, Any] | None = None,
@@ -238,7 +240,8 @@ def plan_tables(
     planner: Planner | str = "neo",
     **params: Any,
 ) -> PlanResult:
-    """Plan ``tables`` on ``topology`` for ``batch_size_per_rank`` samples per rank.
+    """Plan ``tables`` (or the tables of a file, :func:`read_tables`) on ``topology`` for
+    ``batch_size_per_rank`` samples per rank.
 
     No table memory is allocated. ``params`` go to the planner's factory (e.g.
     ``reserve_fraction=0.2``). Raises :class:`~neo_core.errors.NeoError` subclasses with a
@@ -254,8 +257,25 @@ def plan_tables(
     return check_plan(chosen.plan(tables, context), tables, context.topology.world_size, name, context)
 
 
+def read_tables(path: str | os.PathLike[str]) -> list[TableSpec]:
+    """Your tables from a file: a CSV whose header names :class:`TableSpec`'s fields (``name``,
+    ``num_embeddings``, ``embedding_dim``, and any of ``pooling_factor``, ``hot_fraction``,
+    ``feature_names``, several separated by ``;``), or a JSON or YAML list of mappings of them.
+    Errors name the file, the line and the field. ``plan_tables`` takes such a path too, as do
+    a ``plan_model`` file's ``generator: file`` (``params.path``) and ``data.tables``."""
+    from neo_plugins.sharding.planner.tables import table_file
+
+    return table_file(os.fspath(path))
+
+
 def _checked_tables(tables: Any) -> list[TableSpec]:
-    """``tables`` as a non-empty list of :class:`TableSpec`, each checked, names unique."""
+    """``tables`` as a non-empty list of :class:`TableSpec`, each checked, names unique (a
+    path: the tables of that file, :func:`read_tables`)."""
+    if isinstance(tables, (str, os.PathLike)):
+        if os.path.splitext(tables)[1].lower() not in (".csv", ".json", ".yaml", ".yml") and not os.path.isfile(tables):
+            raise ConfigError(f"tables must be a list of TableSpec objects or a table file's path (.csv, .json, .yaml), "
+                              f"got {type(tables).__name__} {os.fspath(tables)!r}.")
+        return read_tables(tables)
     if isinstance(tables, TableSpec):
         raise ConfigError(f"tables must be a list of TableSpec objects; wrap the single table {tables.name!r} in a list.")
     if isinstance(tables, (str, bytes, Mapping)) or not isinstance(tables, Sequence | Iterable):

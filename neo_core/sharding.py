@@ -12,7 +12,7 @@ import difflib
 import enum
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -211,14 +211,14 @@ def check_table_specs(tables: Sequence[Any]) -> None:
         raise ConfigError(f"Tables must be neo_core.sharding.TableSpec objects, got {type(bad[0]).__name__}.")
 
 
-def check_table_names(tables: Sequence[TableSpec]) -> None:
+def check_table_names(tables: Sequence[TableSpec], where_of: Callable[[int], str] | None = None) -> None:
     """Each table name once, and each feature read by one table (TorchRec's bag collections
-    key their input by feature)."""
+    key their input by feature); ``where_of(n)`` names the n-th table (``tables[n]``)."""
     names = [t.name for t in tables]
     dupes = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
     if dupes:
-        where = "; ".join(f"{n!r} is tables[{'], tables['.join(str(k) for k, m in enumerate(names) if m == n)}]"
-                          for n in dupes)
+        where_of = where_of or (lambda k: f"tables[{k}]")
+        where = "; ".join(f"{n!r} is {', '.join(where_of(k) for k, m in enumerate(names) if m == n)}" for n in dupes)
         raise ConfigError(f"Table names must be unique (a name keys its table's plan entry): {where}; rename "
                           "all but one of each.")
     readers: dict[str, str] = {}

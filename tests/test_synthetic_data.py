@@ -127,6 +127,16 @@ def test_a_table_set_of_ones_own_is_trained_as_listed(tmp_path) -> None:
     assert data.tables(8)[0].embedding_dim == 8 and data.tables(8)[1].embedding_dim == 16  # its own dim is kept
     with pytest.raises(ConfigError, match=r"data.tables: tables\[0\] \('a'\) lacks num_embeddings"):
         synthetic(tables=[{"name": "a"}])
+    # the same tables from a file (a CSV as a feature store writes it): the same data
+    csv = tmp_path / "tables.csv"
+    csv.write_text("name,num_embeddings,pooling_factor,hot_fraction,embedding_dim\nuser,3000,2,0.5,\nitem,500,,,16\n")
+    from_file = synthetic(tables=str(csv))
+    assert from_file.tables(16) == tables and from_file.feature_names() == data.feature_names()
+    assert torch.equal(from_file.global_batch("train", 0, 64).sparse_features.values(),
+                       batch.sparse_features.values())
+    with pytest.raises(ConfigError, match=r"data.tables: table file .*tables.csv, line 3: num_embeddings 'x'"):
+        csv.write_text("name,num_embeddings\nuser,3000\nitem,x\n")
+        synthetic(tables=str(csv))
     # one feature a table: two made the model's input layout differ from the data's (a crash
     # in TorchRec's input distribution at the first step)
     with pytest.raises(ConfigError, match=r"data.tables\[0\] \('a'\) lists 2 features; synthetic data gives each "

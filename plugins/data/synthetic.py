@@ -265,7 +265,8 @@ def synthetic(
     """Criteo-shaped synthetic data; ``rows`` and ``pooling`` are numbers or lists cycled over tables.
     ``tables``, a list of one's own tables (each a mapping of ``name``, ``num_embeddings`` and
     optionally ``pooling_factor``, ``embedding_dim``, ``hot_fraction``, as in a ``plan_model``
-    file's ``listed`` table set), replaces ``num_sparse``, ``rows`` and ``pooling``."""
+    file's ``listed`` table set) or a file of them (CSV, JSON or YAML, as ``generator: file``
+    reads), replaces ``num_sparse``, ``rows`` and ``pooling``."""
     whole = {key: as_whole(value) for key, value in (("num_dense", num_dense), ("num_sparse", num_sparse), ("seed", seed))}
     if whole["num_dense"] is None or whole["num_dense"] < 0:
         raise ConfigError(f"data.num_dense must be a whole number >= 0, got {num_dense!r}.")
@@ -307,8 +308,13 @@ def synthetic(
 def _listed_tables(tables: Any) -> tuple[list[TableSpec], list[bool]]:
     """``data.tables`` as table specs, and whether each gave its own dim (one left out takes
     the model's: ``SyntheticData.tables``); each table's one feature is named after it."""
-    from neo_plugins.sharding.planner.tables import listed
+    from neo_plugins.sharding.planner.tables import listed, read_table_rows
 
+    if isinstance(tables, str):  # a file of them: a CSV, JSON or YAML (plan_model's `generator: file`)
+        try:
+            tables = read_table_rows(tables)[0]
+        except ConfigError as exc:
+            raise ConfigError(f"data.tables: {exc}") from None
     filled, own = [], []
     for n, item in enumerate(tables if isinstance(tables, (list, tuple)) else ()):
         item = dict(item) if isinstance(item, dict) else item

@@ -1010,6 +1010,66 @@ def test_an_empty_listed_table_set_says_it_is_empty() -> None:
         listed("user_id")
 
 
+def test_a_table_file_is_planned_as_its_rows_say(tmp_path) -> None:
+    # a feature store's dump had to be converted to a `listed` YAML or to TableSpecs by hand,
+    # and its CSV strings given as they were were refused ("num_embeddings '200000000' of type str")
+    from neo_core.api import read_tables
+
+    csv = tmp_path / "tables.csv"
+    csv.write_text("name,num_embeddings,embedding_dim,pooling_factor,hot_fraction,feature_names\n"
+                   "user,5000000,64,1,0.3,\n"
+                   "item,2e6,32,20,,item_a;item_b\n"
+                   "\n"
+                   "ads, 100000 ,16,3.5,0.9,\n")
+    want = [TableSpec("user", 5_000_000, 64, 1.0, hot_fraction=0.3),
+            TableSpec("item", 2_000_000, 32, 20.0, feature_names=("item_a", "item_b")),
+            TableSpec("ads", 100_000, 16, 3.5, hot_fraction=0.9)]
+    assert read_tables(csv) == want
+    # JSON and YAML: a list of mappings, or one under 'tables'
+    (tmp_path / "t.json").write_text(json.dumps([{"name": "user", "num_embeddings": 5_000_000, "embedding_dim": 64,
+                                                   "hot_fraction": 0.3}]))
+    (tmp_path / "t.yaml").write_text("tables:\n  - {name: user, num_embeddings: 5000000, embedding_dim: 64, "
+                                     "hot_fraction: 0.3}\n")
+    assert read_tables(tmp_path / "t.json") == read_tables(str(tmp_path / "t.yaml")) == want[:1]
+    # a path is planned as its tables, from Python and from a plan_model file
+    by_path = plan_tables(str(csv), zionex_topology(), 512)
+    assert by_path.predicted_step_time == plan_tables(want, zionex_topology(), 512).predicted_step_time
+    assert make_tables("file", path=str(csv)) == want
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("name,num_embedings\nuser,5\n", "column 'num_embedings' is not a table's field. Did you mean 'num_embeddings'?"),
+    ("name,num_embeddings,embedding_dim\nuser,5,4\nitem,5x,4\n", "tables.csv, line 3: num_embeddings '5x' is not a number."),
+    ("name,num_embeddings,embedding_dim,hot_fraction\nuser,5,4,30\n",
+     "tables.csv, line 2: Table 'user' has hot_fraction 30.0;"),
+    ("name,num_embeddings\nuser,5\n", "tables.csv, line 2 ('user') lacks embedding_dim"),
+    ("name,num_embeddings,embedding_dim\nuser,5,4\n\nuser,6,4\n",
+     "'user' is table file {tmp}/tables.csv, line 2, table file {tmp}/tables.csv, line 4; rename all but one"),
+])
+def test_a_table_file_names_the_line_and_field_it_cannot_read(tmp_path, text, message) -> None:
+    from neo_core.api import read_tables
+
+    (tmp_path / "tables.csv").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message.format(tmp=tmp_path))):
+        read_tables(tmp_path / "tables.csv")
+
+
+def test_a_table_file_that_is_not_one_is_refused_saying_what_is_read(tmp_path) -> None:
+    from neo_core.api import read_tables
+
+    with pytest.raises(ConfigError, match="is not a file \\(relative paths are from where the command runs"):
+        read_tables(tmp_path / "none.csv")
+    (tmp_path / "t.parquet").write_text("x")
+    with pytest.raises(ConfigError, match="a .csv, .json, .yaml or .yml file is read, not .parquet"):
+        read_tables(tmp_path / "t.parquet")
+    (tmp_path / "t.json").write_text('{"name": "user"}')
+    with pytest.raises(ConfigError, match="give a list of tables, each a mapping of its fields"):
+        read_tables(tmp_path / "t.json")
+    (tmp_path / "t.json").write_text("[{")
+    with pytest.raises(ConfigError, match="t.json: not JSON"):
+        read_tables(tmp_path / "t.json")
+
+
 def test_a_table_short_of_device_memory_is_told_what_stops_it_behind_the_cache() -> None:
     # on the device its row-wise shard is 41 GiB too large; behind the cache its shards fit the
     # devices, and the host memory a node's ranks share (200 GiB usable) is what stops them

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -114,17 +116,101 @@ def listed(tables: list | None = None) -> list[TableSpec]:  # type: ignore[type-
     """Your own tables, as listed: each a mapping of ``TableSpec``'s fields (``name``,
     ``num_embeddings``, ``embedding_dim``, ``pooling_factor``, ``hot_fraction``,
     ``feature_names``), e.g. in a ``plan_model`` file of a ``--config-dir``."""
-    fields = [f for f in inspect.signature(TableSpec).parameters]
-    required = [n for n, p in inspect.signature(TableSpec).parameters.items() if p.default is inspect.Parameter.empty]
     example = "[{name: user_id, num_embeddings: 10000000, embedding_dim: 128, pooling_factor: 1.0}, ...]"
     if isinstance(tables, (list, tuple)) and not tables:
         raise ConfigError(f"tables is empty: list at least one table, each a mapping of its fields, e.g. tables: {example}.")
     if isinstance(tables, (str, bytes)) or not isinstance(tables, (list, tuple)):
         raise ConfigError(f"tables must be a list of tables, each a mapping of its fields, e.g. tables: {example}; "
-                          f"got {tables!r}.")
+                          f"got {tables!r}; a file of them is `generator: file` with params.path.")
+    return _specs(tables, lambda n: f"tables[{n}]")
+
+
+TABLE_FIELDS = tuple(inspect.signature(TableSpec).parameters)
+
+
+def table_file(path: str | None = None) -> list[TableSpec]:
+    """Your own tables from a file (``path``): a CSV whose header names ``TableSpec``'s fields
+    (``name``, ``num_embeddings``, ``embedding_dim``, and any of ``pooling_factor``,
+    ``hot_fraction``, ``feature_names``: several separated by ``;``; an empty cell leaves a field
+    out), or a JSON or YAML list of mappings of them (a feature store's dump, as it is)."""
+    return _specs(*read_table_rows(path))
+
+
+def read_table_rows(path: str | None) -> tuple[list[dict[str, object]], Callable[[int], str]]:
+    """A table file's tables, each a mapping of its fields with numbers read as numbers, and
+    how to name the n-th in a message (the file and its line)."""
+    import csv
+    import json
+
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"a table file's path must be given (params.path, or data.tables=<file>), got {path!r}.")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"table file {path!r} is not a file (relative paths are from where the command runs: "
+                          f"{Path.cwd()}).")
+    suffix = file.suffix.lower()
+    try:
+        text = file.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"table file {path}: cannot be read ({exc}).") from None
+    if suffix == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        header = [h.strip() for h in reader.fieldnames or []]
+        for column in header:
+            if column not in TABLE_FIELDS:
+                close = difflib.get_close_matches(column, TABLE_FIELDS, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"table file {path}: column {column!r} is not a table's field.{hint} Its header names "
+                                  f"fields of {', '.join(TABLE_FIELDS)} (the first three needed).")
+        rows: list[dict[str, object]] = []
+        lines: list[int] = []
+        for row in reader:
+            cells = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
+            if not any(cells.values()):
+                continue  # a blank line
+            lines.append(reader.line_num)
+            rows.append({k: _cell(path, reader.line_num, k, v) for k, v in cells.items() if v})
+        return rows, lambda n: f"table file {path}, line {lines[n]}"
+    if suffix in (".json", ".yaml", ".yml"):
+        try:
+            if suffix == ".json":
+                data = json.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text)
+        except ValueError as exc:  # json's and yaml's errors both say where
+            raise ConfigError(f"table file {path}: not {suffix[1:].upper()} ({exc}).") from None
+        if isinstance(data, dict) and "tables" in data:
+            data = data["tables"]
+        if not isinstance(data, list) or not data:
+            raise ConfigError(f"table file {path}: give a list of tables, each a mapping of its fields "
+                              f"({', '.join(TABLE_FIELDS)}), or a mapping whose 'tables' is one.")
+        return data, lambda n: f"table file {path}, table {n + 1}"
+    raise ConfigError(f"table file {path}: a .csv, .json, .yaml or .yml file is read, not {suffix or 'one without a suffix'}.")
+
+
+def _cell(path: str, line: int, field: str, value: str) -> object:
+    """A CSV cell as its field's value: a number for the numeric fields, a tuple of names
+    (``a;b``) for ``feature_names``, else the text."""
+    if field == "feature_names":
+        return tuple(n.strip() for n in value.split(";") if n.strip())
+    if field in ("num_embeddings", "embedding_dim", "pooling_factor", "hot_fraction"):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"table file {path}, line {line}: {field} {value!r} is not a number.") from None
+        return int(number) if field in ("num_embeddings", "embedding_dim") and number.is_integer() else number
+    return value
+
+
+def _specs(tables: list | tuple, where_of: Callable[[int], str]) -> list[TableSpec]:  # type: ignore[type-arg]
+    """Table specs of mappings of their fields, a message naming the n-th by ``where_of(n)``."""
+    fields = list(TABLE_FIELDS)
+    required = [n for n, p in inspect.signature(TableSpec).parameters.items() if p.default is inspect.Parameter.empty]
     out = []
     for n, item in enumerate(tables):
-        where = f"tables[{n}]" + (f" ({item.get('name')!r})" if isinstance(item, dict) and "name" in item else "")
+        where = where_of(n) + (f" ({item.get('name')!r})" if isinstance(item, dict) and "name" in item else "")
         if not isinstance(item, dict):
             raise ConfigError(f"{where} must be a mapping of a table's fields ({', '.join(fields)}), got {item!r}.")
         for key in item:
@@ -138,13 +224,16 @@ def listed(tables: list | None = None) -> list[TableSpec]:  # type: ignore[type-
         spec = dict(item)
         if isinstance(spec.get("feature_names"), list):
             spec["feature_names"] = tuple(spec["feature_names"])
-        out.append(TableSpec(**spec))  # its own checks name the table and the field
-    check_table_names(out)  # here, so that a recipe's message says where the list was given
+        try:
+            out.append(TableSpec(**spec))  # its own checks name the table and the field
+        except ConfigError as exc:
+            raise ConfigError(f"{where_of(n)}: {exc}") from None
+    check_table_names(out, where_of)  # here, so that a recipe's message says where the list was given
     return out
 
 
 GENERATORS = {"mlperf_dcnv2": mlperf_dcnv2, "production_like": production_like, "zionex_12t": zionex_12t,
-              "listed": listed}
+              "listed": listed, "file": table_file}
 
 
 def make_tables(generator: str, **params: object) -> list[TableSpec]:
