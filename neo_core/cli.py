@@ -1012,7 +1012,7 @@ def defaults_choices(content: Any) -> Iterator[tuple[str, Any]]:
     entries = content.get("defaults") if isinstance(content, dict) else None
     for entry in entries or []:
         for key, option in (entry.items() if isinstance(entry, dict) else ()):
-            yield str(key).removeprefix("override").strip(), option
+            yield str(key).removeprefix("override").strip().lstrip("/"), option
 
 
 def cache_keys_select_lru(argv: Sequence[str], conf: str | os.PathLike[str], config_name: str,
