@@ -198,6 +198,22 @@ def _nothing(*args: Any) -> None:
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
+# the warning multiprocessing's resource tracker gives of the semaphores a process killed
+# outright left (``stop`` below, the ranks' queues), as it removes them
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+
+
+def quiet_resource_tracker() -> None:
+    """A starting process killed outright (``kill -9``) leaves its semaphores to the resource
+    tracker it started, which removes them and warns of them ("There appear to be 5 leaked
+    semaphore objects") below the ranks' own line that says what happened and what is kept:
+    nothing is lost, so it is not said. Set before the tracker starts (it takes this process's
+    environment), which the first semaphore starts."""
+    given = os.environ.get("PYTHONWARNINGS", "")
+    if TRACKER_WARNING not in given.split(","):
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (given, TRACKER_WARNING)))
+
+
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then: str | None = None) -> bool:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait;
     returns whether a Ctrl-C or SIGTERM asked them to stop (they may have finished first).
@@ -210,6 +226,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
+    quiet_resource_tracker()
     stop = mp.get_context("spawn").Event()
     main = threading.current_thread() is threading.main_thread()
 

@@ -1608,6 +1608,8 @@ def test_ranks_whose_starting_process_is_killed_as_they_start_end_at_once_and_fr
     assert f"error: the run's starting process (pid {proc.pid}) is gone (killed?): its ranks stop at once, keeping " \
            f"the last checkpoint; continue with the run's command and trainer.resume=true hydra.run.dir={out}" in stderr, \
         stderr[-3000:]
+    # the resource tracker removes the semaphores the killed process left, without a warning below that line
+    assert "leaked semaphore" not in stderr, stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -1680,3 +1682,15 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line_and_leaves
         in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and said in (out / "train.log").read_text()
     assert not (out / "checkpoint.tmp").exists() and not (out / "checkpoint").exists()
+
+
+def test_the_resource_trackers_warning_is_left_out_once_beside_the_users_own(monkeypatch) -> None:
+    from neo_core.training.interrupt import TRACKER_WARNING, quiet_resource_tracker
+
+    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
+    quiet_resource_tracker()
+    quiet_resource_tracker()
+    assert os.environ["PYTHONWARNINGS"] == f"error::DeprecationWarning,{TRACKER_WARNING}"
+    monkeypatch.delenv("PYTHONWARNINGS")
+    quiet_resource_tracker()
+    assert os.environ["PYTHONWARNINGS"] == TRACKER_WARNING
