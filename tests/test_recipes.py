@@ -1268,7 +1268,7 @@ def test_a_plans_bad_settings_are_named_at_once(tmp_path: Path) -> None:
     # a misspelled generator is the generator's key, not its parameters'
     proc = run_plan("plan_model.generator=listd", f"hydra.run.dir={tmp_path}")
     assert_one_sentence(proc, "error: model=mlperf_dcnv2: plan_model.generator: Unknown table generator 'listd'; "
-                              "choose one of listed, mlperf_dcnv2, production_like, zionex_12t.")
+                              "choose one of file, listed, mlperf_dcnv2, production_like, zionex_12t.")
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path: Path) -> None:
