@@ -175,6 +175,22 @@ def _measured_hot_shares(data, steps: int = 16, batch: int = 1024) -> dict[str, 
     return {key: float((torch.cat(ids) < hot_rows(n)).double().mean()) for (key, ids), n in zip(drawn.items(), data.rows)}
 
 
+def test_a_table_files_bad_table_is_named_by_its_file_and_line(tmp_path) -> None:
+    # data.tables=<file> named a table that the file's numbers read but TableSpec refused by its
+    # place in the list (tables[1]), and one of two features as data.tables[0]: not the file's line
+    csv = tmp_path / "tables.csv"
+    csv.write_text("name,num_embeddings,hot_fraction\nuser,3000,0.5\nitem,500,0.005\n")
+    with pytest.raises(ConfigError, match=r"data.tables: table file .*tables.csv, line 3: Table 'item' has "
+                                          r"hot_fraction 0.005"):
+        synthetic(tables=str(csv))
+    csv.write_text("name,num_embeddings,feature_names\nuser,3000,a;b\n")
+    with pytest.raises(ConfigError, match=r"data.tables: table file .*tables.csv, line 2 \('user'\) lists 2 features"):
+        synthetic(tables=str(csv))
+    csv.write_text("name,num_embeddings\nuser,3000\nuser,500\n")
+    with pytest.raises(ConfigError, match=r"'user' is table file .*tables.csv, line 2, table file .*tables.csv, line 3"):
+        synthetic(tables=str(csv))
+
+
 def test_a_listed_tables_hot_fraction_shapes_its_ids() -> None:
     # every table's ids were Zipf(data.zipf_alpha) whatever it declared: a (0.9) measured 0.75,
     # b (0.3) 0.6, and the planner was told the declared shares

@@ -308,11 +308,12 @@ def synthetic(
 def _listed_tables(tables: Any) -> tuple[list[TableSpec], list[bool]]:
     """``data.tables`` as table specs, and whether each gave its own dim (one left out takes
     the model's: ``SyntheticData.tables``); each table's one feature is named after it."""
-    from neo_plugins.sharding.planner.tables import listed, read_table_rows
+    from neo_plugins.sharding.planner.tables import _specs, listed, read_table_rows
 
+    where_of = None  # a file's tables are named by the file and line (or entry) that gives them
     if isinstance(tables, str):  # a file of them: a CSV, JSON or YAML (plan_model's `generator: file`)
         try:
-            tables = read_table_rows(tables)[0]
+            tables, where_of = read_table_rows(tables)
         except ConfigError as exc:
             raise ConfigError(f"data.tables: {exc}") from None
     filled, own = [], []
@@ -323,13 +324,16 @@ def _listed_tables(tables: Any) -> tuple[list[TableSpec], list[bool]]:
             item.setdefault("embedding_dim", 4)  # a stand-in, replaced by the model's
             features = item.get("feature_names")
             if isinstance(features, (list, tuple)) and len(features) > 1:
+                where = f"data.tables: {where_of(n)}" if where_of else f"data.tables[{n}]"
                 raise ConfigError(
-                    f"data.tables[{n}] ({item.get('name')!r}) lists {len(features)} features; synthetic data gives "
+                    f"{where} ({item.get('name')!r}) lists {len(features)} features; synthetic data gives "
                     "each table one, named after it: leave feature_names out (or give one name)."
                 )
             item.setdefault("feature_names", [str(item.get("name", f"t{n}"))])
         filled.append(item)
     try:
+        if where_of is not None and isinstance(tables, (list, tuple)) and tables:
+            return _specs(filled, where_of), own
         return listed(filled if isinstance(tables, (list, tuple)) else tables), own
     except ConfigError as exc:
         raise ConfigError(f"data.tables: {exc}") from None
