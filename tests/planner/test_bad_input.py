@@ -1037,6 +1037,18 @@ def test_a_table_file_is_planned_as_its_rows_say(tmp_path) -> None:
     assert make_tables("file", path=str(csv)) == want
 
 
+def test_a_table_file_saved_with_a_byte_order_mark_is_read(tmp_path) -> None:
+    # a spreadsheet's "CSV UTF-8" export starts with a byte-order mark: its first column was
+    # refused as '\ufeffname' ("Did you mean 'name'?"), and a JSON file as not JSON
+    from neo_core.api import read_tables
+
+    want = [TableSpec("user", 5_000_000, 64, 1.0)]
+    (tmp_path / "t.csv").write_bytes(b"\xef\xbb\xbfname,num_embeddings,embedding_dim\r\nuser,5000000,64\r\n")
+    (tmp_path / "t.json").write_bytes(b'\xef\xbb\xbf[{"name": "user", "num_embeddings": 5000000, "embedding_dim": 64}]')
+    (tmp_path / "t.yaml").write_bytes(b"\xef\xbb\xbf- {name: user, num_embeddings: 5000000, embedding_dim: 64}\n")
+    assert read_tables(tmp_path / "t.csv") == read_tables(tmp_path / "t.json") == read_tables(tmp_path / "t.yaml") == want
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("name,num_embedings\nuser,5\n", "column 'num_embedings' is not a table's field. Did you mean 'num_embeddings'?"),
     ("name,num_embeddings,embedding_dim\nuser,5,4\nitem,5x,4\n", "tables.csv, line 3: num_embeddings '5x' is not a number."),

@@ -150,7 +150,7 @@ def read_table_rows(path: str | None) -> tuple[list[dict[str, object]], Callable
                           f"{Path.cwd()}).")
     suffix = file.suffix.lower()
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8-sig")  # a spreadsheet's UTF-8 export starts with a byte-order mark
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"table file {path}: cannot be read ({exc}).") from None
     if suffix == ".csv":
