@@ -80,6 +80,17 @@ def test_the_codec_costs_what_the_topology_measured_on_cpus():
           comm_fwd=800 * 128 * (2 * A + 4e-9), comm_bwd=800 * 128 * (2 * A + 4e-9))
     check(costs("row_wise", compressor="bf16", device="cpu", codec_bw=1e9),
           comm_fwd=800 * 128 * (2 * A + 4e-9), comm_bwd=800 * 128 * (2 * A + 4e-9))
+    # gloo sums an fp16 reduce-scatter as slowly as an fp32 one: its time is fp32's (the bytes it
+    # moves are halved all the same); its all-gather, which sums nothing, is halved; GPUs halve both
+    check(costs("row_wise", compressor="fp16", device="cpu", codec_bw=1e9),
+          comm_fwd=800 * 128 * (4 * A + 4e-9), comm_bwd=800 * 128 * (2 * A + 4e-9))
+    check(costs("table_row_wise", compressor="fp16", device="cpu", codec_bw=1e9),
+          comm_fwd=800 * 128 * (4 * INTRA + 2 * CROSS / 4 + 4e-9 * 1.25))
+    check(costs("row_wise", compressor="fp16"), comm_fwd=800 * 128 * (2 * A + CODEC))
+    model = CostModel(make_context(topology("cpu"), 100, compressor="fp16"))
+    rw = 1000 * 8 + 800 * 128 * (2 + 2)
+    one = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])
+    assert [float(x[0]) for x in model.comm_bytes(one, ShardingType.ROW_WISE)] == pytest.approx([rw * 3 / 8, rw * 4 / 8])
     # unmeasured: the model's assumed CPU codec, 2 GB/s
     check(costs("table_wise", compressor="fp16", device="cpu"), comm_fwd=800 * 128 * (2 * A + 2e-9))
     # uncompressed: no codec runs
@@ -90,7 +101,7 @@ def test_the_codec_costs_what_the_topology_measured_on_cpus():
         one = Topology(name="one", num_nodes=nodes, devices_per_node=per_node, compute_device="cpu",
                        device_memory=10**11, host_memory=10**12, device_memory_bw=1e12, host_memory_bw=5e10,
                        host_to_device_bw=1e10, intra_node_bw=1e11, inter_node_bw=1e10, codec_bw=1e9)
-        plain, packed = (CostModel(make_context(one, 100, compressor=c)) for c in (None, "fp16"))
+        plain, packed = (CostModel(make_context(one, 100, compressor=c)) for c in (None, "bf16"))
         twrw = [m.costs(arrays, ShardingType.TABLE_ROW_WISE).time[0, 4] for m in (plain, packed)]
         assert twrw[1] - twrw[0] / 2 == pytest.approx(twrw_values * 4e-9, abs=1e-18), (nodes, per_node)
 
