@@ -672,7 +672,8 @@ class PlanResult:
         if all(a.spec for a in self.tables):
             try:
                 tables = [TableSpec(a.name, a.spec["num_embeddings"], a.spec["embedding_dim"],
-                                    a.spec.get("pooling_factor") or 1.0) for a in self.tables]
+                                    a.spec.get("pooling_factor") or 1.0, tuple(a.spec.get("feature_names") or ()))
+                          for a in self.tables]
             except (ConfigError, KeyError, TypeError) as exc:
                 return [f"gives a table a spec Neo cannot read ({exc})"]
         else:  # written before plan.json kept each table's spec: its memory and ranks still checked
@@ -1018,6 +1019,8 @@ def check_plan(
             t = specs[a.name]
             a.spec = {"num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
                       "pooling_factor": t.pooling_factor, "hot_fraction": t.hot_fraction}
+            if len(t.feature_names) > 1:  # each feature looks up and sends its own (F in docs/cost_model.md)
+                a.spec["feature_names"] = list(t.feature_names)
     if context is not None:
         if not result.settings:
             result.settings = plan_settings(context)

@@ -271,7 +271,10 @@ class Topology:
             f"host {self.host_memory / GiB:.1f} GiB{mark('host_memory')}",
             f"  bandwidth/rank: device mem {gbps(self.device_memory_bw)} GB/s"
             f"{mark('device_memory_bw')}, host mem {gbps(self.host_memory_bw)} GB/s"
-            f"{mark('host_memory_bw')}, intra-node {gbps(self.intra_node_bw)} GB/s"
+            # GPUs read cached tables' missed rows over it (on CPUs host and device memory are one)
+            + (f"{mark('host_memory_bw')}, host-to-device {gbps(self.host_to_device_bw)} GB/s"
+               f"{mark('host_to_device_bw')}" if self.compute_device == "cuda" else f"{mark('host_memory_bw')}")
+            + f", intra-node {gbps(self.intra_node_bw)} GB/s"
             f"{mark('intra_node_bw')}, inter-node {gbps(self.inter_node_bw)} GB/s"
             f"{mark('inter_node_bw')}",
         ]

@@ -933,7 +933,7 @@ def test_the_topology_line_gives_small_bandwidths_as_the_plans_line_does() -> No
 
     # (a figure given is the user's, not marked assumed: a what-if sweep's every value was)
     line = zionex_topology(inter_node_bw_gbps=0.25).describe().splitlines()[2]
-    assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s"
+    assert line == "  bandwidth/rank: device mem 1,555 GB/s*, host mem 50 GB/s*, host-to-device 32 GB/s*, intra-node 300 GB/s*, inter-node 0.25 GB/s"
     line = zionex_topology(inter_node_bw_gbps=0.004, intra_node_bw_gbps=0.04).describe().splitlines()[2]
     assert line.endswith("intra-node 0.04 GB/s, inter-node 0.004 GB/s"), line
     line = zionex_topology(device_memory_bw_gbps=999.7).describe().splitlines()[2]  # not 1e+03
@@ -1375,7 +1375,8 @@ def test_a_cluster_of_your_own_is_planned_with_its_figures_and_named_by_its_labe
     assert set(topo.assumed) == {"host_memory_bw", "host_to_device_bw"}
     described = topo.describe()
     assert described.startswith("topology a100_4x8: 4 node(s) x 8 cuda rank(s) = 32 ranks")
-    assert "device 40.0 GiB," in described and "inter-node 3.12 GB/s\n" in described and "host mem 50 GB/s*" in described
+    assert "device 40.0 GiB," in described and "inter-node 3.12 GB/s\n" in described
+    assert "host mem 50 GB/s*, host-to-device 32 GB/s*," in described  # both left out: assumed
     assert all(s.startswith("given: ") for k, s in topo.sources.items() if k not in topo.assumed)
     # each GPU's share given instead; both host figures given: nothing assumed
     share = cluster_topology(**CLUSTER, inter_node_bw_gbps=3.125, host_memory_bw_gbps_per_node=800,

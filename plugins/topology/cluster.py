@@ -64,9 +64,10 @@ def cluster_topology(
     }
     nics = (nics_per_node, nic_gbit_s)
     if inter_node_bw_gbps is not None and any(v is not None for v in nics):
-        raise ConfigError("topology cluster: give the network once, either topology.inter_node_bw_gbps (each GPU's "
-                          "share, GB/s) or topology.nics_per_node with topology.nic_gbit_s (a node's NICs, Gb/s "
-                          "each), not both.")
+        raise ConfigError(f"topology cluster {label!r}: give the network once, either topology.inter_node_bw_gbps "
+                          "(each GPU's share, GB/s) or topology.nics_per_node with topology.nic_gbit_s (a node's NICs, "
+                          "Gb/s each), not both; to replace one an option file gives, set the other to null (e.g. "
+                          "topology.inter_node_bw_gbps=25 topology.nics_per_node=null topology.nic_gbit_s=null).")
     missing = [k for k, v in required.items() if v is None]
     if inter_node_bw_gbps is None and any(v is None for v in nics):
         missing += ([k for k, v in zip(("nics_per_node", "nic_gbit_s"), nics) if v is None]

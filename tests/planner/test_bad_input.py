@@ -1049,6 +1049,18 @@ def test_a_table_file_saved_with_a_byte_order_mark_is_read(tmp_path) -> None:
     assert read_tables(tmp_path / "t.csv") == read_tables(tmp_path / "t.json") == read_tables(tmp_path / "t.yaml") == want
 
 
+def test_a_feature_stores_dump_is_read_with_its_own_separator_and_columns(tmp_path, capsys) -> None:
+    # a dump separated by ';' was refused as one column; one with a column of its own (an owner)
+    # was refused outright
+    from neo_core.api import read_tables
+
+    for sep in (";", "\t", "|"):
+        (tmp_path / "dump.csv").write_text(sep.join(("name", "num_embeddings", "embedding_dim", "owner", "pooling_factor"))
+                                          + "\n" + sep.join(("user", "5000", "16", "ads", "2")) + "\n")
+        assert read_tables(tmp_path / "dump.csv") == [TableSpec("user", 5000, 16, 2.0)], repr(sep)
+        assert "dump.csv: column(s) 'owner' are not a table's fields" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("name,num_embedings\nuser,5\n", "column 'num_embedings' is not a table's field. Did you mean 'num_embeddings'?"),
     ("name,num_embeddings,embedding_dim\nuser,5,4\nitem,5x,4\n", "tables.csv, line 3: num_embeddings '5x' is not a number."),

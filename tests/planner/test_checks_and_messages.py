@@ -421,3 +421,26 @@ def test_plan_tables_names_what_it_is_given_before_the_planner_sees_it() -> None
     # a table that is not a TableSpec is named as such, not met by an AttributeError
     with pytest.raises(ConfigError, match=r"^Tables must be neo_core.sharding.TableSpec objects, got dict\.$"):
         plan_tables([{"name": "t0", "num_embeddings": 1000, "embedding_dim": 16}], cluster(), 256)
+
+
+def test_a_compressed_plan_says_what_its_codec_was_priced_at_and_whence() -> None:
+    # the GPU codec's figure decided every compressed plan's codec terms, cited nowhere
+    from neo_plugins.topology.zionex import zionex_topology
+
+    tables = [TableSpec("t", 1_000_000, 128, 4.0)]
+
+    def codec(result):
+        return [n for n in result.notes if n.startswith("compression's codec")]
+
+    said = codec(plan_tables(tables, zionex_topology(num_nodes=2), 512, compressor="fp16"))
+    assert said == ["compression's codec (each element encoded where it is sent and decoded where it arrives) priced at "
+                    "518 GB/s of fp32 values (a third of device memory bandwidth, assumed; docs/cost_model.md, z)"]
+    from neo_core.compression import Compressor
+
+    mixed = codec(plan_tables(tables, zionex_topology(num_nodes=2), 512, compressor=Compressor("m", "fp32", "fp16")))
+    assert mixed == said  # one direction compressed is compressed
+    assert not codec(plan_tables(tables, zionex_topology(num_nodes=2), 512))  # nothing encoded
+    assert not codec(plan_tables(tables, zionex_topology(num_nodes=1, devices_per_node=1), 512, compressor="fp16"))
+    given = zionex_topology(num_nodes=2).replace(codec_bw=3e11)
+    assert "priced at 300 GB/s of fp32 values (the topology's codec_bw;" in codec(
+        plan_tables(tables, given, 512, compressor="bf16"))[0]

@@ -1302,6 +1302,14 @@ def test_plan_json_holds_the_tables_and_settings_its_figures_come_from(tmp_path)
         assert r["memory_bytes"].get("weights", 0.0) == expect
     again = PlanResult.load_json(tmp_path / "plan.json")
     assert again.settings == result.settings and again.table("b").spec == result.table("b").spec
+    # a table read by several features looks up and sends for each: its spec names them, so that
+    # its traffic and batch memory can be worked out from the file
+    two = plan_tables([TableSpec("s", 1000, 16, 2.0, feature_names=("x", "y"))], cluster(1, 2), 256)
+    two.save_json(tmp_path / "two.json")
+    saved = json.loads((tmp_path / "two.json").read_text())["tables"][0]["spec"]
+    assert saved["feature_names"] == ["x", "y"] and "feature_names" not in spec["a"]
+    loaded = PlanResult.load_json(tmp_path / "two.json")
+    assert loaded.table("s").spec["feature_names"] == ["x", "y"] and loaded.run_problems() == []
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,6 +66,28 @@ BATCHED_COPY_PASSES = 2.455
 # GB/s, docs/benchmarks.md).
 CODEC_MEMORY_PASSES = 3.0
 DEFAULT_CPU_CODEC_BW = 2e9
+
+
+def codec_bandwidth(topo: Any) -> float:
+    """``Z``: fp32 bytes a second the topology's ranks encode and decode (its ``codec_bw``, else
+    the model's default by device)."""
+    given = getattr(topo, "codec_bw", None)
+    if given:
+        return float(given)
+    return topo.device_memory_bw / CODEC_MEMORY_PASSES if topo.compute_device == "cuda" else DEFAULT_CPU_CODEC_BW
+
+
+def codec_note(topo: Any) -> str:
+    """What a compressed plan's codec was priced at, and where that figure comes from."""
+    bw = codec_bandwidth(topo)
+    if getattr(topo, "codec_bw", None):
+        where = "measured: the calibration" if "codec_bw" in getattr(topo, "sources", {}) else "the topology's codec_bw"
+    elif topo.compute_device == "cuda":
+        where = "a third of device memory bandwidth, assumed"
+    else:
+        where = "assumed; `neo calibrate` measures this machine's"
+    return (f"compression's codec (each element encoded where it is sent and decoded where it arrives) priced at "
+            f"{bw / 1e9:,.3g} GB/s of fp32 values ({where}; docs/cost_model.md, z)")
 
 
 @dataclass(frozen=True)
@@ -189,8 +212,7 @@ class CostModel:
         self.batched_copy = BATCHED_COPY_PASSES / self.dev_bw if topo.compute_device == "cuda" else 0.0
         self.host_bw = topo.host_memory_bw
         self.h2d_bw = topo.host_to_device_bw
-        codec_bw = getattr(topo, "codec_bw", None) or (
-            self.dev_bw / CODEC_MEMORY_PASSES if topo.compute_device == "cuda" else DEFAULT_CPU_CODEC_BW)
+        codec_bw = codec_bandwidth(topo)
         # seconds per element a collective sends in each precision: encoded by one rank, decoded
         # by another, charged to the shard's rank as its bytes are; none where nothing is sent
         self.codec_fb, self.codec_bb, self.codec_fs, self.codec_bs = (

@@ -36,6 +36,7 @@ from neo_plugins.sharding.planner.cost import (
     CostParams,
     TableArrays,
     cache_hit_rate,
+    codec_note,
 )
 from neo_plugins.sharding.planner.search import (
     ALL,
@@ -511,6 +512,9 @@ class NeoPlanner(Planner):
         result.notes.extend(context_notes(result, context))
         if context.cache.prefetch_pipeline and result.cached_tables:
             result.notes.append(PREFETCH_NOTE)
+        compressed = (context.compressor.forward_precision, context.compressor.backward_precision) != ("fp32", "fp32")
+        if compressed and context.topology.world_size > 1 and self.estimator != "torchrec":
+            result.notes.append(codec_note(context.topology))
         # on the fused kernel, where a type besides DP was allowed
         shardable = any(o.sharding_type is not ShardingType.DATA_PARALLEL for o in search.opts)
         odd = [t for t in tables if t.embedding_dim % 4] if context.kernel.compute_kernel == "fused" and shardable else []

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -154,18 +156,30 @@ def read_table_rows(path: str | None) -> tuple[list[dict[str, object]], Callable
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"table file {path}: cannot be read ({exc}).") from None
     if suffix == ".csv":
-        reader = csv.DictReader(text.splitlines())
+        lines_of = text.splitlines()
+        try:  # a dump's own separator: ',', ';', a tab or '|'
+            dialect: Any = csv.Sniffer().sniff(lines_of[0] if lines_of else "", delimiters=",;\t|")
+        except csv.Error:
+            dialect = csv.excel
+        reader = csv.DictReader(lines_of, dialect=dialect)
         header = [h.strip() for h in reader.fieldnames or []]
+        other = []
         for column in header:
             if column not in TABLE_FIELDS:
-                close = difflib.get_close_matches(column, TABLE_FIELDS, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"table file {path}: column {column!r} is not a table's field.{hint} Its header names "
-                                  f"fields of {', '.join(TABLE_FIELDS)} (the first three needed).")
+                close = difflib.get_close_matches(column, TABLE_FIELDS, n=1, cutoff=0.75)
+                if close:  # a misspelt field would be left out silently
+                    raise ConfigError(f"table file {path}: column {column!r} is not a table's field. Did you mean "
+                                      f"{close[0]!r}? A table's fields: {', '.join(TABLE_FIELDS)} (the first three "
+                                      "needed).")
+                other.append(column)
+        if other:  # a feature store's own columns (an owner, a team): read past
+            print(f"note: table file {path}: column(s) {', '.join(map(repr, other))} are not a table's fields "
+                  f"({', '.join(TABLE_FIELDS)}); left out", file=sys.stderr)
         rows: list[dict[str, object]] = []
         lines: list[int] = []
         for row in reader:
-            cells = {k.strip(): (v or "").strip() for k, v in row.items() if k is not None}
+            cells = {k.strip(): (v or "").strip() for k, v in row.items()
+                     if k is not None and k.strip() not in other}
             if not any(cells.values()):
                 continue  # a blank line
             lines.append(reader.line_num)
