@@ -287,6 +287,18 @@ def test_alltoall_share_bench_times_every_share(tmp_path):
     assert [r["share_kept"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
+def test_gloo_precisions_bench_times_each_collective_in_each_precision(tmp_path):
+    out = tmp_path / "precisions.json"
+    proc = forked.run("bench/gloo_precisions.py", "--mib", "1", "--repeats", "1", "--json", str(out),
+                      env=subprocess_env(), timeout=120, cold=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # each rank checks its reduce-scatter summed both ranks' values in every precision (else it fails)
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["precision"], r["collective"]) for r in rows} == {
+        (p, c) for p in ("fp32", "fp16", "bf16") for c in ("reduce-scatter", "all-to-all")}
+    assert all(r["over_fp32"] == 1.0 for r in rows if r["precision"] == "fp32")
+
+
 def test_input_dist_bench_times_ids_and_pooled_rows(tmp_path):
     out = tmp_path / "ids.json"
     proc = forked.run("bench/input_dist.py", "--batch", "64", "--repeats", "1", "--json", str(out),
