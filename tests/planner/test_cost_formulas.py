@@ -95,15 +95,19 @@ def test_the_codec_costs_what_the_topology_measured_on_cpus():
     check(costs("table_wise", compressor="fp16", device="cpu"), comm_fwd=800 * 128 * (2 * A + 2e-9))
     # uncompressed: no codec runs
     check(costs("table_wise", device="cpu", codec_bw=1e9), comm_fwd=800 * 128 * 4 * A, comm_bwd=800 * 128 * 4 * A)
-    # nor on one rank, which sends nothing; on one node, TWRW encodes its reduce-scatter alone
+    # nor on one rank, which sends nothing; on one node, TWRW encodes its reduce-scatter alone;
+    # one rank a node has no reduce-scatter: TWRW encodes what it sends across nodes alone
     arrays = TableArrays.from_specs([TableSpec("t", 1000, 128, 10.0)])
-    for nodes, per_node, twrw_values in ((1, 1, 0.0), (1, 4, 400 * 128)):
+    for nodes, per_node, twrw_values in ((1, 1, 0.0), (1, 4, 400 * 128), (2, 1, 200 * 128)):
         one = Topology(name="one", num_nodes=nodes, devices_per_node=per_node, compute_device="cpu",
                        device_memory=10**11, host_memory=10**12, device_memory_bw=1e12, host_memory_bw=5e10,
                        host_to_device_bw=1e10, intra_node_bw=1e11, inter_node_bw=1e10, codec_bw=1e9)
         plain, packed = (CostModel(make_context(one, 100, compressor=c)) for c in (None, "bf16"))
-        twrw = [m.costs(arrays, ShardingType.TABLE_ROW_WISE).time[0, 4] for m in (plain, packed)]
-        assert twrw[1] - twrw[0] / 2 == pytest.approx(twrw_values * 4e-9, abs=1e-18), (nodes, per_node)
+        for column in (4, 5):  # comm_fwd, comm_bwd
+            twrw = [m.costs(arrays, ShardingType.TABLE_ROW_WISE).time[0, column] for m in (plain, packed)]
+            assert twrw[1] - twrw[0] / 2 == pytest.approx(twrw_values * 4e-9, abs=1e-18), (nodes, per_node, column)
+        if nodes * per_node == 1:  # a table-wise table on the one rank: no codec, as no bytes
+            assert [float(x) for x in packed.costs(arrays, ShardingType.TABLE_WISE).time[0, 4:6]] == [0.0, 0.0]
 
 
 def test_fp8_sends_its_bytes_where_torchrec_can_and_fp16_or_bf16_in_reduce_scatters():

@@ -622,3 +622,19 @@ def test_the_codec_is_what_a_compressed_step_adds_beyond_the_bytes_it_saves(monk
     assert calibrate.codec_cost(2, 1e9, alone=2e9) == pytest.approx(2e9)
     monkeypatch.setattr(calibrate, "_spawn", lambda target, world: {"times": [0.010, 0.010 - 4 * elements * a]})
     assert calibrate.codec_cost(2, 1e9, alone=5e9) == 5e9
+
+
+def test_the_codec_alone_is_fp32_bytes_encoded_and_decoded_a_second_on_one_thread(monkeypatch) -> None:
+    # codec_bw counts 4 bytes a value (the fp32 a collective would have sent), not the 2 sent
+    timed = []
+
+    def best(fn, repeat=5):
+        timed.append((fn(), torch.get_num_threads()))
+        return 0.5
+
+    monkeypatch.setattr(calibrate, "_best", best)
+    threads = torch.get_num_threads()
+    assert calibrate.codec_bandwidth(values=1000) == pytest.approx(1000 * 4 / 0.5)
+    (decoded, during), = timed
+    assert during == 1 and torch.get_num_threads() == threads  # one rank's thread, then as it was
+    assert decoded.shape == (1000,) and decoded.dtype == torch.float32  # encoded and decoded back
