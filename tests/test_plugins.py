@@ -1400,9 +1400,37 @@ def test_a_cluster_of_your_own_is_planned_with_its_figures_and_named_by_its_labe
     ({"devices_per_node": 0, "inter_node_bw_gbps": 3.0}, "topology.devices_per_node must be a whole number, at least 1"),
     ({"device_memory_bw_gbps": 1.5e12, "inter_node_bw_gbps": 3.0}, "topology.device_memory_bw_gbps=1500000000000.0 GB/s is over 1 PB/s"),
     ({"nics_per_node": 1, "nic_gbit_s": "200G"}, "topology.nic_gbit_s must be a positive number of Gb/s"),
+    # a NIC of no speed is named as typed, not as the share of each GPU made of it
+    ({"nics_per_node": 1, "nic_gbit_s": 0}, "topology.nic_gbit_s must be a positive number of Gb/s (a NIC as sold"),
+    ({"nics_per_node": 0, "nic_gbit_s": 200}, "topology.nics_per_node must be a whole number, at least 1; got 0."),
+    ({"inter_node_bw_gbps": 0}, "topology.inter_node_bw_gbps must be a positive number of GB/s, got 0."),
+    ({"label": "local", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not 'local'"),
+    ({"label": "  ", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not '  '"),
 ])
 def test_a_cluster_of_your_own_refuses_what_it_lacks_naming_it(changes, message) -> None:
     from neo_plugins.topology.cluster import cluster_topology
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         cluster_topology(**(CLUSTER | changes))
+
+
+def test_a_cluster_of_your_own_counts_every_nic_names_its_keys_and_doubts_only_a_share(capsys) -> None:
+    from neo_core.topology import GB
+    from neo_plugins.topology.cluster import cluster_topology
+
+    # two 400 Gb/s NICs a node over its 8 GPUs: 100 GB/s a node, 12.5 a GPU
+    topo = cluster_topology(**(CLUSTER | {"label": " a100_4x8 "}), nics_per_node=2, nic_gbit_s=400)
+    assert topo.inter_node_bw == pytest.approx(12.5 * GB) and topo.name == "a100_4x8"
+    # the host figures left out, as assumed: PCIe Gen4 x16 a GPU, 400 GB/s a node over its GPUs
+    assert topo.host_to_device_bw == pytest.approx(32 * GB) and topo.host_memory_bw == pytest.approx(50 * GB)
+    # what a plan that does not fit asks for is said in the keys typed: nodes, and GiB a node
+    assert topo.setting_for("num_nodes", 64) == "topology.num_nodes=8 or more, now 4"
+    assert topo.setting_for("host_memory", 256 * GiB) == "topology.host_memory_gib_per_node=2048 or more, now 1024"
+    assert topo.setting_for("device_memory", 80 * GiB) == "topology.device_memory_gib=80 or more, now 40"
+    assert capsys.readouterr().err == ""
+    # a NIC's Gb/s as sold is not doubted, however fast it makes each GPU's share ...
+    cluster_topology(**(CLUSTER | {"devices_per_node": 1}), nics_per_node=2, nic_gbit_s=800)
+    assert capsys.readouterr().err == ""
+    # ... a share faster than any NIC is: most often a NIC's Gb/s typed as GB/s
+    cluster_topology(**CLUSTER, inter_node_bw_gbps=200)
+    assert "warning: topology.inter_node_bw_gbps=200 is GB/s (bytes) per rank" in capsys.readouterr().err
