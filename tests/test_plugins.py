@@ -1404,6 +1404,8 @@ def test_a_cluster_of_your_own_is_planned_with_its_figures_and_named_by_its_labe
     ({"nics_per_node": 1, "nic_gbit_s": 0}, "topology.nic_gbit_s must be a positive number of Gb/s (a NIC as sold"),
     ({"nics_per_node": 0, "nic_gbit_s": 200}, "topology.nics_per_node must be a whole number, at least 1; got 0."),
     ({"inter_node_bw_gbps": 0}, "topology.inter_node_bw_gbps must be a positive number of GB/s, got 0."),
+    ({"host_memory_gib_per_node": 0, "inter_node_bw_gbps": 3.0},
+     "topology.host_memory_gib_per_node must be a positive number of GiB, got 0."),
     ({"label": "local", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not 'local'"),
     ({"label": "  ", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not '  '"),
 ])
