@@ -1094,6 +1094,46 @@ def test_a_table_file_that_is_not_one_is_refused_saying_what_is_read(tmp_path) -
         read_tables(tmp_path / "t.json")
 
 
+def test_a_table_file_is_read_as_a_spreadsheet_or_a_shell_writes_it(tmp_path, monkeypatch) -> None:
+    # spaces after the header's commas, digits grouped by '_', a trailing ';', a row of empty
+    # cells (a spreadsheet's export), an upper-case suffix, a path from the home folder
+    from neo_core.api import read_tables
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "TABLES.CSV").write_text("name, num_embeddings, embedding_dim, feature_names\n"
+                                         "user,5_000_000,64,user_a;user_b;\n"
+                                         ",,,\n"
+                                         "item,2e6,32.0,\n")
+    tables = read_tables("~/TABLES.CSV")
+    assert tables == [TableSpec("user", 5_000_000, 64, feature_names=("user_a", "user_b")), TableSpec("item", 2_000_000, 32)]
+    # whole numbers as whole numbers, as a plan saves them
+    assert [(type(t.num_embeddings), type(t.embedding_dim)) for t in tables] == [(int, int)] * 2
+
+
+def test_a_table_file_or_a_path_that_is_none_is_named_for_what_it_lacks(tmp_path) -> None:
+    from neo_core.api import read_tables
+
+    # JSON and YAML tables are named by their place in the list, from 1 (there are no lines to name)
+    (tmp_path / "t.json").write_text(json.dumps([{"name": "user", "num_embeddings": 5, "embedding_dim": 4},
+                                                 {"name": "item", "num_embeddings": 5}]))
+    with pytest.raises(ConfigError, match=re.escape("t.json, table 2 ('item') lacks embedding_dim")):
+        read_tables(tmp_path / "t.json")
+    (tmp_path / "t.json").write_text("[]")
+    with pytest.raises(ConfigError, match="t.json: give a list of tables, each a mapping of its fields"):
+        read_tables(tmp_path / "t.json")
+    with pytest.raises(ConfigError, match="a table file's path must be given \\(params.path, or data.tables=<file>\\), "
+                                          "got '  '"):
+        make_tables("file", path="  ")
+    # a string that names no table file is not taken for one: a table's name given alone
+    with pytest.raises(ConfigError, match=re.escape("tables must be a list of TableSpec objects or a table file's path "
+                                                    "(.csv, .json, .yaml), got str 'user_id'.")):
+        plan_tables("user_id", zionex_topology(), 512)
+    # a file of another suffix is read for what it is
+    (tmp_path / "tables.txt").write_text("name,num_embeddings,embedding_dim\nuser,5,4\n")
+    with pytest.raises(ConfigError, match="a .csv, .json, .yaml or .yml file is read, not .txt"):
+        plan_tables(str(tmp_path / "tables.txt"), zionex_topology(), 512)
+
+
 def test_a_table_short_of_device_memory_is_told_what_stops_it_behind_the_cache() -> None:
     # on the device its row-wise shard is 41 GiB too large; behind the cache its shards fit the
     # devices, and the host memory a node's ranks share (200 GiB usable) is what stops them
