@@ -113,6 +113,10 @@ def test_unknown_name_names_group_choices_and_close_match() -> None:
     with pytest.raises(PluginError) as err:
         registry.create("zzzz")
     assert "Did you mean" not in str(err.value) and "Available: neo, torchrec." in str(err.value)
+    # a plugin registered with capitals is suggested as registered, not as lower-cased to match
+    registry.register("MyPlanner", lambda: None)
+    with pytest.raises(PluginError, match=re.escape("plugin 'myplaner' for sharding.name. Did you mean 'MyPlanner'?")):
+        registry.get("myplaner")
 
 
 @pytest.mark.parametrize(("group", "given", "meant"), [("cache", "LRU", "lru"), ("compression", "FP16", "fp16"),
