@@ -492,3 +492,72 @@ def test_a_plan_a_rank_makes_itself_is_checked_as_the_printed_one_was(hydra_conf
     assert rank_plan(parts, model, None).tables  # without the launch: not checked
     with pytest.raises(ConfigError, match=r"cannot run over gloo for t_cat_0 \(RW\)"):
         rank_plan(parts, model, None, launch=launch)
+
+
+def test_a_plan_made_in_a_rank_other_than_0_is_not_checked_there(hydra_conf, monkeypatch) -> None:
+    # every rank runs rank 0's plan: another rank's own plan is not run, so not refused there
+    from neo_core.training import run as run_module
+
+    run = validate(compose_run("compression=fp16", "compression.backward=int8", "+sharding.sharding_types=[RW,DP]",
+                               "trainer.world_size=2"))
+    launch = resolve_launch(run)
+    parts = build_parts(run, launch)
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    monkeypatch.setattr(run_module, "dist_rank", lambda: 1)
+    assert run_module.rank_plan(parts, model, None, launch=launch).tables
+
+
+def test_a_rank_on_a_smaller_machine_plans_anew_rather_than_take_the_plan_made_here(hydra_conf, monkeypatch) -> None:
+    # the plan the starting process made is for rank 0's machine: where the ranks' machines
+    # differ, a rank plans for the least memory (and says why) instead of taking it
+    from neo_core.training import run as run_module
+
+    run = validate(compose_run("trainer.world_size=2"))
+    parts = build_parts(run, resolve_launch(run))
+    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+    made_here = object()
+    monkeypatch.setitem(run_module._PLANNED_HERE, "digest", made_here)
+    note = "The ranks' machines give them unequal memory (device memory 1 GiB to 2 GiB a rank): planned for the least"
+    monkeypatch.setattr(run_module, "on_the_smallest_machine", lambda parts, every=None: (parts, note))
+    anew = run_module.rank_plan(parts, model, "digest")
+    assert anew is not made_here and anew.tables and anew.notes[0] == note
+    # alike machines: the plan made here is taken, once
+    monkeypatch.setattr(run_module, "on_the_smallest_machine", lambda parts, every=None: (parts, None))
+    assert run_module.rank_plan(parts, model, "digest") is made_here and "digest" not in run_module._PLANNED_HERE
+
+
+def test_a_sweep_job_is_planned_ahead_only_where_gloo_may_not_carry_its_precision(hydra_conf, monkeypatch) -> None:
+    from dataclasses import replace
+
+    from neo_core.training import run as run_module
+
+    run = validate(compose_run("compression=fp16", "compression.backward=int8", "+sharding.sharding_types=[RW,DP]",
+                               "trainer.world_size=2"))
+    launch = resolve_launch(run)
+    parts = build_parts(run, launch)
+    with pytest.raises(ConfigError, match=r"cannot run over gloo for t_cat_0 \(RW\)"):
+        run_module.check_job_plan(parts, launch)
+    # not planned (a sweep's planning would double): one rank, or precisions gloo carries both ways
+    monkeypatch.setattr(run_module, "checked_plan", lambda *a: pytest.fail("planned"))
+    assert run_module.check_job_plan(parts, replace(launch, world_size=1)) is None
+    assert run_module.check_job_plan(replace(parts, compressor=Compressor("h", "fp16", "bf16")), launch) is None
+
+
+def test_torchrec_is_quieted_to_warnings_while_planning_and_as_it_was_after() -> None:
+    import logging
+
+    from neo_core.training.run import quiet_torchrec
+
+    log = logging.getLogger("torchrec")
+    level = log.level
+    try:
+        log.setLevel(logging.INFO)
+        with quiet_torchrec():
+            assert not log.isEnabledFor(logging.INFO) and log.isEnabledFor(logging.WARNING)
+        assert log.level == logging.INFO
+        log.setLevel(logging.ERROR)  # quieter already: left so
+        with quiet_torchrec():
+            assert not log.isEnabledFor(logging.WARNING)
+        assert log.level == logging.ERROR
+    finally:
+        log.setLevel(level)
