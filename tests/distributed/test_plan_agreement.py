@@ -176,3 +176,71 @@ def test_launches_sharing_a_host_plan_for_their_share_of_its_memory() -> None:
     assert f"though the launch says 1 a machine: host memory {_bytes(host // 2, 3)} a rank" in out[0]["note"]
     # one launch of 2 ranks on this host: nothing shared beyond the launch's own ranks
     assert [o["note"] for o in MultiProcessRunner().run(_on_one_host, 2, 2, "cpu")] == [None, None]
+
+
+def _topology(name: str, device: str = "cpu") -> Any:
+    from neo_core.topology import Topology
+
+    return Topology(name=name, num_nodes=2, devices_per_node=1, compute_device=device, device_memory=8 * 2**30,
+                    host_memory=64 * 2**30, device_memory_bw=1e10, host_memory_bw=1e10, host_to_device_bw=1e10,
+                    intra_node_bw=1e9, inter_node_bw=1e9)
+
+
+def test_the_least_memory_of_the_ranks_machines_is_planned_for_from_what_they_said(monkeypatch) -> None:
+    # every rank's (device memory, host memory, host, cores, threads), as ranks_machines gathers
+    # them: the same figures as the slow cases above, without spawning ranks
+    from neo_core.sharding import _bytes
+    from neo_core.training.run import least_memory
+
+    GiB = 2**30
+    monkeypatch.delenv("NEO_SPAWNED", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    topology = _topology("cluster")
+    every = [(8 * GiB, 64 * GiB, "a", None, 1), (4 * GiB, 96 * GiB, "b", None, 1), (8 * GiB, 32 * GiB, "c", None, 1)]
+    planned, note = least_memory(topology, every)
+    assert (planned.device_memory, planned.host_memory) == (4 * GiB, 32 * GiB)
+    assert note == (f"The ranks' machines give them unequal memory (device memory {_bytes(4 * GiB, 3)} to "
+                    f"{_bytes(8 * GiB, 3)} a rank, the least rank 1's machine's; host memory {_bytes(32 * GiB, 3)} to "
+                    f"{_bytes(96 * GiB, 3)} a rank, the least rank 2's machine's): planned for the least, as every "
+                    "rank runs this plan.")
+    # alike to within 1% (a few pages of RAM): as it is, nothing said
+    alike = [(8 * GiB, 64 * GiB, "a", None, 1), (int(8 * GiB * 0.995), 64 * GiB, "b", None, 1)]
+    assert least_memory(topology, alike) == (topology, None)
+
+
+def test_launches_sharing_a_host_plan_for_their_share_from_what_the_ranks_said(monkeypatch) -> None:
+    from neo_core.sharding import _bytes
+    from neo_core.training.run import least_memory
+
+    GiB = 2**30
+    monkeypatch.delenv("NEO_SPAWNED", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    # two launches of one rank on host h, one on g: h's ranks take half its memory each, less
+    # than g's rank, and both are said
+    every = [(8 * GiB, 64 * GiB, "h", None, 1), (8 * GiB, 64 * GiB, "h", None, 1), (8 * GiB, 64 * GiB, "g", None, 1)]
+    planned, note = least_memory(_topology("local"), every)
+    assert (planned.device_memory, planned.host_memory) == (4 * GiB, 32 * GiB)
+    assert note == (f"Ranks share a host's memory (2 ranks on h, though the launch says 1 a machine: memory "
+                    f"{_bytes(4 * GiB, 3)} a rank, not {_bytes(8 * GiB, 3)}); the ranks' machines give them unequal "
+                    f"memory (device memory {_bytes(4 * GiB, 3)} to {_bytes(8 * GiB, 3)} a rank, the least rank 0's "
+                    f"machine's; host memory {_bytes(32 * GiB, 3)} to {_bytes(64 * GiB, 3)} a rank, the least rank 0's "
+                    "machine's): planned for the least, as every rank runs this plan.")
+    # one host of two launches: shared alike, so only the sharing is said
+    assert least_memory(_topology("local"), every[:2])[1] == (
+        f"Ranks share a host's memory (2 ranks on h, though the launch says 1 a machine: memory {_bytes(4 * GiB, 3)} "
+        f"a rank, not {_bytes(8 * GiB, 3)}): planned for the least, as every rank runs this plan.")
+    # CUDA ranks share the host's memory, not their devices'
+    planned, note = least_memory(_topology("local", "cuda"), every)
+    assert (planned.device_memory, planned.host_memory) == (8 * GiB, 32 * GiB)
+    assert f"though the launch says 1 a machine: host memory {_bytes(32 * GiB, 3)} a rank, not" in note
+    # as many ranks on each host as the launch says a machine; a cluster's own figures; the
+    # recipe's spawned ranks (which share the machine already): nothing shared
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert least_memory(_topology("local"), every)[1] is None
+    # (a host of fewer ranks than a machine's keeps its memory: 3 ranks on h share 2 machines' worth)
+    note = least_memory(_topology("local"), [*every, every[0]])[1]
+    assert f"host memory {_bytes(64 * GiB * 2 / 3, 3)} to {_bytes(64 * GiB, 3)} a rank" in note, note
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert least_memory(_topology("cluster"), every)[1] is None
+    monkeypatch.setenv("NEO_SPAWNED", "1")
+    assert least_memory(_topology("local"), every)[1] is None
