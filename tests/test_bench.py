@@ -264,6 +264,21 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
     assert results["RW fp16"][0].predicted_step_time != results["RW"][0].predicted_step_time
 
 
+def test_fidelity_bench_measures_the_model_it_is_told():
+    # --model comm: wide rows, one id a sample, so that the all-to-alls are most of a step
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fidelity
+
+    try:
+        fidelity.use_model("comm")
+        assert [(t.name, t.num_embeddings, t.embedding_dim, t.pooling_factor) for t in fidelity.specs()] == [
+            (n, r, d, float(p)) for n, (r, d, p) in fidelity.MODELS["comm"].items()]
+        assert {t.pooling_factor for t in fidelity.specs()} == {1.0}
+    finally:
+        fidelity.use_model("lookup")
+    assert {t.pooling_factor for t in fidelity.specs()} == {32.0, 4.0}
+
+
 def test_fidelity_bench_says_what_compression_changes_measured_and_predicted():
     sys.path.insert(0, str(ROOT / "bench"))
     import fidelity
