@@ -352,7 +352,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    use_model(args.model)
     compressions = [c.strip() for c in args.compression.split(",") if c.strip()]
     if "none" not in compressions:
         compressions.insert(0, "none")
@@ -368,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--calibration {args.calibration}: not a file; write one with "
                      f"`.venv/bin/python -m neo_plugins.sharding.planner.calibrate --out {args.calibration}`")
     start = time.perf_counter()
+    use_model(args.model)  # the arguments checked: a refused run leaves the module's model as it was
     try:
         results = every_plan(args.calibration, compressions)
     except ConfigError as exc:  # a missing or damaged calibration file, an unknown compressor: one line

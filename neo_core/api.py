@@ -208,6 +208,9 @@ def _elsewhere(key: str, stray: Mapping[str, Any], planner: Any, given: Mapping[
             which = "the Topology given" if isinstance(value, Topology) else f"topology {named!r}"
             made = "; a Topology's fields are set where it is made" if isinstance(value, Topology) else ""
             other = _USUAL[group] if _USUAL[group] in owners else owners[0]
+            if other == "cluster":  # a cluster of one's own is made of every figure, not this one alone
+                return (f"{key} is not a key of {which} (it is of 'cluster', a GPU cluster of your own, which takes "
+                        f"every figure: conf/topology/cluster.yaml lists them){made}")
             return (f"{key} is not a key of {which} (it is of {other!r}: topology={{'name': {other!r}, "
                     f"{key!r}: {stray[key]!r}}} plans for that cluster instead){made}")
         name = next((n for n in (named, _USUAL.get(group)) if n in owners), owners[0])

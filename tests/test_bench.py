@@ -261,7 +261,8 @@ def test_fidelity_bench_costs_every_plan_with_both_models():
     # the plans that send pooled embeddings also run compressed, each with its compressor's context
     assert {n for n in results if n.endswith(" fp16")} == {f"{n} fp16" for n in fidelity.COMPRESSED}
     assert {ctx.compressor.name for name, (_, ctx) in results.items() if name.endswith(" fp16")} == {"fp16"}
-    assert results["RW fp16"][0].predicted_step_time != results["RW"][0].predicted_step_time
+    # on the assumed CPU figures the codec (2 GB/s) costs more than fp16 saves on the wire (1 GB/s)
+    assert results["TW balanced fp16"][0].predicted_step_time > results["TW balanced"][0].predicted_step_time
 
 
 def test_fidelity_bench_measures_the_model_it_is_told():

@@ -102,7 +102,7 @@ def test_neo_calibrate_takes_the_measurements_flags_and_says_how_to_use_its_file
     assert asked == [4] and out.is_file()
     # what runs is said before the measurements start (about 15 s of silence otherwise), and
     # how long on an idle machine: a busy one took 61 s where it was said to take 15
-    assert ("measuring this machine's memory bandwidth, lookup rate and gloo collectives on 4 ranks (about 20 s on "
+    assert ("measuring this machine's memory bandwidth, lookup rate, gloo collectives and compression's codec on 4 ranks (about 20 s on "
             "an idle machine, longer on a busy one) ...") in said.err
     assert shown[-2:] == ["             measured_at: 2026-12-05 09:30:00",
                           f"wrote {out}: plan with it by topology.calibration={out} (or NEO_CALIBRATION={out})"]

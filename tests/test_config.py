@@ -541,6 +541,14 @@ def test_a_sweep_job_is_planned_ahead_only_where_gloo_may_not_carry_its_precisio
     monkeypatch.setattr(run_module, "checked_plan", lambda *a: pytest.fail("planned"))
     assert run_module.check_job_plan(parts, replace(launch, world_size=1)) is None
     assert run_module.check_job_plan(replace(parts, compressor=Compressor("h", "fp16", "bf16")), launch) is None
+    # tables that do not fit fail the job at its turn, alone, as without compression (README): not the sweep
+    from neo_core.errors import PlanningError
+
+    def no_room(*args):
+        raise PlanningError("Table 't_cat_0' is larger than the whole cluster allows")
+
+    monkeypatch.setattr(run_module, "checked_plan", no_room)
+    assert run_module.check_job_plan(parts, launch) is None
 
 
 def test_torchrec_is_quieted_to_warnings_while_planning_and_as_it_was_after() -> None:

@@ -1401,6 +1401,10 @@ def test_a_cluster_of_your_own_is_planned_with_its_figures_and_named_by_its_labe
     ({"inter_node_bw_gbps": 3.125, "nic_gbit_s": 200}, "give the network once, either topology.inter_node_bw_gbps"),
     ({"nics_per_node": 2}, "needs topology.nic_gbit_s: nothing is assumed"),
     ({"label": "zionex", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not 'zionex'"),
+    ({"label": " Local ", "inter_node_bw_gbps": 3.0}, "topology.label must name your cluster (e.g. a100_4x8), not ' Local '"),
+    # a NIC's slip of units is said in the key and unit typed, not in the per-GPU share worked out from it
+    ({"nics_per_node": 1, "nic_gbit_s": 0.004}, "topology.nic_gbit_s=0.004 is a NIC's Gb/s (bits), from 0.008 to 8e+06"),
+    ({"nics_per_node": 1, "nic_gbit_s": 2e8}, "topology.nic_gbit_s=2e+08 is a NIC's Gb/s (bits)"),
     ({"devices_per_node": 0, "inter_node_bw_gbps": 3.0}, "topology.devices_per_node must be a whole number, at least 1"),
     ({"device_memory_bw_gbps": 1.5e12, "inter_node_bw_gbps": 3.0}, "topology.device_memory_bw_gbps=1500000000000.0 GB/s is over 1 PB/s"),
     ({"nics_per_node": 1, "nic_gbit_s": "200G"}, "topology.nic_gbit_s must be a positive number of Gb/s"),
@@ -1440,3 +1444,14 @@ def test_a_cluster_of_your_own_counts_every_nic_names_its_keys_and_doubts_only_a
     # ... a share faster than any NIC is: most often a NIC's Gb/s typed as GB/s
     cluster_topology(**CLUSTER, inter_node_bw_gbps=200)
     assert "warning: topology.inter_node_bw_gbps=200 is GB/s (bytes) per rank" in capsys.readouterr().err
+
+
+def test_a_cluster_of_one_node_needs_no_network_and_a_nic_faster_than_any_sold_is_doubted(capsys) -> None:
+    from neo_plugins.topology.cluster import cluster_topology
+
+    one = cluster_topology(**(CLUSTER | {"num_nodes": 1}))  # nothing crosses a network: none is asked for
+    assert one.world_size == 8 and one.sources["inter_node_bw"].startswith("not given: one node")
+    with pytest.raises(ConfigError, match="needs topology.inter_node_bw_gbps"):
+        cluster_topology(**(CLUSTER | {"num_nodes": 2}))
+    cluster_topology(**CLUSTER, nics_per_node=1, nic_gbit_s=25600)  # 3,200 GB/s: GB/s typed as Gb/s x 8?
+    assert "topology.nic_gbit_s=25600 Gb/s is faster than any NIC sold (800 Gb/s)" in capsys.readouterr().err

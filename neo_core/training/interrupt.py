@@ -203,15 +203,23 @@ def _nothing(*args: Any) -> None:
 TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
 
 
-def quiet_resource_tracker() -> None:
+@contextlib.contextmanager
+def quiet_resource_tracker() -> Iterator[None]:
     """A starting process killed outright (``kill -9``) leaves its semaphores to the resource
     tracker it started, which removes them and warns of them ("There appear to be 5 leaked
     semaphore objects") below the ranks' own line that says what happened and what is kept:
-    nothing is lost, so it is not said. Set before the tracker starts (it takes this process's
-    environment), which the first semaphore starts."""
-    given = os.environ.get("PYTHONWARNINGS", "")
-    if TRACKER_WARNING not in given.split(","):
+    nothing is lost, so it is not said. The tracker takes this process's environment as the
+    first semaphore starts it, within this; the environment is as it was after."""
+    given = os.environ.get("PYTHONWARNINGS")
+    if TRACKER_WARNING not in (given or "").split(","):
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (given, TRACKER_WARNING)))
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = given
 
 
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then: str | None = None) -> bool:
@@ -226,8 +234,8 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-    quiet_resource_tracker()
-    stop = mp.get_context("spawn").Event()
+    with quiet_resource_tracker():
+        stop = mp.get_context("spawn").Event()
     main = threading.current_thread() is threading.main_thread()
 
     first = [0.0]  # when the first request came (monotonic)

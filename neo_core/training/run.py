@@ -484,9 +484,12 @@ def check_job_plan(parts: RunParts, launch: Launch) -> None:
         return
     if not {parts.compressor.forward_precision, parts.compressor.backward_precision} & set(_GLOO_FAILS):
         return
-    with quiet_torchrec():
-        model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
-        plan = checked_plan(parts, model)
+    try:
+        with quiet_torchrec():
+            model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
+            plan = checked_plan(parts, model)
+    except PlanningError:
+        return  # tables that do not fit: the job fails at its turn, alone, as any job's plan does
     check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
 
 

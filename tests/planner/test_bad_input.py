@@ -736,6 +736,9 @@ def test_the_api_gives_the_python_fix_for_another_groups_key() -> None:
     one = [TableSpec("user_id", 100_000, 64, 1.0)]
     head = "plan_tables() gives other keywords to the planner; "
     for given, keywords, said in (
+        # a key of the cluster of one's own alone: a topology of it and nothing else is refused, so not offered
+        ({"topology": "local"}, {"nic_gbit_s": 200}, "nic_gbit_s is not a key of topology 'local' (it is of 'cluster', a "
+         "GPU cluster of your own, which takes every figure: conf/topology/cluster.yaml lists them)."),
         ({}, {"learning_rate": 0.1}, "learning_rate is a key of the kernel: kernel={'name': 'fused', 'learning_rate': 0.1}."),
         ({}, {"optimizer": "sgd"}, "optimizer is a key of the kernel: kernel={'name': 'fused', 'optimizer': 'sgd'}."),
         # the plugin the call named, its keys kept, and every key of it at once
@@ -1064,6 +1067,13 @@ def test_a_feature_stores_dump_is_read_with_its_own_separator_and_columns(tmp_pa
 @pytest.mark.parametrize(("text", "message"), [
     ("name,num_embedings\nuser,5\n", "column 'num_embedings' is not a table's field. Did you mean 'num_embeddings'?"),
     ("name,num_embeddings,embedding_dim\nuser,5,4\nitem,5x,4\n", "tables.csv, line 3: num_embeddings '5x' is not a number."),
+    # a cell past the header's was dropped unsaid: a second feature in a ';'-separated file, a stray value
+    ("name;num_embeddings;embedding_dim;feature_names\nt1;100;16;a;b\n",
+     "tables.csv, line 2: 5 cells where the header has 4 (a feature_names cell of several, separated by ';', is "
+     "quoted in a ';'-separated file)."),
+    ("name,num_embeddings,embedding_dim\nt1,100,16,extra\n", "tables.csv, line 2: 4 cells where the header has 3."),
+    ("name,num_embeddings,embedding_dim\n", "tables.csv: no tables in it (a header alone)."),
+    ("", "tables.csv: no tables in it."),
     ("name,num_embeddings,embedding_dim,hot_fraction\nuser,5,4,30\n",
      "tables.csv, line 2: Table 'user' has hot_fraction 30.0;"),
     ("name,num_embeddings\nuser,5\n", "tables.csv, line 2 ('user') lacks embedding_dim"),
@@ -1092,6 +1102,9 @@ def test_a_table_file_that_is_not_one_is_refused_saying_what_is_read(tmp_path) -
     (tmp_path / "t.json").write_text("[{")
     with pytest.raises(ConfigError, match="t.json: not JSON"):
         read_tables(tmp_path / "t.json")
+    (tmp_path / "t.yaml").write_text("tables: [{name: a\n")  # yaml's error is no ValueError: it was a traceback
+    with pytest.raises(ConfigError, match="t.yaml: not YAML \\(while parsing a flow mapping"):
+        read_tables(tmp_path / "t.yaml")
 
 
 def test_a_table_file_is_read_as_a_spreadsheet_or_a_shell_writes_it(tmp_path, monkeypatch) -> None:

@@ -634,7 +634,7 @@ def test_the_codec_alone_is_fp32_bytes_encoded_and_decoded_a_second_on_one_threa
 
     monkeypatch.setattr(calibrate, "_best", best)
     threads = torch.get_num_threads()
-    assert calibrate.codec_bandwidth(values=1000) == pytest.approx(1000 * 4 / 0.5)
+    assert calibrate.measure_codec(values=1000) == pytest.approx(1000 * 4 / 0.5)
     (decoded, during), = timed
     assert during == 1 and torch.get_num_threads() == threads  # one rank's thread, then as it was
     assert decoded.shape == (1000,) and decoded.dtype == torch.float32  # encoded and decoded back

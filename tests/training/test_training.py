@@ -1684,13 +1684,16 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line_and_leaves
     assert not (out / "checkpoint.tmp").exists() and not (out / "checkpoint").exists()
 
 
-def test_the_resource_trackers_warning_is_left_out_once_beside_the_users_own(monkeypatch) -> None:
+def test_the_resource_trackers_warning_is_left_out_while_it_starts_and_the_environment_kept(monkeypatch) -> None:
+    # the tracker takes the environment as it starts: a process killed outright left its warning below
+    # the ranks' own line (the orphan test above); the environment of what runs later is the user's
     from neo_core.training.interrupt import TRACKER_WARNING, quiet_resource_tracker
 
     monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
-    quiet_resource_tracker()
-    quiet_resource_tracker()
-    assert os.environ["PYTHONWARNINGS"] == f"error::DeprecationWarning,{TRACKER_WARNING}"
+    with quiet_resource_tracker(), quiet_resource_tracker():
+        assert os.environ["PYTHONWARNINGS"] == f"error::DeprecationWarning,{TRACKER_WARNING}"
+    assert os.environ["PYTHONWARNINGS"] == "error::DeprecationWarning"
     monkeypatch.delenv("PYTHONWARNINGS")
-    quiet_resource_tracker()
-    assert os.environ["PYTHONWARNINGS"] == TRACKER_WARNING
+    with quiet_resource_tracker():
+        assert os.environ["PYTHONWARNINGS"] == TRACKER_WARNING
+    assert "PYTHONWARNINGS" not in os.environ

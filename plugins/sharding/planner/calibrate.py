@@ -8,7 +8,7 @@ Writes JSON (bytes/s, keyed by Topology field) to ``NEO_CALIBRATION`` or
 ``all_gather_bw`` feed the CPU cost model (docs/cost_model.md, "CPU calibration"); the other
 extra keys (``lookup_rate_ids_per_s``, ``gloo_latency_s``, ``torchrec_step_*``,
 ``lookup_concurrency_slowdown``) are informational; ``allreduce_bw`` prices data-parallel
-gradient all-reduces, ``codec_bw`` the encoding and decoding compression adds to a collective. Takes about 30 s on 2 cores.
+gradient all-reduces, ``codec_bw`` the encoding and decoding compression adds to a collective. Takes about 20 s on an idle 2-core machine.
 
 Run by torchrun on every machine of several (``torchrun --nnodes=N --nproc-per-node=L ...
 $(command -v neo) calibrate``), it measures the network between them instead: each rank
@@ -157,7 +157,7 @@ def bucketize_cost(rows: int = 200_000, ids: int = 147_456, pooling: int = 32) -
         torch.set_num_threads(threads)
 
 
-def codec_bandwidth(values: int = 1 << 19) -> float:
+def measure_codec(values: int = 1 << 19) -> float:
     """Bytes/s of fp32 values FBGEMM's quantized-communication codec (TorchRec's qcomms) encodes
     to fp16 and decodes back, one thread: the work compression adds to each all-to-all."""
     from fbgemm_gpu.quantize_comm import QuantizedCommCodec
@@ -198,14 +198,23 @@ def _collectives(rank: int, world: int, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
-def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
-    """Step times of one table-wise table on rank 0 (DMP, fused kernel) at a small and a large batch."""
+def _one_table_ranks(rank: int, world: int, port: int) -> None:
+    """Join the calibration's gloo group, one torch thread a rank (as each training rank runs)."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _one_table_dmp(world: int, rows: int, dim: int, compression: str = "none") -> Any:
+    """One table-wise table on rank 0 under DMP on the fused kernel, its collectives sent in
+    ``compression``'s precisions."""
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from neo_core.api import make_context
     from neo_core.sharding import PlanResult, TableAssignment
@@ -213,38 +222,54 @@ def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
     from neo_core.torchrec_plan import build_sharding_plan
     from neo_plugins.sharding.sharders import make_sharders
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
     topo = Topology("calibration", 1, world, "cpu", 2**30, 2**30, 1e9, 1e9, 1e9, 1e9, 1e9)
-    ctx = make_context(topo, 1)
+    ctx = make_context(topo, 1, compressor=compression)
     sharders = make_sharders(ctx)
     result = PlanResult("calibration", [TableAssignment("t", "table_wise", "fused", [0])], [], 1, {})
-    rows, dim = 20_000, 16
     ebc = EmbeddingBagCollection(
         tables=[EmbeddingBagConfig(name="t", num_embeddings=rows, embedding_dim=dim, feature_names=["f"])],
         device=torch.device("meta"),
     )
-    dmp = DistributedModelParallel(
+    return DistributedModelParallel(
         ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
         plan=build_sharding_plan(ebc, result, ctx, sharders), sharders=sharders,
     )
-    kjts = [
-        KeyedJaggedTensor.from_lengths_sync(
-            keys=["f"], values=torch.randint(0, rows, (batch * pooling,)),
-            lengths=torch.full((batch,), pooling, dtype=torch.long),
-        )
-        for batch, pooling in _TORCHREC_SIZES
-    ]
-    times = [float("inf")] * len(kjts)
-    for rep in range(64):  # sizes interleaved; each step from barrier to barrier (the slower rank)
-        for i, kjt in enumerate(kjts):
+
+
+def _one_table_batch(rows: int, batch: int, pooling: int) -> Any:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=["f"], values=torch.randint(0, rows, (batch * pooling,)),
+        lengths=torch.full((batch,), pooling, dtype=torch.long),
+    )
+
+
+def _fastest_steps(steps: list[tuple[Any, Any]], rounds: int) -> list[float]:
+    """Each (model, batch) stepped forward and backward ``rounds`` times, interleaved, from
+    barrier to barrier (the slower rank bounds it); the fastest after 3 warm-up rounds."""
+    import torch.distributed as dist
+
+    times = [float("inf")] * len(steps)
+    for rep in range(rounds):
+        for i, (dmp, kjt) in enumerate(steps):
             dist.barrier()
             start = time.perf_counter()
             dmp(kjt).values().sum().backward()
             dist.barrier()
             if rep >= 3:  # warm-up
                 times[i] = min(times[i], time.perf_counter() - start)
+    return times
+
+
+def _torchrec_steps(rank: int, world: int, port: int, out: Any) -> None:
+    """Step times of one table-wise table on rank 0 (DMP, fused kernel) at a small and a large batch."""
+    import torch.distributed as dist
+
+    _one_table_ranks(rank, world, port)
+    rows, dim = 20_000, 16
+    dmp = _one_table_dmp(world, rows, dim)
+    times = _fastest_steps([(dmp, _one_table_batch(rows, batch, pooling)) for batch, pooling in _TORCHREC_SIZES], 64)
     if rank == 0:
         out.put({"times": times, "dim": dim})
     dist.destroy_process_group()
@@ -260,47 +285,11 @@ def _codec_steps(rank: int, world: int, port: int, out: Any) -> None:
     and their gradients in fp32 and in fp16, interleaved: what TorchRec's quantized
     communication adds to a step beyond the bytes it saves."""
     import torch.distributed as dist
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from neo_core.api import make_context
-    from neo_core.sharding import PlanResult, TableAssignment
-    from neo_core.topology import Topology
-    from neo_core.torchrec_plan import build_sharding_plan
-    from neo_plugins.sharding.sharders import make_sharders
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    topo = Topology("calibration", 1, world, "cpu", 2**30, 2**30, 1e9, 1e9, 1e9, 1e9, 1e9)
+    _one_table_ranks(rank, world, port)
     rows, dim, batch = _CODEC_TABLE
-    result = PlanResult("calibration", [TableAssignment("t", "table_wise", "fused", [0])], [], 1, {})
-    models = []
-    for compression in ("none", "fp16"):
-        ctx = make_context(topo, 1, compressor=compression)
-        sharders = make_sharders(ctx)
-        ebc = EmbeddingBagCollection(
-            tables=[EmbeddingBagConfig(name="t", num_embeddings=rows, embedding_dim=dim, feature_names=["f"])],
-            device=torch.device("meta"),
-        )
-        models.append(DistributedModelParallel(
-            ebc, env=ShardingEnv.from_process_group(dist.group.WORLD), device=torch.device("cpu"),
-            plan=build_sharding_plan(ebc, result, ctx, sharders), sharders=sharders,
-        ))
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["f"], values=torch.randint(0, rows, (batch,)), lengths=torch.ones(batch, dtype=torch.long))
-    times = [float("inf")] * len(models)
-    for rep in range(40):  # interleaved; each step from barrier to barrier (the slower rank)
-        for i, dmp in enumerate(models):
-            dist.barrier()
-            start = time.perf_counter()
-            dmp(kjt).values().sum().backward()
-            dist.barrier()
-            if rep >= 3:  # warm-up
-                times[i] = min(times[i], time.perf_counter() - start)
+    kjt = _one_table_batch(rows, batch, 1)
+    times = _fastest_steps([(_one_table_dmp(world, rows, dim, c), kjt) for c in ("none", "fp16")], 40)
     if rank == 0:
         out.put({"times": times})
     dist.destroy_process_group()
@@ -312,7 +301,7 @@ def codec_cost(world: int, a2a_bw: float, alone: float) -> float:
     table sends ``E = 2 G d`` elements (pooled rows and their gradients), each encoded and
     decoded (``4 E / Z``, as the cost model charges it to the table's rank) and 2 bytes fewer
     (``2 E`` at the all-to-all's seconds per byte), so ``t16 - t32 = 4 E / Z - 2 E a``. No
-    faster than the codec alone (``alone``, :func:`codec_bandwidth`), which is taken where noise
+    faster than the codec alone (``alone``, :func:`measure_codec`), which is taken where noise
     leaves no cost to see."""
     t32, t16 = _spawn(_codec_steps, world)["times"]
     _, dim, batch = _CODEC_TABLE
@@ -459,7 +448,7 @@ def calibrate(world: int = 2) -> dict[str, float]:
         "intra_node_bw": coll["a2a"],
         "inter_node_bw": coll["a2a"],
         "allreduce_bw": coll["allreduce"],
-        "codec_bw": codec_cost(world, coll["a2a"], codec_bandwidth()),
+        "codec_bw": codec_cost(world, coll["a2a"], measure_codec()),
         "gloo_latency_s": coll["latency"],
         "lookup_rate_ids_per_s": ids,
         "lookup_concurrency_slowdown": conc["together"] / conc["alone"],
@@ -689,7 +678,7 @@ def main(out: str | None = None, argv: Sequence[str] | None = None) -> None:
             parser.error(f"--nice {args.nice} needs root (raising priority); run without --nice")
     # about 15 s with nothing to show until the figures: say what runs, and that a busy machine
     # takes longer (61 s, said as 15 s)
-    print(f"measuring this machine's memory bandwidth, lookup rate and gloo collectives on {args.ranks} ranks "
+    print(f"measuring this machine's memory bandwidth, lookup rate, gloo collectives and compression's codec on {args.ranks} ranks "
           "(about 20 s on an idle machine, longer on a busy one) ...", file=sys.stderr, flush=True)
     data = _kept_network(path, calibrate(args.ranks))
     try:  # a path that passed the check can still refuse the write (/proc, a full disk)

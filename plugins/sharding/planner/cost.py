@@ -62,7 +62,7 @@ BATCHED_COPY_PASSES = 2.455
 # and decodes back, where the topology does not say (``Topology.codec_bw``, which `neo
 # calibrate` measures on CPUs). On GPUs a kernel pair moving 12 bytes of memory per fp32 value
 # (read 4, write 2; read 2, write 4 for fp16): a third of the device bandwidth. On CPUs where it
-# was not measured, an assumption below what `neo calibrate` measured on a 2-core VM (2.9-4.0
+# was not measured, an assumption below what `neo calibrate` measured on a 2-core VM (2.6-4.3
 # GB/s, docs/benchmarks.md).
 CODEC_MEMORY_PASSES = 3.0
 DEFAULT_CPU_CODEC_BW = 2e9

@@ -178,22 +178,26 @@ def read_table_rows(path: str | None) -> tuple[list[dict[str, object]], Callable
         rows: list[dict[str, object]] = []
         lines: list[int] = []
         for row in reader:
+            if None in row and any(str(v).strip() for v in row[None]):  # csv's key for cells past the header's
+                quote = (" (a feature_names cell of several, separated by ';', is quoted in a ';'-separated file)"
+                         if dialect.delimiter == ";" and "feature_names" in header else "")
+                raise ConfigError(f"table file {path}, line {reader.line_num}: {len(header) + len(row[None])} cells "
+                                  f"where the header has {len(header)}{quote}.")
             cells = {k.strip(): (v or "").strip() for k, v in row.items()
                      if k is not None and k.strip() not in other}
             if not any(cells.values()):
                 continue  # a blank line
             lines.append(reader.line_num)
             rows.append({k: _cell(path, reader.line_num, k, v) for k, v in cells.items() if v})
+        if not rows:
+            raise ConfigError(f"table file {path}: no tables in it" + (" (a header alone)" if header else "") + ".")
         return rows, lambda n: f"table file {path}, line {lines[n]}"
     if suffix in (".json", ".yaml", ".yml"):
-        try:
-            if suffix == ".json":
-                data = json.loads(text)
-            else:
-                import yaml
+        import yaml
 
-                data = yaml.safe_load(text)
-        except ValueError as exc:  # json's and yaml's errors both say where
+        try:
+            data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:  # both say where
             raise ConfigError(f"table file {path}: not {suffix[1:].upper()} ({exc}).") from None
         if isinstance(data, dict) and "tables" in data:
             data = data["tables"]
