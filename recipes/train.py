@@ -314,6 +314,10 @@ def main(cfg: DictConfig) -> float:
                     try:
                         metrics = train(config)  # type: ignore[arg-type]
                     except RankLost as exc:  # a rank killed: the error says how to continue
+                        # the run is over: a stop request now (a preemption's SIGTERM just after the kill)
+                        # could only cut its last line, or end it by the signal rather than its status
+                        for sig in (signal.SIGINT, signal.SIGTERM):
+                            signal.signal(sig, signal.SIG_IGN)
                         if exc.resume_dir is None:
                             raise
                         raise RankLost(f"{exc}; continue with: {_continue_command(exc.resume_dir)}") from None

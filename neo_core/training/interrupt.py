@@ -198,28 +198,22 @@ def _nothing(*args: Any) -> None:
     (``StopOnInterrupt.setup``, ``on_train_start``)."""
 
 
-# the warning multiprocessing's resource tracker gives of the semaphores a process killed
-# outright left (``stop`` below, the ranks' queues), as it removes them
-TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+class SharedFlag:
+    """A stop request the starting process sets and its ranks read: a byte of shared memory.
 
+    A ``multiprocessing.Event`` is five semaphores, which a starting process killed outright
+    (``kill -9``) left to the resource tracker: it removed them and warned of "5 leaked
+    semaphore objects" below the ranks' own line saying what happened and what is kept. Shared
+    memory is no semaphore; the tracker's warning stays for a leak of the ranks' own."""
 
-@contextlib.contextmanager
-def quiet_resource_tracker() -> Iterator[None]:
-    """A starting process killed outright (``kill -9``) leaves its semaphores to the resource
-    tracker it started, which removes them and warns of them ("There appear to be 5 leaked
-    semaphore objects") below the ranks' own line that says what happened and what is kept:
-    nothing is lost, so it is not said. The tracker takes this process's environment as the
-    first semaphore starts it, within this; the environment is as it was after."""
-    given = os.environ.get("PYTHONWARNINGS")
-    if TRACKER_WARNING not in (given or "").split(","):
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (given, TRACKER_WARNING)))
-    try:
-        yield
-    finally:
-        if given is None:
-            os.environ.pop("PYTHONWARNINGS", None)
-        else:
-            os.environ["PYTHONWARNINGS"] = given
+    def __init__(self, context: Any) -> None:
+        self._value = context.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+    def set(self) -> None:
+        self._value.value = 1
 
 
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then: str | None = None) -> bool:
@@ -234,8 +228,7 @@ def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-    with quiet_resource_tracker():
-        stop = mp.get_context("spawn").Event()
+    stop = SharedFlag(mp.get_context("spawn"))
     main = threading.current_thread() is threading.main_thread()
 
     first = [0.0]  # when the first request came (monotonic)

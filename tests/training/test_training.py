@@ -1608,7 +1608,7 @@ def test_ranks_whose_starting_process_is_killed_as_they_start_end_at_once_and_fr
     assert f"error: the run's starting process (pid {proc.pid}) is gone (killed?): its ranks stop at once, keeping " \
            f"the last checkpoint; continue with the run's command and trainer.resume=true hydra.run.dir={out}" in stderr, \
         stderr[-3000:]
-    # the resource tracker removes the semaphores the killed process left, without a warning below that line
+    # no semaphore of the killed process is left for the resource tracker to remove and warn of below that line
     assert "leaked semaphore" not in stderr, stderr[-3000:]
 
 
@@ -1683,17 +1683,3 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line_and_leaves
     assert "Traceback" not in proc.stderr and said in (out / "train.log").read_text()
     assert not (out / "checkpoint.tmp").exists() and not (out / "checkpoint").exists()
 
-
-def test_the_resource_trackers_warning_is_left_out_while_it_starts_and_the_environment_kept(monkeypatch) -> None:
-    # the tracker takes the environment as it starts: a process killed outright left its warning below
-    # the ranks' own line (the orphan test above); the environment of what runs later is the user's
-    from neo_core.training.interrupt import TRACKER_WARNING, quiet_resource_tracker
-
-    monkeypatch.setenv("PYTHONWARNINGS", "error::DeprecationWarning")
-    with quiet_resource_tracker(), quiet_resource_tracker():
-        assert os.environ["PYTHONWARNINGS"] == f"error::DeprecationWarning,{TRACKER_WARNING}"
-    assert os.environ["PYTHONWARNINGS"] == "error::DeprecationWarning"
-    monkeypatch.delenv("PYTHONWARNINGS")
-    with quiet_resource_tracker():
-        assert os.environ["PYTHONWARNINGS"] == TRACKER_WARNING
-    assert "PYTHONWARNINGS" not in os.environ
