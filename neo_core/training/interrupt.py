@@ -215,6 +215,16 @@ class SharedFlag:
     def set(self) -> None:
         self._value.value = 1
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Whether the flag was set within ``timeout`` seconds (None: however long), as
+        ``Event.wait`` answers; looked at every 50 ms."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+        return True
+
 
 def run_ranks(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, then: str | None = None) -> bool:
     """Start ``fn(local_rank, *args, stop_event)`` in ``nprocs`` spawned processes and wait;
