@@ -51,7 +51,8 @@ def calibration(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(calibrate, "memory_bandwidth", functools.partial(calibrate.memory_bandwidth, mib=64))
         patch.setattr(calibrate, "lookup_rate", functools.partial(calibrate.lookup_rate, rows=200_000, batch=1024))
-        patch.setattr(calibrate, "lookup_costs", functools.partial(calibrate.lookup_costs, rows=100_000, batch=1024))
+        # the lookup fit at the sizes neo calibrate uses (2.6 s against 1 s): at a quarter of the ids its
+        # slope came out at 93 GB/s once, beyond the plausible range, from noise alone
         started = time.time()
         assert neo_main(["calibrate", "--output", str(path)]) == 0
     yield path, json.loads(path.read_text()), started
