@@ -24,8 +24,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from args import check_writable  # noqa: E402
-from gloo_pair import fastest, run_pair, write_result  # noqa: E402
+from gloo_pair import fastest, pair_args, run_pair, write_result  # noqa: E402
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)  # of each rank's buffer addressed to itself
 
@@ -56,14 +55,7 @@ def _measure(rank: int, mib: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=16, help="MiB each rank sends (default 16)")
-    parser.add_argument("--repeats", type=int, default=9, help="calls per share; the fastest is kept")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    for flag, value in (("--mib", args.mib), ("--repeats", args.repeats)):
-        if value < 1:
-            parser.error(f"{flag} {value}: must be at least 1")
-    check_writable(parser, "--json", args.json)
+    args = pair_args(parser, argv, 16, "MiB each rank sends (default 16)", 9, "calls per share; the fastest is kept")
     raw = run_pair(_measure, args.mib, args.repeats)
     barrier = raw["barrier_s"]
     times = {float(s): max(t - barrier, 0.0) for s, t in raw["best_s"].items()}

@@ -62,3 +62,19 @@ def write_result(path: Path, settings: dict[str, Any], barrier_s: float, rows: l
     machine = f"{os.cpu_count()} cpus, torch {torch.__version__}"
     path.write_text(json.dumps({**settings, "barrier_s": barrier_s, "machine": machine, "rows": rows}, indent=2) + "\n")
     print(f"wrote {path}")
+
+
+def pair_args(parser: Any, argv: list[str] | None, mib: int, mib_help: str, repeats: int, repeats_help: str) -> Any:
+    """A two-rank bench's arguments: ``--mib``, ``--repeats`` (each at least 1) and ``--json``
+    (a file that can be written), parsed from ``argv``."""
+    from args import check_writable
+
+    parser.add_argument("--mib", type=int, default=mib, help=mib_help)
+    parser.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for flag, value in (("--mib", args.mib), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{flag} {value}: must be at least 1")
+    check_writable(parser, "--json", args.json)
+    return args

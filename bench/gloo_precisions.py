@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from args import check_writable  # noqa: E402
-from gloo_pair import fastest, run_pair, write_result  # noqa: E402
+from gloo_pair import fastest, pair_args, run_pair, write_result  # noqa: E402
 
 PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -54,15 +53,8 @@ def _measure(rank: int, mib: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=4, help="MiB of fp32 each rank sends, the same elements in each "
-                                                           "precision (default 4)")
-    parser.add_argument("--repeats", type=int, default=25, help="calls of each; the fastest is kept")
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args(argv)
-    for flag, value in (("--mib", args.mib), ("--repeats", args.repeats)):
-        if value < 1:
-            parser.error(f"{flag} {value}: must be at least 1")
-    check_writable(parser, "--json", args.json)
+    args = pair_args(parser, argv, 4, "MiB of fp32 each rank sends, the same elements in each precision (default 4)",
+                     25, "calls of each; the fastest is kept")
     raw = run_pair(_measure, args.mib, args.repeats)
     barrier = raw["barrier_s"]
     times = {name: max(t - barrier, 0.0) for name, t in raw["best_s"].items()}

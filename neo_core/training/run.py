@@ -251,8 +251,7 @@ def plan_run(parts: RunParts) -> PlanResult:
     """Plan the run's model on the meta device (no table memory is allocated)."""
     from neo_core.training.module import plan_digest
 
-    model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
-    result = checked_plan(parts, model)
+    result = meta_plan(parts)
     _PLANNED_HERE.clear()
     _PLANNED_HERE[plan_digest(result)] = replace(result, notes=list(result.notes))  # as a rank's own plan
     result.notes = [*parts.notes, *result.notes]
@@ -486,11 +485,15 @@ def check_job_plan(parts: RunParts, launch: Launch) -> None:
         return
     try:
         with quiet_torchrec():
-            model = parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta")
-            plan = checked_plan(parts, model)
+            plan = meta_plan(parts)
     except PlanningError:
         return  # tables that do not fit: the job fails at its turn, alone, as any job's plan does
     check_compression_on_gloo(plan, launch, parts.compressor, parts.planner)
+
+
+def meta_plan(parts: RunParts) -> PlanResult:
+    """The run's model built on the meta device (no table memory) and planned (:func:`checked_plan`)."""
+    return checked_plan(parts, parts.model_builder.build(parts.tables, parts.data.num_dense, device="meta"))
 
 
 def checked_plan(parts: RunParts, model: Any) -> PlanResult:
